@@ -1,0 +1,50 @@
+"""The runner contract: what the worker asks of whatever turns a batch of requests into images.
+
+A runner is loaded by import path (``FUSEFLEET_RUNNER=module:Class``), constructed once per worker process with
+the settings, and then called once per batch (fused) or once per request (not fused). Custom pipelines and test
+runners plug in here without touching the worker.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+from PIL import Image
+
+from shared.contracts import RequestSpec
+from shared.settings import Settings
+
+StepCallback = Callable[[int, int], bool]
+"""Called after denoising step ``step`` of ``total`` (1-based); returns True when the forward should stop."""
+
+
+@runtime_checkable
+class BatchRunner(Protocol):
+    """Turns compatible requests into images."""
+
+    @property
+    def fused(self) -> bool:
+        """True when ``run`` accepts several requests in one forward; else it is called with one at a time."""
+        ...
+
+    def run(self, specs: Sequence[RequestSpec], on_step: StepCallback) -> list[list[Image.Image]]:
+        """Run ``specs`` (all sharing one compatibility key) and return ``spec.n`` images per spec, in order.
+
+        Raises whatever the pipeline raises; the worker then isolates the failing request.
+        """
+        ...
+
+
+def load_runner(settings: Settings) -> BatchRunner:
+    """Import ``settings.runner`` ('module:Class' or 'module.Class') and construct it with ``settings``."""
+    path = settings.runner
+    module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(f"FUSEFLEET_RUNNER must look like 'package.module:Class', got {path!r}")
+    factory = getattr(importlib.import_module(module_name), attr)
+    runner = factory(settings)
+    if not isinstance(runner, BatchRunner):
+        raise TypeError(f"{path} does not implement the BatchRunner contract (fused, run)")
+    return runner

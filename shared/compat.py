@@ -1,0 +1,46 @@
+"""The compatibility key: requests with equal keys may share one fused pipeline forward.
+
+The key holds every field that must be a scalar for the whole pipeline call (shape, steps, guidance, output count,
+LoRA identity) and the presence of a negative prompt. Prompt text, negative-prompt text and seed are per row and
+may differ inside a batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.contracts import RequestSpec
+
+
+@dataclass(frozen=True, slots=True)
+class CompatKey:
+    """Hashable batching bucket of a request."""
+
+    model: str
+    width: int
+    height: int
+    num_frames: int | None
+    num_inference_steps: int
+    guidance_scale: float
+    guidance_rescale: float
+    n: int
+    lora_name: str | None
+    lora_scale: float | None
+    has_negative_prompt: bool
+
+
+def compat_key(spec: RequestSpec) -> CompatKey:
+    """The batching bucket of ``spec``; no LoRA is a bucket of its own."""
+    return CompatKey(
+        model=spec.model,
+        width=spec.width,
+        height=spec.height,
+        num_frames=spec.num_frames,
+        num_inference_steps=spec.num_inference_steps,
+        guidance_scale=spec.guidance_scale,
+        guidance_rescale=spec.guidance_rescale,
+        n=spec.n,
+        lora_name=spec.lora.name if spec.lora else None,
+        lora_scale=spec.lora.scale if spec.lora else None,
+        has_negative_prompt=spec.negative_prompt is not None,
+    )

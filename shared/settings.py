@@ -1,0 +1,123 @@
+"""The one settings class of fusefleet: every knob of every service, read from ``FUSEFLEET_*`` variables.
+
+Each service builds ``Settings()`` once at start-up and passes it down; nothing reads the environment elsewhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "fusefleet"
+
+
+class Settings(BaseSettings):
+    """Configuration shared by the api, the scheduler and the workers (env prefix ``FUSEFLEET_``)."""
+
+    model_config = SettingsConfigDict(env_prefix="FUSEFLEET_", frozen=True, extra="ignore")
+
+    # --- wiring -----------------------------------------------------------------------------------------------
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="Redis (or Valkey) holding the request stream, request state, images and the Celery broker.",
+    )
+    key_prefix: str = Field(
+        "fusefleet",
+        description="Prefix of every Redis key fusefleet writes; two fleets can share one Redis with distinct prefixes.",
+    )
+    queue_name: str = Field("fusefleet.batches", description="Celery queue the scheduler publishes batches to.")
+
+    # --- batching policy ------------------------------------------------------------------------------------------
+    max_num_seqs: int = Field(
+        1, ge=1, le=256, description="Most requests fused into one pipeline forward (1 = no batching)."
+    )
+    request_batch_max_wait_ms: float = Field(
+        0.0,
+        ge=0.0,
+        le=60_000.0,
+        description="Upper bound on the admission wait of a new wave: trades first-request latency for fuller batches. "
+        "0 dispatches at once.",
+    )
+
+    # --- model and runner ----------------------------------------------------------------------------------------
+    model: str | None = Field(
+        None,
+        description="Local path or hub id of a diffusers text-to-image pipeline; unset = the built-in tiny demo model.",
+    )
+    model_cache_dir: Path = Field(
+        default_factory=_default_cache_dir,
+        description="Folder where the demo model is built once and cached (shared by all workers of a host).",
+    )
+    runner: str = Field(
+        "gpu_worker.diffusers_runner:DiffusersRunner",
+        description="Import path 'module:Class' of the batch runner the worker uses (custom pipelines, tests).",
+    )
+    fused: bool | None = Field(
+        None,
+        description="Force the fused path on (true) or off (false); unset = fused only for pipeline classes known "
+        "to accept prompt and generator lists.",
+    )
+    device: str = Field("auto", description="torch device for the pipeline: 'auto' (cuda when present), 'cpu', 'cuda'.")
+    torch_dtype: str = Field("auto", description="'auto' (float16 on cuda, float32 on cpu), 'float32', 'float16', 'bfloat16'.")
+    torch_threads: int | None = Field(None, ge=1, description="torch.set_num_threads in the worker; unset = torch's default.")
+    lora_dir: Path | None = Field(
+        None, description="Folder of LoRA adapters, one sub-folder per adapter name (diffusers save_lora_weights)."
+    )
+
+    # --- request limits (the API answers 422 beyond them) -----------------------------------------------------------
+    max_image_side: int = Field(2048, ge=8, description="Largest accepted width or height in pixels.")
+    max_inference_steps: int = Field(200, ge=1, description="Largest accepted num_inference_steps.")
+    max_images_per_request: int = Field(8, ge=1, description="Largest accepted n (images for one prompt).")
+    max_prompt_chars: int = Field(4000, ge=1, description="Longest accepted prompt or negative prompt.")
+    max_queue_len: int = Field(
+        100_000, ge=1, description="Requests waiting in the stream beyond which submissions get 503 (backpressure)."
+    )
+
+    # --- results ---------------------------------------------------------------------------------------------------
+    result_ttl_s: int = Field(86_400, ge=1, description="Seconds a finished request's state and images are kept.")
+
+    # --- worker ----------------------------------------------------------------------------------------------------
+    worker_name: str | None = Field(
+        None, description="Celery node name of this worker; unset = fusefleet-worker@<host>-<random>, unique per process."
+    )
+    worker_heartbeat_s: float = Field(1.0, gt=0, description="Seconds between worker heartbeats.")
+    worker_ttl_s: float = Field(5.0, gt=0, description="A worker silent this long no longer counts as a free slot.")
+    batch_time_limit_s: int = Field(
+        900, ge=10, description="Hard limit of one batch task; the soft limit (failing its requests) is 90% of it."
+    )
+    visibility_timeout_s: int = Field(
+        3600, ge=60, description="Celery Redis visibility timeout; must exceed batch_time_limit_s."
+    )
+    batch_lock_ttl_s: float = Field(
+        10.0, gt=0, description="TTL of a running batch's ownership lock (renewed by heartbeats): bounds takeover after a crash."
+    )
+    max_batch_attempts: int = Field(
+        3, ge=1, description="Deliveries of one batch before its unfinished requests fail (poison-batch guard)."
+    )
+
+    # --- scheduler -----------------------------------------------------------------------------------------------
+    scheduler_lease_ms: int = Field(
+        5000, ge=100, description="TTL of the active scheduler's lease; a standby takes over within about this long."
+    )
+    scheduler_block_ms: int = Field(
+        500, ge=1, le=4000, description="Longest blocking stream read of the scheduler between housekeeping rounds."
+    )
+    scheduler_read_count: int = Field(1000, ge=1, description="Most stream entries read per round.")
+
+    # --- api -----------------------------------------------------------------------------------------------------
+    api_host: str = Field("127.0.0.1", description="Address `fusefleet api` binds when --host is not given.")
+    api_port: int = Field(8000, ge=1, le=65535, description="Port `fusefleet api` binds when --port is not given.")
+
+    @property
+    def soft_time_limit_s(self) -> int:
+        """Soft limit of a batch task: the task then fails its unfinished requests itself."""
+        return max(1, int(self.batch_time_limit_s * 0.9))
+
+    @property
+    def wait_stable_ms(self) -> float:
+        """The admission wait's quiet window: dispatch when nothing arrived for this long."""
+        return min(50.0, self.request_batch_max_wait_ms / 5.0)
