@@ -27,7 +27,7 @@ class Settings(BaseSettings):
     )
     key_prefix: str = Field(
         "fusefleet",
-        description="Prefix of every Redis key fusefleet writes; two fleets can share one Redis with distinct prefixes.",
+        description="Prefix of every Redis key fusefleet writes; fleets with distinct prefixes can share one Redis.",
     )
     queue_name: str = Field("fusefleet.batches", description="Celery queue the scheduler publishes batches to.")
 
@@ -62,10 +62,15 @@ class Settings(BaseSettings):
         "to accept prompt and generator lists.",
     )
     device: str = Field("auto", description="torch device for the pipeline: 'auto' (cuda when present), 'cpu', 'cuda'.")
-    torch_dtype: str = Field("auto", description="'auto' (float16 on cuda, float32 on cpu), 'float32', 'float16', 'bfloat16'.")
-    torch_threads: int | None = Field(None, ge=1, description="torch.set_num_threads in the worker; unset = torch's default.")
+    torch_dtype: str = Field(
+        "auto", description="'auto' (float16 on cuda, float32 on cpu), 'float32', 'float16', 'bfloat16'."
+    )
+    torch_threads: int | None = Field(
+        None, ge=1, description="torch.set_num_threads in the worker; unset = torch's default."
+    )
     lora_dir: Path | None = Field(
-        None, description="Folder of LoRA adapters, one sub-folder per adapter name (diffusers save_lora_weights)."
+        None,
+        description="Folder of LoRA adapters, one sub-folder per adapter name (diffusers save_lora_weights).",
     )
 
     # --- request limits (the API answers 422 beyond them) -----------------------------------------------------------
@@ -74,7 +79,9 @@ class Settings(BaseSettings):
     max_images_per_request: int = Field(8, ge=1, description="Largest accepted n (images for one prompt).")
     max_prompt_chars: int = Field(4000, ge=1, description="Longest accepted prompt or negative prompt.")
     max_queue_len: int = Field(
-        100_000, ge=1, description="Requests waiting in the stream beyond which submissions get 503 (backpressure)."
+        100_000,
+        ge=1,
+        description="Requests waiting in the stream beyond which submissions get 503 (backpressure).",
     )
 
     # --- results ---------------------------------------------------------------------------------------------------
@@ -82,29 +89,41 @@ class Settings(BaseSettings):
 
     # --- worker ----------------------------------------------------------------------------------------------------
     worker_name: str | None = Field(
-        None, description="Celery node name of this worker; unset = fusefleet-worker@<host>-<random>, unique per process."
+        None,
+        description="Celery node name of this worker; unset = fusefleet-worker@<host>-<random>, unique per process.",
     )
     worker_heartbeat_s: float = Field(1.0, gt=0, description="Seconds between worker heartbeats.")
     worker_ttl_s: float = Field(5.0, gt=0, description="A worker silent this long no longer counts as a free slot.")
     batch_time_limit_s: int = Field(
-        900, ge=10, description="Hard limit of one batch task; the soft limit (failing its requests) is 90% of it."
+        900,
+        ge=10,
+        description="Hard limit of one batch task; the soft limit (failing its requests) is 90% of it.",
     )
     visibility_timeout_s: int = Field(
         3600, ge=60, description="Celery Redis visibility timeout; must exceed batch_time_limit_s."
     )
     batch_lock_ttl_s: float = Field(
-        10.0, gt=0, description="TTL of a running batch's ownership lock (renewed by heartbeats): bounds takeover after a crash."
+        10.0,
+        gt=0,
+        description="TTL of a running batch's ownership lock (renewed by heartbeats): bounds takeover after a crash.",
     )
     max_batch_attempts: int = Field(
-        3, ge=1, description="Deliveries of one batch before its unfinished requests fail (poison-batch guard)."
+        3,
+        ge=1,
+        description="Deliveries of one batch before its unfinished requests fail (poison-batch guard).",
     )
 
     # --- scheduler -----------------------------------------------------------------------------------------------
     scheduler_lease_ms: int = Field(
-        5000, ge=100, description="TTL of the active scheduler's lease; a standby takes over within about this long."
+        5000,
+        ge=100,
+        description="TTL of the active scheduler's lease; a standby takes over within about this long.",
     )
     scheduler_block_ms: int = Field(
-        500, ge=1, le=4000, description="Longest blocking stream read of the scheduler between housekeeping rounds."
+        500,
+        ge=1,
+        le=4000,
+        description="Longest blocking stream read of the scheduler between housekeeping rounds.",
     )
     scheduler_read_count: int = Field(1000, ge=1, description="Most stream entries read per round.")
 

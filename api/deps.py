@@ -1,0 +1,24 @@
+"""FastAPI dependencies: the app's settings and request store, as ``Annotated`` aliases for routes."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from api.store import RequestStore
+from shared.settings import Settings
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_store(request: Request) -> RequestStore:
+    store: RequestStore = request.app.state.store
+    return store
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+StoreDep = Annotated[RequestStore, Depends(get_store)]

@@ -1,0 +1,206 @@
+"""HTTP request and response models of the API.
+
+The bounds declared here are the fixed ones (shape multiples, guidance ranges, seed range). Bounds that
+depend on the fleet's ``Settings`` (prompt length, image side, steps, images per request, known LoRA
+adapters) are checked per request by ``api.limits`` and answered with the same 422 ``detail`` format.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from shared.contracts import MAX_SEED, LoraRef, RequestSpec, RequestState, RequestStatus
+
+DEFAULT_SIDE = 64  # the built-in demo model's native size
+DEFAULT_STEPS = 4  # enough for the demo model; real models usually want 20-50
+MAX_BATCH_ITEMS = 256
+
+PROMPT_NOT_STRING = (
+    "prompt must be a single string; submit each prompt as its own request "
+    "(POST /v1/requests/batch takes a list of requests)"
+)
+BODY_NOT_OBJECT = (
+    "the body must be one request object; to submit several requests at once, "
+    'POST /v1/requests/batch with {"requests": [...]}'
+)
+
+
+class GenerateRequest(BaseModel):
+    """One text-to-image request: ``n`` images for one prompt. Unknown fields are refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(min_length=1, description="The text prompt (one string; one prompt per request).")
+    negative_prompt: str | None = Field(None, description="What the image should not show.")
+    width: int = Field(DEFAULT_SIDE, ge=8, multiple_of=8, strict=True, description="Pixels, multiple of 8.")
+    height: int = Field(DEFAULT_SIDE, ge=8, multiple_of=8, strict=True, description="Pixels, multiple of 8.")
+    num_inference_steps: int = Field(
+        DEFAULT_STEPS,
+        ge=1,
+        strict=True,
+        description=f"Denoising steps (default {DEFAULT_STEPS} suits the demo model; real ones want 20-50).",
+    )
+    guidance_scale: float = Field(5.0, ge=0.0, le=50.0, allow_inf_nan=False)
+    guidance_rescale: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    seed: int | None = Field(
+        None, ge=0, le=MAX_SEED, strict=True, description="Unset: the server picks one and reports it."
+    )
+    n: int = Field(1, ge=1, strict=True, description="Images generated for this prompt.")
+    lora: LoraRef | None = Field(None, description="A LoRA adapter of the fleet's LoRA folder, by name.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_object(cls, data: Any) -> Any:
+        if isinstance(data, list):
+            raise PydanticCustomError("request_not_object", BODY_NOT_OBJECT)
+        return data
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _single_prompt(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            raise PydanticCustomError("prompt_not_string", PROMPT_NOT_STRING)
+        return value
+
+    def to_spec(self, *, request_id: str, model: str, seed: int, created_at: float) -> RequestSpec:
+        """The stored spec of this request, with the seed it will run with."""
+        return RequestSpec(
+            id=request_id,
+            model=model,
+            prompt=self.prompt,
+            negative_prompt=self.negative_prompt,
+            seed=seed,
+            width=self.width,
+            height=self.height,
+            num_inference_steps=self.num_inference_steps,
+            guidance_scale=self.guidance_scale,
+            guidance_rescale=self.guidance_rescale,
+            num_frames=None,
+            n=self.n,
+            lora=self.lora,
+            created_at=created_at,
+        )
+
+
+class BatchRequest(BaseModel):
+    """Several independent requests submitted together, all accepted or none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests: list[GenerateRequest] = Field(min_length=1, max_length=MAX_BATCH_ITEMS)
+
+
+class Accepted(BaseModel):
+    """Answer to a single submission."""
+
+    id: str
+    status: RequestStatus = RequestStatus.QUEUED
+
+
+class BatchAccepted(BaseModel):
+    """Answer to a batch submission: the ids in the order of the submitted requests."""
+
+    ids: list[str]
+
+
+class AbortResult(BaseModel):
+    """Status after an abort: ``aborted``, or ``running`` while the worker winds the request down."""
+
+    id: str
+    status: RequestStatus
+
+
+class Progress(BaseModel):
+    step: int
+    total: int
+
+
+class ErrorView(BaseModel):
+    type: str
+    message: str
+
+
+class Params(BaseModel):
+    """The sampling parameters the request runs with (echo of the submission, seed resolved)."""
+
+    model: str
+    prompt: str
+    negative_prompt: str | None
+    width: int
+    height: int
+    num_inference_steps: int
+    guidance_scale: float
+    guidance_rescale: float
+    seed: int
+    n: int
+    lora: LoraRef | None
+
+
+def _utc(timestamp: float | None) -> datetime | None:
+    return datetime.fromtimestamp(timestamp, tz=UTC) if timestamp is not None else None
+
+
+class RequestView(BaseModel):
+    """The public state of one request.
+
+    ``progress.total`` is the worker's reported step count once running, else the requested steps.
+    ``images`` lists relative URLs of the PNGs, only once the request succeeded.
+    """
+
+    id: str
+    status: RequestStatus
+    seed: int
+    batch_id: str | None
+    batch_size: int | None
+    worker: str | None
+    progress: Progress
+    error: ErrorView | None
+    images: list[str]
+    created_at: datetime | None
+    scheduled_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    params: Params
+
+    @classmethod
+    def from_state(cls, state: RequestState) -> RequestView:
+        spec = state.spec
+        images: list[str] = []
+        if state.status is RequestStatus.SUCCEEDED:
+            images = [f"/v1/requests/{spec.id}/images/{k}" for k in range(state.image_count)]
+        return cls(
+            id=spec.id,
+            status=state.status,
+            seed=spec.seed,
+            batch_id=state.batch_id,
+            batch_size=state.batch_size,
+            worker=state.worker,
+            progress=Progress(step=state.step, total=state.total or spec.num_inference_steps),
+            error=ErrorView(type=state.error.type, message=state.error.message) if state.error else None,
+            images=images,
+            created_at=_utc(spec.created_at),
+            scheduled_at=_utc(state.scheduled_at),
+            started_at=_utc(state.started_at),
+            finished_at=_utc(state.finished_at),
+            params=Params(
+                model=spec.model,
+                prompt=spec.prompt,
+                negative_prompt=spec.negative_prompt,
+                width=spec.width,
+                height=spec.height,
+                num_inference_steps=spec.num_inference_steps,
+                guidance_scale=spec.guidance_scale,
+                guidance_rescale=spec.guidance_rescale,
+                seed=spec.seed,
+                n=spec.n,
+                lora=spec.lora,
+            ),
+        )
+
+
+class Health(BaseModel):
+    status: str

@@ -1,0 +1,73 @@
+"""Async access to the request state in Redis, through the keys and Lua scripts of ``shared.keys``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from shared.contracts import RequestSpec, RequestState, RequestStatus
+from shared.keys import ABORT, SUBMIT, RedisKeys
+from shared.state import parse_state
+
+
+class RequestStore:
+    """Submits, reads and aborts requests.
+
+    ``redis`` decodes replies to ``str``; ``redis_binary`` returns ``bytes`` and is used for PNG images only.
+    The scripts are registered here (no network); redis-py loads them on first use.
+    """
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        redis_binary: aioredis.Redis,
+        keys: RedisKeys,
+        *,
+        max_queue_len: int,
+        result_ttl_s: int,
+    ) -> None:
+        self._redis = redis
+        self._binary = redis_binary
+        self._keys = keys
+        self._max_queue_len = max_queue_len
+        self._result_ttl_s = result_ttl_s
+        self._submit = redis.register_script(SUBMIT)
+        self._abort = redis.register_script(ABORT)
+
+    async def submit(self, specs: Sequence[RequestSpec]) -> bool:
+        """Queue all ``specs`` in one atomic step; False (nothing queued) when the queue would overflow."""
+        keys = [self._keys.requests, *(self._keys.request(spec.id) for spec in specs)]
+        args: list[str | int | float] = [self._max_queue_len]
+        for spec in specs:
+            args += [spec.id, spec.model_dump_json(), repr(spec.created_at)]
+        accepted = await self._submit(keys=keys, args=args)
+        return int(accepted) == 1
+
+    async def get(self, request_id: str) -> RequestState | None:
+        """The state of a request, or None when it is unknown (never submitted, or expired)."""
+        raw = await self._redis.hgetall(self._keys.request(request_id))
+        if "spec" not in raw or "status" not in raw:
+            return None
+        return parse_state({str(k): str(v) for k, v in raw.items()})
+
+    async def image(self, request_id: str, index: int) -> bytes | None:
+        """PNG bytes of image ``index`` of a request, or None while it does not exist."""
+        data = await self._binary.get(self._keys.image(request_id, index))
+        if data is None:
+            return None
+        return data if isinstance(data, bytes) else data.encode()
+
+    async def abort(self, request_id: str, now: float) -> RequestStatus | None:
+        """Abort a request; the status after the call (see ``shared.keys.ABORT``), or None when unknown."""
+        key = self._keys.request(request_id)
+        status = await self._abort(keys=[key], args=[repr(now), self._result_ttl_s])
+        return RequestStatus(status) if status else None
+
+    async def ping(self) -> bool:
+        """Whether Redis answers."""
+        try:
+            return bool(await self._redis.ping())
+        except (RedisError, OSError):
+            return False

@@ -1,0 +1,3 @@
+from fusefleet.cli import main
+
+main()

@@ -1,0 +1,81 @@
+"""``fusefleet``: the console entry point of every long-running service.
+
+Each service is configured only by ``FUSEFLEET_*`` environment variables (``shared.settings.Settings``);
+the flags here are the few a process supervisor typically sets on the command line.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Annotated
+
+import typer
+
+from shared.settings import Settings
+
+cli = typer.Typer(help="fusefleet: a request-batching diffusion serving fleet.", no_args_is_help=True)
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@cli.command()
+def api(
+    host: Annotated[str | None, typer.Option(help="Bind address (default FUSEFLEET_API_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Bind port (default FUSEFLEET_API_PORT).")] = None,
+    log_level: Annotated[str, typer.Option(help="Log level.")] = "info",
+) -> None:
+    """Run the HTTP API (uvicorn)."""
+    import uvicorn
+
+    from api.app import create_app
+
+    settings = Settings()
+    uvicorn.run(
+        create_app(settings),
+        host=host or settings.api_host,
+        port=port or settings.api_port,
+        log_level=log_level,
+        access_log=False,
+    )
+
+
+@cli.command()
+def scheduler(log_level: Annotated[str, typer.Option(help="Log level.")] = "info") -> None:
+    """Run the batching scheduler (one is active; further ones stand by)."""
+    from scheduler.lease import Lease
+    from scheduler.service import SchedulerService
+    from scheduler.store import SchedulerStore
+    from shared.celery_config import make_celery
+    from shared.redis_conn import sync_client
+
+    _logging(log_level)
+    settings = Settings()
+    client = sync_client(settings)
+    store = SchedulerStore(client, settings)
+    lease = Lease(client, store.keys.scheduler_lease, settings.scheduler_lease_ms)
+    service = SchedulerService(settings, store, lease, make_celery(settings))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    service.run(stop)
+
+
+@cli.command()
+def worker(log_level: Annotated[str, typer.Option(help="Log level.")] = "info") -> None:
+    """Run a Celery GPU worker (one batch at a time, the model loaded once)."""
+    from gpu_worker.app import run_worker
+
+    _logging(log_level)
+    run_worker(Settings(), loglevel=log_level.upper())
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

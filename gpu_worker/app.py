@@ -1,0 +1,97 @@
+"""The Celery worker: one process per GPU, one batch at a time, the model loaded once in the pool process.
+
+``fusefleet worker`` calls ``run_worker``: the parent process stays free of torch (CUDA is not fork-safe); the
+prefork child loads the runner in ``worker_process_init``, starts the heartbeat that makes it a free slot for the
+scheduler, and then executes ``fusefleet.run_batch`` tasks.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery, Task
+from celery.signals import worker_process_init, worker_process_shutdown
+
+from gpu_worker.executor import BatchExecutor
+from gpu_worker.heartbeat import Heartbeat
+from gpu_worker.runner import load_runner
+from gpu_worker.store import Locked, WorkerStore
+from shared.celery_config import RUN_BATCH_TASK, make_celery
+from shared.contracts import BatchMessage
+from shared.redis_conn import sync_client
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _ProcessState:
+    executor: BatchExecutor | None = None
+    heartbeat: Heartbeat | None = None
+
+
+def default_worker_name() -> str:
+    return f"fusefleet-worker@{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+
+
+def create_worker_app(settings: Settings, worker_name: str) -> Celery:
+    """A Celery app with the batch task registered and the per-process model loading wired."""
+    app = make_celery(settings)
+    state = _ProcessState()
+
+    def init_process(**_: Any) -> None:
+        store = WorkerStore(sync_client(settings), settings)
+        runner = load_runner(settings)
+        state.heartbeat = Heartbeat(store, worker_name, settings.worker_heartbeat_s)
+        state.executor = BatchExecutor(store, runner, worker_name, state.heartbeat)
+        state.heartbeat.start()
+        log.info("worker %s ready (runner %s, fused=%s)", worker_name, settings.runner, runner.fused)
+
+    def shutdown_process(**_: Any) -> None:
+        if state.heartbeat is not None:
+            state.heartbeat.stop()
+
+    # weak=False: the receivers are closures that must live as long as the app
+    worker_process_init.connect(init_process, weak=False)
+    worker_process_shutdown.connect(shutdown_process, weak=False)
+
+    @app.task(name=RUN_BATCH_TASK, bind=True, max_retries=None)  # type: ignore[untyped-decorator]
+    def run_batch(self: Task, message: dict[str, Any]) -> None:
+        if state.executor is None:
+            raise RuntimeError("worker process was not initialised (worker_process_init did not run)")
+        batch = BatchMessage.model_validate(message)
+        outcome = state.executor.execute(batch)
+        if isinstance(outcome, Locked):
+            # another worker runs this batch (a duplicate delivery): look again when its lock could lapse
+            raise self.retry(countdown=outcome.retry_after_s)
+        log.info("batch %s done: %s", batch.batch_id, {k: str(v) for k, v in outcome.statuses.items()})
+
+    return app
+
+
+def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
+    """Run a Celery worker in the foreground (prefork pool of one process)."""
+    worker_name = settings.worker_name or default_worker_name()
+    app = create_worker_app(settings, worker_name)
+    app.worker_main(
+        [
+            "worker",
+            f"--loglevel={loglevel}",
+            "--pool=prefork",
+            "--concurrency=1",
+            "--prefetch-multiplier=1",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-O",
+            "fair",
+            "-n",
+            worker_name,
+            "-Q",
+            settings.queue_name,
+        ]
+    )

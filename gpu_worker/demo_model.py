@@ -1,0 +1,152 @@
+"""The built-in demo model: a tiny, randomly initialised Stable Diffusion pipeline built offline.
+
+It uses diffusers' own test-suite component sizes (~1M UNet parameters, ~4 MB on disk), so a worker can serve
+real pipeline calls on a laptop CPU without downloading anything. Weights come from a fixed torch seed: every
+process builds byte-identical weights. Images are noise-like, but fused, seeded and LoRA behaviour is real.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+DEMO_MODEL_NAME = "demo"
+"""The ``RequestSpec.model`` value that selects the demo model."""
+
+DEMO_MODEL_DIRNAME = "demo-sd-v1"
+_MARKER = "model_index.json"
+_SEED = 0
+_SPECIAL_TOKENS = ("<|startoftext|>", "<|endoftext|>")  # ids 0 (bos) and 1 (eos = pad)
+_WORDS = (
+    "a photo of the cat dog red blue green sky sea tree house car portrait painting mountain forest city "
+    "night day sun moon flower bird fish river in on with and style art"
+).split()
+_VOCAB_SIZE = 1000
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map (the byte-level alphabet of CLIP's BPE)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return dict(zip(printable, (chr(c) for c in chars), strict=True))
+
+
+def build_demo_tokenizer_data() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Vocab and merges of a tiny byte-level CLIP BPE: specials, 2x256 byte chars, pieces of a few words."""
+    alphabet = list(_bytes_to_unicode().values())
+    tokens = [*_SPECIAL_TOKENS, *alphabet, *(c + "</w>" for c in alphabet)]
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    merges: list[tuple[str, str]] = []
+    for word in _WORDS:
+        symbols = [*word[:-1], word[-1] + "</w>"]
+        piece = symbols[0]
+        for sym in symbols[1:]:
+            merged = piece + sym
+            if merged not in vocab:
+                merges.append((piece, sym))
+                vocab[merged] = len(vocab)
+            piece = merged
+    assert len(vocab) <= _VOCAB_SIZE, "demo tokenizer vocab must fit the text encoder's embedding table"
+    return vocab, merges
+
+
+def build_demo_pipeline() -> object:
+    """A fresh tiny StableDiffusionPipeline with seeded random weights (not saved)."""
+    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    torch.manual_seed(_SEED)
+    unet = UNet2DConditionModel(  # type: ignore[no-untyped-call]
+        block_out_channels=(32, 64),
+        layers_per_block=1,
+        sample_size=32,
+        in_channels=4,
+        out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=32,
+        norm_num_groups=2,
+    )
+    torch.manual_seed(_SEED)
+    vae = AutoencoderKL(  # type: ignore[no-untyped-call]
+        block_out_channels=[4, 8],
+        in_channels=3,
+        out_channels=3,
+        down_block_types=["DownEncoderBlock2D", "DownEncoderBlock2D"],
+        up_block_types=["UpDecoderBlock2D", "UpDecoderBlock2D"],
+        latent_channels=4,
+        norm_num_groups=2,
+    )
+    torch.manual_seed(_SEED)
+    text_encoder = CLIPTextModel(
+        CLIPTextConfig(
+            bos_token_id=0,
+            eos_token_id=1,
+            pad_token_id=1,
+            hidden_size=32,
+            intermediate_size=37,
+            layer_norm_eps=1e-05,
+            num_attention_heads=4,
+            num_hidden_layers=5,
+            vocab_size=_VOCAB_SIZE,
+            max_position_embeddings=77,
+        )
+    )
+    vocab, merges = build_demo_tokenizer_data()
+    tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=77)  # type: ignore[arg-type]
+    scheduler = DDIMScheduler(  # type: ignore[no-untyped-call]
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        clip_sample=False,
+        set_alpha_to_one=False,
+        steps_offset=1,
+    )
+    return StableDiffusionPipeline(  # type: ignore[no-untyped-call]
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        unet=unet,
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+
+
+def ensure_demo_model(cache_dir: Path) -> Path:
+    """Return ``cache_dir/demo-sd-v1``, building and saving the demo pipeline there first if it is missing.
+
+    Idempotent and safe across processes: the model is saved into a temporary sibling folder and renamed into
+    place; when another process won the race, its copy (identical bytes) is kept and ours discarded.
+    """
+    target = Path(cache_dir) / DEMO_MODEL_DIRNAME
+    if (target / _MARKER).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{DEMO_MODEL_DIRNAME}-", dir=target.parent))
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared by the workers of a host
+        pipe = build_demo_pipeline()
+        pipe.save_pretrained(tmp, safe_serialization=True)  # type: ignore[attr-defined]
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            # Target exists: a concurrent builder finished first (or a stale partial dir without the marker).
+            if not (target / _MARKER).is_file():
+                shutil.rmtree(target, ignore_errors=True)
+                os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -1,0 +1,150 @@
+"""The default runner: one diffusers text-to-image pipeline, loaded once, called once per fused batch.
+
+All specs of a batch share one compatibility key (size, steps, guidance, n, LoRA, negative-prompt presence),
+so the batch maps onto a single pipeline call: prompts and negative prompts become lists, and every output
+image gets its own generator seeded ``spec.seed + k``, which makes each row equal (to float rounding) to a
+solo run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from PIL import Image
+
+from gpu_worker.demo_model import ensure_demo_model
+from gpu_worker.lora import LoraActivator
+from gpu_worker.runner import StepCallback
+from shared.contracts import RequestSpec
+from shared.settings import Settings
+
+FUSED_PIPELINE_CLASSES: frozenset[str] = frozenset(
+    {
+        "StableDiffusionPipeline",
+        "StableDiffusionXLPipeline",
+        "StableDiffusion3Pipeline",
+        "FluxPipeline",
+        "PixArtAlphaPipeline",
+        "PixArtSigmaPipeline",
+        "SanaPipeline",
+    }
+)
+"""Text-to-image pipeline classes known to take a prompt list and one generator per output image."""
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' -> cuda when available, else cpu; anything else is passed to torch.device."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """'auto' -> float16 on cuda, float32 elsewhere; else one of float32, float16, bfloat16."""
+    if name == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown torch_dtype {name!r}; expected 'auto' or one of {sorted(_DTYPES)}") from None
+
+
+def make_generators(specs: Sequence[RequestSpec], device: torch.device | str) -> list[torch.Generator]:
+    """One generator per output image, in output order: image ``k`` of a spec is seeded ``spec.seed + k``."""
+    return [torch.Generator(device).manual_seed(spec.seed + k) for spec in specs for k in range(spec.n)]
+
+
+def check_batch(specs: Sequence[RequestSpec]) -> RequestSpec:
+    """Return the first spec after checking that every spec shares the call-wide parameters with it."""
+    if not specs:
+        raise ValueError("empty batch")
+    head = specs[0]
+    fields = ("width", "height", "num_inference_steps", "guidance_scale", "guidance_rescale", "n", "lora")
+    for spec in specs[1:]:
+        for field in fields:
+            if getattr(spec, field) != getattr(head, field):
+                raise ValueError(f"request {spec.id} differs from {head.id} in {field}: not one batch")
+        if (spec.negative_prompt is None) != (head.negative_prompt is None):
+            raise ValueError(f"request {spec.id} differs from {head.id} in negative-prompt presence")
+    if head.num_frames is not None:
+        raise ValueError("num_frames is not supported by DiffusersRunner (text-to-image pipelines only)")
+    return head
+
+
+class DiffusersRunner:
+    """BatchRunner over a diffusers pipeline: ``settings.model`` (path or hub id) or the demo model."""
+
+    def __init__(self, settings: Settings) -> None:
+        from diffusers import DiffusionPipeline
+
+        self.settings = settings
+        if settings.torch_threads is not None:
+            torch.set_num_threads(settings.torch_threads)
+        self.device = resolve_device(settings.device)
+        self.dtype = resolve_dtype(settings.torch_dtype, self.device)
+        source = settings.model or str(ensure_demo_model(settings.model_cache_dir))
+        with warnings.catch_warnings():
+            # Recent diffusers prefer `dtype=` (FutureWarning); `torch_dtype=` works on all supported ones.
+            warnings.filterwarnings("ignore", message=".*torch_dtype.*", category=FutureWarning)
+            pipe: Any = DiffusionPipeline.from_pretrained(  # type: ignore[no-untyped-call]
+                source, torch_dtype=self.dtype
+            )
+        if getattr(pipe, "safety_checker", None) is not None:
+            pipe.safety_checker = None
+        pipe.set_progress_bar_config(disable=True)
+        self.pipe: Any = pipe.to(self.device)
+        self.loras = LoraActivator(self.pipe, settings.lora_dir)
+        self._call_params = frozenset(inspect.signature(self.pipe.__call__).parameters)
+
+    @property
+    def fused(self) -> bool:
+        """``settings.fused`` when set, else whether the pipeline class is in FUSED_PIPELINE_CLASSES."""
+        if self.settings.fused is not None:
+            return self.settings.fused
+        return type(self.pipe).__name__ in FUSED_PIPELINE_CLASSES
+
+    def _accepts(self, name: str) -> bool:
+        return name in self._call_params
+
+    def run(self, specs: Sequence[RequestSpec], on_step: StepCallback) -> list[list[Image.Image]]:
+        """Run ``specs`` in one pipeline call and return ``spec.n`` PIL images per spec, in order."""
+        head = check_batch(specs)
+        steps = head.num_inference_steps
+        self.loras.activate(head.lora)
+
+        kwargs: dict[str, Any] = {
+            "prompt": [spec.prompt for spec in specs],
+            "generator": make_generators(specs, self.device),
+            "num_images_per_prompt": head.n,
+            "width": head.width,
+            "height": head.height,
+            "num_inference_steps": steps,
+            "guidance_scale": head.guidance_scale,
+            "output_type": "pil",
+        }
+        if head.negative_prompt is not None:
+            kwargs["negative_prompt"] = [spec.negative_prompt for spec in specs]
+        if head.guidance_rescale and self._accepts("guidance_rescale"):
+            kwargs["guidance_rescale"] = head.guidance_rescale
+
+        def step_end(pipe: Any, step: int, timestep: Any, callback_kwargs: dict[str, Any]) -> dict[str, Any]:
+            if on_step(step + 1, steps):
+                pipe._interrupt = True
+            return callback_kwargs
+
+        if self._accepts("callback_on_step_end"):
+            kwargs["callback_on_step_end"] = step_end
+        images: list[Image.Image] = list(self.pipe(**kwargs).images)
+        if not self._accepts("callback_on_step_end"):
+            on_step(steps, steps)
+
+        expected = len(specs) * head.n
+        if len(images) != expected:
+            raise RuntimeError(f"pipeline returned {len(images)} images, expected {expected}")
+        return [images[i * head.n : (i + 1) * head.n] for i in range(len(specs))]

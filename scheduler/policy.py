@@ -1,0 +1,109 @@
+"""The scheduler's batching policy: a pure function from what is waiting to what to do next.
+
+Contract (vLLM-Omni request-level batching, strict FIFO head-of-line):
+
+* ``decide`` does no I/O, keeps no state and never reads a clock: ``now`` and every ``arrived_at`` are
+  monotonic seconds supplied by the caller, so the same inputs always give the same ``Decision``.
+* ``waiting`` is in arrival order. Aborted requests are never batched: each one is reported in ``dropped_ids``
+  (of a ``Dispatch`` or a ``Wait``) for the caller to discard, and they neither start nor block a batch.
+* The candidate batch is the oldest live request (the head) plus the live requests after it with an equal
+  compatibility key, stopping at the first live request whose key differs (it blocks later compatible ones,
+  so no request is ever overtaken by a younger incompatible one), and capped at ``max_num_seqs``.
+* With no live request, or no free worker slot, the answer is ``Wait(until=None)``: call again on new input.
+* The candidate is dispatched at once when it is full, when it is closed (a live incompatible request follows
+  it, so it can never grow) or when the admission wait is disabled (``max_wait_s == 0``).
+* Otherwise the admission wait ends at ``min(head.arrived_at + max_wait_s, last_arrival + stable_s)``, where
+  ``last_arrival`` is the latest arrival among live requests: ``now >= deadline`` dispatches, anything earlier
+  answers ``Wait(until=deadline)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shared.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingRequest:
+    """One request the scheduler has read but not yet dispatched."""
+
+    id: str
+    key: Hashable  # the compatibility key (shared.compat.CompatKey in production)
+    arrived_at: float  # monotonic seconds when the scheduler first saw it
+    aborted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """The knobs of the policy, in seconds."""
+
+    max_num_seqs: int
+    max_wait_s: float
+    stable_s: float
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_wait_s < 0 or self.stable_s < 0:
+            raise ValueError(f"waits must be >= 0, got max_wait_s={self.max_wait_s}, stable_s={self.stable_s}")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> PolicyConfig:
+        """The policy of a fleet configured by ``settings``."""
+        return cls(
+            max_num_seqs=settings.max_num_seqs,
+            max_wait_s=settings.request_batch_max_wait_ms / 1000.0,
+            stable_s=settings.wait_stable_ms / 1000.0,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Publish ``request_ids`` as one batch now."""
+
+    request_ids: tuple[str, ...]  # the batch, in arrival order
+    dropped_ids: tuple[str, ...]  # aborted requests seen, to be discarded (acked) by the caller
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Dispatch nothing now."""
+
+    until: float | None  # clock value to call decide() again at; None = only on new input
+    dropped_ids: tuple[str, ...]
+
+
+Decision = Dispatch | Wait
+
+
+def decide(waiting: Sequence[WaitingRequest], free_slots: int, now: float, config: PolicyConfig) -> Decision:
+    """What the scheduler should do at clock ``now`` with ``waiting`` (arrival order) and ``free_slots``."""
+    dropped = tuple(r.id for r in waiting if r.aborted)
+    live = [r for r in waiting if not r.aborted]
+    if not live or free_slots <= 0:
+        return Wait(until=None, dropped_ids=dropped)
+
+    head = live[0]
+    batch = [head]
+    closed = False
+    for request in live[1:]:
+        if len(batch) == config.max_num_seqs:
+            break
+        if request.key != head.key:
+            closed = True
+            break
+        batch.append(request)
+
+    ids = tuple(r.id for r in batch)
+    if len(batch) == config.max_num_seqs or closed or config.max_wait_s == 0:
+        return Dispatch(request_ids=ids, dropped_ids=dropped)
+
+    last_arrival = max(r.arrived_at for r in live)
+    deadline = min(head.arrived_at + config.max_wait_s, last_arrival + config.stable_s)
+    if now >= deadline:
+        return Dispatch(request_ids=ids, dropped_ids=dropped)
+    return Wait(until=deadline, dropped_ids=dropped)

@@ -1,0 +1,209 @@
+"""The batching service: a thin loop around the pure policy (``scheduler.policy.decide``).
+
+Each round: read new stream entries (blocking until the policy's next deadline, a new request or a worker
+event), refresh the abort/status flags of the head of the queue, ask the policy, and for each ``Dispatch``
+move the requests into a batch atomically (fenced by the lease), publish the Celery task, and only then
+acknowledge their stream entries.
+
+Exactly one scheduler is active (a lease in Redis); others stand by and take over when it lapses. A new leader
+first replays the pending (read, unacknowledged) entries: queued requests wait again, requests that already
+moved into a batch have that batch published again (workers skip finished or held batches), so a crash at any
+point loses nothing and never runs a request in two batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from celery import Celery
+
+from scheduler.lease import Lease
+from scheduler.policy import Dispatch, PolicyConfig, WaitingRequest, decide
+from scheduler.store import LeaseLost, SchedulerStore, StreamEntry
+from shared.celery_config import RUN_BATCH_TASK
+from shared.compat import CompatKey, compat_key
+from shared.contracts import BatchMessage, RequestStatus
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+HEAD_WINDOW_MIN = 64  # the policy looks at most at this many (or 4 x max_num_seqs) requests from the head
+
+
+@dataclass(slots=True)
+class _Waiting:
+    entry_id: str
+    key: CompatKey
+    arrived_at: float
+
+
+class SchedulerService:
+    """Leader election, stream reading and batch publishing around the policy."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: SchedulerStore,
+        lease: Lease,
+        celery: Celery,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = settings
+        self._store = store
+        self._lease = lease
+        self._celery = celery
+        self._clock = clock
+        self._config = PolicyConfig.from_settings(settings)
+        self._window = max(HEAD_WINDOW_MIN, 4 * settings.max_num_seqs)
+        self._waiting: dict[str, _Waiting] = {}  # request id -> entry, in arrival order
+        self.batches_published = 0
+
+    # --- leadership ------------------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Stand by until the lease is ours, lead until it is lost or ``stop`` is set; repeat."""
+        retry_s = self._lease.ttl_ms / 3000
+        try:
+            while not stop.is_set():
+                if self._lease.try_acquire():
+                    log.info("scheduler %s is active", self._lease.token[:8])
+                    self._lead(stop)
+                else:
+                    stop.wait(retry_s)
+        finally:
+            self._lease.release()
+
+    def _lead(self, stop: threading.Event) -> None:
+        self._waiting.clear()
+        self._store.ensure_groups()
+        self._recover()
+        renew_every_s = self._lease.ttl_ms / 3000
+        renewed_at = self._clock()
+        deadline: float | None = None
+        while not stop.is_set():
+            now = self._clock()
+            if now - renewed_at >= renew_every_s:
+                if not self._lease.renew():
+                    log.warning("scheduler lease lost; standing by")
+                    return
+                renewed_at = now
+            block_s = renew_every_s - (now - renewed_at)
+            if deadline is not None:
+                block_s = min(block_s, deadline - now)
+            block_ms = max(1, min(self._settings.scheduler_block_ms, int(block_s * 1000) + 1))
+            self._admit(self._store.read(pending=False, block_ms=block_ms).entries)
+            try:
+                deadline = self._dispatch_ready()
+            except LeaseLost:
+                log.warning("scheduler lease taken over while dispatching; standing by")
+                return
+
+    # --- reading ---------------------------------------------------------------------------------------------
+    def _recover(self) -> None:
+        """Replay entries a previous leader read but did not acknowledge."""
+        entries = self._store.read(pending=True, block_ms=None).entries
+        while entries:
+            self._admit(entries, recovering=True)
+            if len(entries) < self._settings.scheduler_read_count:
+                break
+            entries = self._store.read(pending=True, block_ms=None).entries
+        if self._waiting:
+            log.info("recovered %d queued requests", len(self._waiting))
+
+    def _admit(self, entries: list[StreamEntry], *, recovering: bool = False) -> None:
+        if not entries:
+            return
+        now = self._clock()
+        done: list[str] = []
+        readable = []
+        for entry in entries:
+            if entry.spec is None:
+                self._store.fail_unreadable(entry.request_id, "the queued request could not be read")
+                done.append(entry.entry_id)
+            else:
+                readable.append(entry)
+        if recovering:
+            readable = self._recover_scheduled(readable, done)
+        for entry in readable:
+            assert entry.spec is not None
+            self._waiting[entry.request_id] = _Waiting(entry.entry_id, compat_key(entry.spec), now)
+        self._store.ack(done)
+
+    def _recover_scheduled(self, entries: list[StreamEntry], done: list[str]) -> list[StreamEntry]:
+        """Keep queued entries; republish the batches of those already scheduled; drop the rest."""
+        statuses = self._store.statuses([e.request_id for e in entries])
+        keep: list[StreamEntry] = []
+        republish: set[str] = set()
+        for entry, (status, _, batch_id) in zip(entries, statuses, strict=True):
+            if status is RequestStatus.QUEUED:
+                keep.append(entry)
+                continue
+            if status is RequestStatus.SCHEDULED and batch_id:
+                republish.add(batch_id)
+            done.append(entry.entry_id)
+        for batch_id in sorted(republish):
+            ids = self._store.batch_request_ids(batch_id)
+            if ids:
+                log.info("republishing batch %s (%d requests) after a takeover", batch_id, len(ids))
+                self._publish(batch_id, ids)
+        return keep
+
+    # --- dispatching -----------------------------------------------------------------------------------------
+    def _dispatch_ready(self) -> float | None:
+        """Publish every batch the policy allows now; return when to look again (None = on new input)."""
+        free = self._store.free_slots() if self._waiting else 0
+        while self._waiting:
+            head = self._head_window(free)
+            decision = decide(head, free, self._clock(), self._config)
+            self._forget(decision.dropped_ids)
+            if not isinstance(decision, Dispatch):
+                return decision.until
+            self._dispatch(decision)
+            free -= 1
+        return None
+
+    def _head_window(self, free: int) -> list[WaitingRequest]:
+        ids = []
+        for rid in self._waiting:
+            ids.append(rid)
+            if len(ids) >= self._window:
+                break
+        # only worth a round trip when something could be dispatched
+        flags = self._store.statuses(ids) if free > 0 else [(RequestStatus.QUEUED, False, None)] * len(ids)
+        return [
+            WaitingRequest(
+                rid,
+                self._waiting[rid].key,
+                self._waiting[rid].arrived_at,
+                aborted=abort or status is not RequestStatus.QUEUED,
+            )
+            for rid, (status, abort, _) in zip(ids, flags, strict=True)
+        ]
+
+    def _dispatch(self, decision: Dispatch) -> None:
+        batch_id = uuid.uuid4().hex
+        ids = list(decision.request_ids)
+        joined = self._store.schedule(self._lease.key, self._lease.token, batch_id, ids)
+        if joined:
+            self._publish(batch_id, joined)
+        self._forget(ids)
+
+    def _publish(self, batch_id: str, request_ids: list[str]) -> None:
+        message = BatchMessage(batch_id=batch_id, request_ids=tuple(request_ids), created_at=time.time())
+        self._celery.send_task(
+            RUN_BATCH_TASK,
+            args=[message.model_dump(mode="json")],
+            task_id=batch_id,
+            queue=self._settings.queue_name,
+        )
+        self.batches_published += 1
+        log.info("published batch %s with %d requests", batch_id, len(request_ids))
+
+    def _forget(self, request_ids: tuple[str, ...] | list[str]) -> None:
+        """Drop requests from the waiting list and acknowledge their entries (after any publish)."""
+        entries = [self._waiting.pop(rid).entry_id for rid in request_ids if rid in self._waiting]
+        self._store.ack(entries)

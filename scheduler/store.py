@@ -1,0 +1,148 @@
+"""The scheduler's view of Redis: the request stream (consumer group), capacity, and the batch transition."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis
+
+from shared import keys as k
+from shared.contracts import RequestSpec, RequestStatus
+from shared.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEntry:
+    """One accepted request as read from the stream."""
+
+    entry_id: str
+    request_id: str
+    spec: RequestSpec | None  # None when the entry is unreadable (then it is failed and discarded)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    entries: list[StreamEntry]
+    woken: bool  # an event (a finished batch, a new worker) arrived: capacity may have changed
+
+
+class LeaseLost(Exception):
+    """The batch transition was refused: another scheduler holds the lease now."""
+
+
+def _by_stream(reply: Any) -> dict[str, list[tuple[str, dict[str, str]]]]:
+    """XREADGROUP's reply as {stream: [(entry id, fields)]} for both RESP2 (list) and RESP3 (dict) shapes."""
+    if not reply:
+        return {}
+    if isinstance(reply, dict):
+        return {name: (msgs[0] if msgs and isinstance(msgs[0], list) else msgs) for name, msgs in reply.items()}
+    return dict(reply)
+
+
+class SchedulerStore:
+    """Redis operations of the active scheduler."""
+
+    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+        self._redis = client
+        self._settings = settings
+        self.keys = k.RedisKeys(settings.key_prefix)
+        self._schedule = client.register_script(k.SCHEDULE)
+
+    def ensure_groups(self) -> None:
+        for stream in (self.keys.requests, self.keys.events):
+            try:
+                self._redis.xgroup_create(stream, k.SCHEDULER_GROUP, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    def read(self, *, pending: bool, block_ms: int | None) -> ReadResult:
+        """New entries (``pending=False``), or those read before but never acknowledged (``pending=True``)."""
+        start = "0" if pending else ">"
+        reply = self._redis.xreadgroup(
+            k.SCHEDULER_GROUP,
+            k.SCHEDULER_CONSUMER,
+            {self.keys.requests: start, self.keys.events: start},
+            count=self._settings.scheduler_read_count,
+            block=None if pending else block_ms,
+        )
+        streams = _by_stream(reply)
+        events = [entry_id for entry_id, _ in streams.get(self.keys.events, [])]
+        if events:
+            self._redis.xack(self.keys.events, k.SCHEDULER_GROUP, *events)
+        entries = [self._entry(entry_id, fields) for entry_id, fields in streams.get(self.keys.requests, [])]
+        return ReadResult(entries=entries, woken=bool(events))
+
+    @staticmethod
+    def _entry(entry_id: str, fields: dict[str, str] | None) -> StreamEntry:
+        fields = fields or {}  # a deleted-but-pending entry reads back with no fields
+        try:
+            spec: RequestSpec | None = RequestSpec.model_validate_json(fields["spec"])
+        except (KeyError, ValueError):
+            spec = None
+        return StreamEntry(entry_id=entry_id, request_id=fields.get("id", ""), spec=spec)
+
+    def statuses(self, request_ids: Sequence[str]) -> list[tuple[RequestStatus | None, bool, str | None]]:
+        """(status, abort flag, batch id) of each request; status None when the request hash is gone."""
+        pipe = self._redis.pipeline(transaction=False)
+        for rid in request_ids:
+            pipe.hmget(self.keys.request(rid), ["status", "abort", "batch_id"])
+        out: list[tuple[RequestStatus | None, bool, str | None]] = []
+        for status, abort, batch_id in pipe.execute():
+            out.append((RequestStatus(status) if status else None, bool(abort), batch_id))
+        return out
+
+    def ack(self, entry_ids: Iterable[str]) -> None:
+        """Acknowledge and delete stream entries whose requests no longer need the scheduler."""
+        ids = list(entry_ids)
+        if ids:
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.xack(self.keys.requests, k.SCHEDULER_GROUP, *ids)
+            pipe.xdel(self.keys.requests, *ids)
+            pipe.execute()
+
+    def free_slots(self) -> int:
+        """Live worker slots minus batches in flight (stale heartbeats and batches are swept first)."""
+        now_ms = int(time.time() * 1000)
+        s = self._settings
+        stale_batch_ms = (s.visibility_timeout_s + s.batch_time_limit_s) * 1000
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zremrangebyscore(self.keys.workers, "-inf", now_ms - int(s.worker_ttl_s * 1000))
+        pipe.zremrangebyscore(self.keys.inflight, "-inf", now_ms - stale_batch_ms)
+        pipe.zcard(self.keys.workers)
+        pipe.zcard(self.keys.inflight)
+        _, _, workers, inflight = pipe.execute()
+        return int(workers) - int(inflight)
+
+    def schedule(self, lease_key: str, token: str, batch_id: str, request_ids: Sequence[str]) -> list[str]:
+        """Atomically move the still-queued, non-aborted requests into batch ``batch_id``; returns those moved."""
+        now = time.time()
+        reply = self._schedule(
+            keys=[lease_key, self.keys.batch(batch_id), self.keys.inflight]
+            + [self.keys.request(rid) for rid in request_ids],
+            args=[token, batch_id, now, int(now * 1000), *request_ids],
+        )
+        if reply == -1:
+            raise LeaseLost(batch_id)
+        return cast(list[str], list(reply))
+
+    def batch_request_ids(self, batch_id: str) -> list[str]:
+        ids = self._redis.hget(self.keys.batch(batch_id), "ids")
+        return str(ids).split() if ids else []
+
+    def fail_unreadable(self, request_id: str, reason: str) -> None:
+        """Fail a request whose stream entry cannot be read, so it does not stay queued forever."""
+        if request_id:
+            now = time.time()
+            self._redis.hset(
+                self.keys.request(request_id),
+                mapping={
+                    "status": "failed",
+                    "error_type": "InvalidRequest",
+                    "error_message": reason,
+                    "finished_at": now,
+                },
+            )

@@ -1,0 +1,13 @@
+"""Tiers: tests/unit (pure, fast, no server) and tests/integration (real Redis, real worker processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "integration" in Path(str(item.fspath)).parts:
+            item.add_marker(pytest.mark.integration)

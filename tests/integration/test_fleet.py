@@ -1,0 +1,194 @@
+"""End to end through real processes: api -> Redis stream -> scheduler -> Celery -> worker -> results."""
+
+from __future__ import annotations
+
+import io
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from gpu_worker.diffusers_runner import DiffusersRunner
+from shared.contracts import LoraRef, RequestSpec
+from shared.settings import Settings
+from tests.integration.conftest import LORA_NAME, Fleet
+from tests.support.processes import wait_for
+from tests.support.runners import EXPLODE_MARKER
+
+
+@pytest.fixture(scope="module")
+def solo_runner(model_cache: Path, lora_dir: Path) -> DiffusersRunner:
+    return DiffusersRunner(Settings(model_cache_dir=model_cache, lora_dir=lora_dir, torch_threads=2))
+
+
+def solo_image(runner: DiffusersRunner, state: dict, lora: LoraRef | None = None) -> np.ndarray:
+    params = state["params"]
+    spec = RequestSpec(
+        id="solo",
+        model="demo",
+        prompt=params["prompt"],
+        negative_prompt=params.get("negative_prompt"),
+        seed=state["seed"],
+        width=params["width"],
+        height=params["height"],
+        num_inference_steps=params["num_inference_steps"],
+        guidance_scale=params["guidance_scale"],
+        n=1,
+        lora=lora,
+        created_at=0.0,
+    )
+    (images,) = runner.run([spec], lambda step, total: False)
+    return np.asarray(images[0], dtype=np.int16)
+
+
+def png_array(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.int16)
+
+
+def test_concurrent_compatible_requests_are_fused_and_match_solo_runs(
+    fleet: Fleet, solo_runner: DiffusersRunner
+) -> None:
+    prompts = [f"a lighthouse number {i}" for i in range(8)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        ids = list(pool.map(lambda p: fleet.submit(prompt=p), prompts))
+    states = fleet.wait_done(ids)
+
+    assert {s["status"] for s in states.values()} == {"succeeded"}
+    sizes = [s["batch_size"] for s in states.values()]
+    assert max(sizes) > 1, f"no request was fused: batch sizes {sizes}"
+    assert max(sizes) <= 4
+    members: dict[str, int] = defaultdict(int)
+    for state in states.values():
+        members[state["batch_id"]] += 1
+    for state in states.values():
+        assert members[state["batch_id"]] == state["batch_size"]
+        assert state["progress"] == {"step": 4, "total": 4}
+    for rid, state in states.items():
+        fused = png_array(fleet.image(rid))
+        assert np.abs(fused - solo_image(solo_runner, state)).max() <= 1, f"request {rid} differs from solo"
+
+
+def test_requests_of_two_sizes_never_share_a_batch(fleet: Fleet) -> None:
+    sizes = [64, 32] * 4
+    ids = fleet.http.post(
+        "/v1/requests/batch",
+        json={
+            "requests": [
+                {"prompt": f"tile {i}", "width": s, "height": s, "num_inference_steps": 4} for i, s in enumerate(sizes)
+            ]
+        },
+    ).json()["ids"]
+    states = fleet.wait_done(ids)
+    size_of_batch: dict[str, set[int]] = defaultdict(set)
+    for state in states.values():
+        assert state["status"] == "succeeded", state
+        size_of_batch[state["batch_id"]].add(state["params"]["width"])
+    assert all(len(widths) == 1 for widths in size_of_batch.values()), size_of_batch
+    assert png_array(fleet.image(ids[1])).shape == (32, 32, 3)
+
+
+def test_a_failing_request_fails_alone(fleet: Fleet) -> None:
+    ids = fleet.http.post(
+        "/v1/requests/batch",
+        json={
+            "requests": [
+                {"prompt": p, "num_inference_steps": 4}
+                for p in ["calm sea", f"please {EXPLODE_MARKER}", "quiet forest", "old town"]
+            ]
+        },
+    ).json()["ids"]
+    states = fleet.wait_done(ids)
+    culprit = states[ids[1]]
+    assert culprit["status"] == "failed"
+    assert culprit["error"]["type"] == "ValueError"
+    assert "explode" in culprit["error"]["message"]
+    assert culprit["images"] == []
+    for rid in (ids[0], ids[2], ids[3]):
+        assert states[rid]["status"] == "succeeded", states[rid]
+        assert states[rid]["error"] is None
+        assert len(fleet.image(rid)) > 0
+    assert len({s["batch_id"] for s in states.values()}) < 4, "the four requests should have been fused"
+
+
+def test_lora_batches_by_adapter_and_scale_and_changes_the_image(fleet: Fleet) -> None:
+    lora = {"name": LORA_NAME, "scale": 1.0}
+    ids = fleet.http.post(
+        "/v1/requests/batch",
+        json={
+            "requests": [
+                {"prompt": "a castle", "seed": 11, "lora": lora},
+                {"prompt": "a bridge", "seed": 12, "lora": lora},
+                {"prompt": "a castle", "seed": 11, "lora": {"name": LORA_NAME, "scale": 0.5}},
+                {"prompt": "a castle", "seed": 11},
+            ]
+        },
+    ).json()["ids"]
+    states = fleet.wait_done(ids)
+    assert all(s["status"] == "succeeded" for s in states.values()), states
+    same, other_scale, bare = states[ids[0]], states[ids[2]], states[ids[3]]
+    assert same["batch_id"] == states[ids[1]]["batch_id"]
+    assert other_scale["batch_id"] != same["batch_id"]
+    assert bare["batch_id"] not in (same["batch_id"], other_scale["batch_id"])
+    with_lora, half_lora, without = (png_array(fleet.image(r)) for r in (ids[0], ids[2], ids[3]))
+    assert np.abs(with_lora - without).max() > 1
+    assert np.abs(with_lora - half_lora).max() > 1
+
+
+def test_abort_while_running_stops_it_and_spares_peers(fleet: Fleet) -> None:
+    slow = {"num_inference_steps": 150}
+    ids = fleet.http.post(
+        "/v1/requests/batch", json={"requests": [{"prompt": "victim", **slow}, {"prompt": "peer", **slow}]}
+    ).json()["ids"]
+    victim, peer = ids
+    wait_for(lambda: fleet.get(victim)["progress"]["step"] >= 2, 60, "the victim to be running")
+    assert fleet.get(victim)["status"] == "running"
+    answer = fleet.http.post(f"/v1/requests/{victim}/abort")
+    assert answer.status_code == 200 and answer.json()["status"] == "running"
+    states = fleet.wait_done(ids)
+    assert states[victim]["status"] == "aborted"
+    assert states[victim]["images"] == []
+    assert fleet.http.get(f"/v1/requests/{victim}/images/0").status_code == 404
+    assert states[peer]["status"] == "succeeded"
+    assert states[peer]["batch_id"] == states[victim]["batch_id"]
+    assert fleet.http.post(f"/v1/requests/{peer}/abort").status_code == 409
+
+
+def test_aborting_every_request_of_a_forward_stops_it_early(fleet: Fleet) -> None:
+    rid = fleet.submit(prompt="endless", num_inference_steps=1000)
+    wait_for(lambda: fleet.get(rid)["progress"]["step"] >= 2, 60, "the request to be running")
+    fleet.http.post(f"/v1/requests/{rid}/abort")
+    state = fleet.wait_done([rid], timeout=30)[rid]
+    assert state["status"] == "aborted"
+    assert state["progress"]["step"] < 1000
+
+
+def test_abort_while_queued_never_runs(fleet: Fleet) -> None:
+    fleet.scheduler.stop()
+    try:
+        queued = fleet.submit(prompt="never")
+        assert fleet.http.post(f"/v1/requests/{queued}/abort").json()["status"] == "aborted"
+        assert fleet.http.post(f"/v1/requests/{queued}/abort").json()["status"] == "aborted"  # idempotent
+    finally:
+        fleet.scheduler.start()
+    later = fleet.submit(prompt="after")
+    fleet.wait_done([later])
+    state = fleet.get(queued)
+    assert state["status"] == "aborted"
+    assert state["batch_id"] is None and state["started_at"] is None
+
+
+def test_killed_and_restarted_scheduler_loses_nothing(fleet: Fleet) -> None:
+    ids = [fleet.submit(prompt=f"wave one {i}") for i in range(6)]
+    fleet.scheduler.kill()
+    ids += [fleet.submit(prompt=f"while down {i}") for i in range(6)]
+    time.sleep(0.2)
+    fleet.scheduler.start()
+    ids += [fleet.submit(prompt=f"after restart {i}") for i in range(6)]
+    states = fleet.wait_done(ids)
+    assert {s["status"] for s in states.values()} == {"succeeded"}
+    for batch_id in {s["batch_id"] for s in states.values()}:
+        assert fleet.redis.hget(fleet.keys.batch(batch_id), "attempts") == "1", f"batch {batch_id} ran twice"

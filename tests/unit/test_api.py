@@ -1,0 +1,387 @@
+"""The HTTP API against fakeredis (with Lua): submission, validation, state, images, abort, backpressure."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import fakeredis
+import httpx
+import pytest
+
+from api.app import create_app
+from shared.contracts import RequestSpec
+from shared.keys import RedisKeys
+from shared.settings import Settings
+
+pytestmark = pytest.mark.anyio
+
+PNG = b"\x89PNG\r\n\x1a\nfake"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@dataclass
+class Api:
+    http: httpx.AsyncClient
+    server: fakeredis.FakeServer
+    redis: fakeredis.FakeAsyncRedis
+    binary: fakeredis.FakeAsyncRedis
+    keys: RedisKeys
+    settings: Settings
+
+
+async def _api(settings: Settings) -> AsyncIterator[Api]:
+    server = fakeredis.FakeServer()
+    redis = fakeredis.FakeAsyncRedis(server=server, decode_responses=True)
+    binary = fakeredis.FakeAsyncRedis(server=server, decode_responses=False)
+    app = create_app(settings, redis=redis, redis_binary=binary)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+            yield Api(http, server, redis, binary, RedisKeys(settings.key_prefix), settings)
+    await redis.aclose()
+    await binary.aclose()
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    lora_dir = tmp_path / "loras"
+    (lora_dir / "style").mkdir(parents=True)
+    overrides: dict[str, Any] = {
+        "key_prefix": "t",
+        "model": None,  # explicit values win over FUSEFLEET_* variables of the environment
+        "lora_dir": lora_dir,
+        "max_image_side": 512,
+        "max_inference_steps": 50,
+        "max_images_per_request": 4,
+        "max_prompt_chars": 100,
+        "max_queue_len": 5,
+    }
+    return Settings(**overrides)
+
+
+@pytest.fixture
+async def api(settings: Settings) -> AsyncIterator[Api]:
+    async for harness in _api(settings):
+        yield harness
+
+
+async def _submit(api: Api, **body: Any) -> str:
+    response = await api.http.post("/v1/requests", json={"prompt": "a cat", **body})
+    assert response.status_code == 202, response.text
+    request_id: str = response.json()["id"]
+    return request_id
+
+
+async def _stream(api: Api) -> list[dict[str, str]]:
+    entries = cast(list[tuple[str, dict[str, str]]], await api.redis.xrange(api.keys.requests))
+    return [fields for _, fields in entries]
+
+
+def _error_locs(response: httpx.Response) -> list[list[str | int]]:
+    assert response.status_code == 422, response.text
+    return [error["loc"] for error in response.json()["detail"]]
+
+
+async def test_submit_stores_spec_and_stream_entry(api: Api) -> None:
+    response = await api.http.post(
+        "/v1/requests",
+        json={
+            "prompt": "a cat",
+            "negative_prompt": "blurry",
+            "seed": 7,
+            "lora": {"name": "style", "scale": 0.5},
+        },
+    )
+    assert response.status_code == 202
+    body = response.json()
+    assert body["status"] == "queued"
+    request_id = body["id"]
+    assert len(request_id) == 32
+
+    raw = await api.redis.hgetall(api.keys.request(request_id))
+    assert raw["status"] == "queued"
+    spec = RequestSpec.model_validate_json(raw["spec"])
+    assert (spec.id, spec.model, spec.prompt, spec.negative_prompt, spec.seed) == (
+        request_id,
+        "demo",
+        "a cat",
+        "blurry",
+        7,
+    )
+    assert (spec.width, spec.height, spec.num_inference_steps) == (64, 64, 4)
+    assert (spec.n, spec.num_frames) == (1, None)
+    assert spec.guidance_scale == 5.0 and spec.guidance_rescale == 0.0
+    assert spec.lora is not None and (spec.lora.name, spec.lora.scale) == ("style", 0.5)
+    assert float(raw["created_at"]) == spec.created_at
+
+    entries = await _stream(api)
+    assert len(entries) == 1
+    fields = entries[0]
+    assert fields["id"] == request_id
+    assert RequestSpec.model_validate_json(fields["spec"]) == spec
+
+
+async def test_seed_picked_when_absent_and_reported(api: Api) -> None:
+    request_id = await _submit(api)
+    response = await api.http.get(f"/v1/requests/{request_id}")
+    assert response.status_code == 200
+    view = response.json()
+    assert isinstance(view["seed"], int) and 0 <= view["seed"] < 2**63
+    assert view["params"]["seed"] == view["seed"]
+    raw = await api.redis.hgetall(api.keys.request(request_id))
+    assert RequestSpec.model_validate_json(raw["spec"]).seed == view["seed"]
+
+
+async def test_get_reports_state(api: Api) -> None:
+    request_id = await _submit(api, prompt="a dog", n=2, seed=3)
+    view = (await api.http.get(f"/v1/requests/{request_id}")).json()
+    assert view["id"] == request_id
+    assert view["status"] == "queued"
+    assert view["progress"] == {"step": 0, "total": 4}
+    assert view["error"] is None
+    assert view["images"] == []
+    assert view["batch_id"] is None and view["worker"] is None
+    assert view["created_at"].endswith("Z") or view["created_at"].endswith("+00:00")
+    assert view["started_at"] is None and view["finished_at"] is None
+    assert view["params"]["prompt"] == "a dog" and view["params"]["n"] == 2
+
+    await api.redis.hset(
+        api.keys.request(request_id),
+        mapping={
+            "status": "failed",
+            "error_type": "RuntimeError",
+            "error_message": "boom",
+            "worker": "w1",
+            "batch_id": "b1",
+            "batch_size": 3,
+            "step": 2,
+            "total": 4,
+            "started_at": 1700000000.0,
+            "finished_at": 1700000001.5,
+        },
+    )
+    view = (await api.http.get(f"/v1/requests/{request_id}")).json()
+    assert view["status"] == "failed"
+    assert view["error"] == {"type": "RuntimeError", "message": "boom"}
+    assert (view["worker"], view["batch_id"], view["batch_size"]) == ("w1", "b1", 3)
+    assert view["progress"] == {"step": 2, "total": 4}
+    assert view["started_at"].startswith("2023-11-14T22:13:20")
+    assert view["images"] == []
+
+
+async def test_list_prompt_says_submit_each_prompt_alone(api: Api) -> None:
+    response = await api.http.post("/v1/requests", json={"prompt": ["a cat", "a dog"]})
+    assert _error_locs(response) == [["body", "prompt"]]
+    assert "own request" in response.json()["detail"][0]["msg"]
+
+
+async def test_list_body_points_to_batch_endpoint(api: Api) -> None:
+    response = await api.http.post("/v1/requests", json=[{"prompt": "a cat"}])
+    assert response.status_code == 422
+    assert "/v1/requests/batch" in response.json()["detail"][0]["msg"]
+
+
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        ({"width": 100}, ["body", "width"]),
+        ({"height": 0}, ["body", "height"]),
+        ({"width": 1024}, ["body", "width"]),  # > max_image_side (settings)
+        ({"height": "64"}, ["body", "height"]),
+        ({"n": 5}, ["body", "n"]),  # > max_images_per_request (settings)
+        ({"n": 0}, ["body", "n"]),
+        ({"num_inference_steps": 0}, ["body", "num_inference_steps"]),
+        ({"num_inference_steps": 51}, ["body", "num_inference_steps"]),  # > max_inference_steps (settings)
+        ({"guidance_scale": 51}, ["body", "guidance_scale"]),
+        ({"guidance_scale": -1}, ["body", "guidance_scale"]),
+        ({"guidance_rescale": 1.5}, ["body", "guidance_rescale"]),
+        ({"seed": -1}, ["body", "seed"]),
+        ({"seed": 2**63}, ["body", "seed"]),
+        ({"prompt": ""}, ["body", "prompt"]),
+        ({"prompt": "x" * 101}, ["body", "prompt"]),  # > max_prompt_chars (settings)
+        ({"negative_prompt": "x" * 101}, ["body", "negative_prompt"]),
+        ({"steps": 10}, ["body", "steps"]),
+        ({"lora": {"name": "nope"}}, ["body", "lora", "name"]),
+        ({"lora": {"name": "../loras"}}, ["body", "lora", "name"]),
+        ({"lora": {"name": "style", "scale": 11}}, ["body", "lora", "scale"]),
+    ],
+)
+async def test_bad_field_is_422_naming_it(api: Api, body: dict[str, Any], loc: list[str]) -> None:
+    response = await api.http.post("/v1/requests", json={"prompt": "a cat", **body})
+    assert _error_locs(response) == [loc]
+    assert response.json()["detail"][0]["msg"]
+    assert await api.redis.xlen(api.keys.requests) == 0
+
+
+async def test_missing_prompt_is_422(api: Api) -> None:
+    assert _error_locs(await api.http.post("/v1/requests", json={})) == [["body", "prompt"]]
+
+
+async def test_settings_bound_message_names_the_limit(api: Api) -> None:
+    response = await api.http.post("/v1/requests", json={"prompt": "a cat", "width": 1024})
+    error = response.json()["detail"][0]
+    assert error["type"] == "less_than_equal"
+    assert "512" in error["msg"] and "max_image_side" in error["msg"]
+
+
+async def test_lora_needs_a_lora_dir(settings: Settings) -> None:
+    async for api in _api(settings.model_copy(update={"lora_dir": None})):
+        response = await api.http.post("/v1/requests", json={"prompt": "a cat", "lora": {"name": "style"}})
+        assert _error_locs(response) == [["body", "lora", "name"]]
+
+
+async def test_model_name_from_settings(settings: Settings) -> None:
+    async for api in _api(settings.model_copy(update={"model": "org/sd"})):
+        request_id = await _submit(api)
+        view = (await api.http.get(f"/v1/requests/{request_id}")).json()
+        assert view["params"]["model"] == "org/sd"
+
+
+async def test_batch_creates_independent_requests(api: Api) -> None:
+    items = [{"prompt": "a cat"}, {"prompt": "a dog", "n": 2}, {"prompt": "a cow", "seed": 11}]
+    response = await api.http.post("/v1/requests/batch", json={"requests": items})
+    assert response.status_code == 202, response.text
+    ids = response.json()["ids"]
+    assert len(ids) == 3 and len(set(ids)) == 3
+
+    views = [(await api.http.get(f"/v1/requests/{i}")).json() for i in ids]
+    assert [v["params"]["prompt"] for v in views] == ["a cat", "a dog", "a cow"]
+    assert [v["status"] for v in views] == ["queued"] * 3
+    assert views[1]["params"]["n"] == 2
+    assert views[2]["seed"] == 11
+    assert len({v["seed"] for v in views}) == 3
+    assert [fields["id"] for fields in await _stream(api)] == ids
+
+
+async def test_batch_bad_item_names_its_index(api: Api) -> None:
+    items = [{"prompt": "a cat"}, {"prompt": "a dog", "width": 1024}, {"prompt": ["x", "y"]}]
+    response = await api.http.post("/v1/requests/batch", json={"requests": items})
+    assert _error_locs(response) == [["body", "requests", 2, "prompt"]]
+
+    items = [{"prompt": "a cat"}, {"prompt": "a dog", "width": 1024}, {"prompt": "a cow", "n": 9}]
+    response = await api.http.post("/v1/requests/batch", json={"requests": items})
+    assert _error_locs(response) == [["body", "requests", 1, "width"], ["body", "requests", 2, "n"]]
+    assert await api.redis.xlen(api.keys.requests) == 0
+
+
+async def test_batch_size_bounds(api: Api) -> None:
+    assert _error_locs(await api.http.post("/v1/requests/batch", json={"requests": []})) == [["body", "requests"]]
+    many = {"requests": [{"prompt": "a"}] * 257}
+    assert _error_locs(await api.http.post("/v1/requests/batch", json=many)) == [["body", "requests"]]
+
+
+async def test_queue_full_is_503_all_or_nothing(api: Api) -> None:
+    for _ in range(4):
+        await _submit(api)
+    response = await api.http.post("/v1/requests/batch", json={"requests": [{"prompt": "a"}] * 2})
+    assert response.status_code == 503
+    assert "Retry-After" in response.headers
+    assert "queue is full" in response.json()["detail"]
+    assert await api.redis.xlen(api.keys.requests) == 4
+
+    await _submit(api)  # the fifth fits
+    response = await api.http.post("/v1/requests", json={"prompt": "a cat"})
+    assert response.status_code == 503
+    assert int(response.headers["Retry-After"]) > 0
+    assert await api.redis.xlen(api.keys.requests) == 5
+
+
+async def test_get_unknown_is_404(api: Api) -> None:
+    response = await api.http.get("/v1/requests/nope")
+    assert response.status_code == 404
+    assert "nope" in response.json()["detail"]
+
+
+async def test_image_404_until_stored_then_png(api: Api) -> None:
+    request_id = await _submit(api, n=2)
+    assert (await api.http.get(f"/v1/requests/{request_id}/images/0")).status_code == 404
+
+    # what the worker's FINISH script does
+    await api.binary.set(api.keys.image(request_id, 0), PNG)
+    await api.binary.set(api.keys.image(request_id, 1), PNG + b"1")
+    await api.redis.hset(
+        api.keys.request(request_id),
+        mapping={"status": "succeeded", "images": 2, "finished_at": 1700000000.0},
+    )
+
+    view = (await api.http.get(f"/v1/requests/{request_id}")).json()
+    assert view["status"] == "succeeded"
+    assert view["images"] == [f"/v1/requests/{request_id}/images/0", f"/v1/requests/{request_id}/images/1"]
+    for k, url in enumerate(view["images"]):
+        response = await api.http.get(url)
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "image/png"
+        assert response.content == (PNG if k == 0 else PNG + b"1")
+    assert (await api.http.get(f"/v1/requests/{request_id}/images/2")).status_code == 404
+    assert (await api.http.get(f"/v1/requests/{request_id}/images/-1")).status_code == 422
+
+
+async def test_abort_queued_is_idempotent(api: Api) -> None:
+    request_id = await _submit(api)
+    for _ in range(2):
+        response = await api.http.post(f"/v1/requests/{request_id}/abort")
+        assert response.status_code == 200
+        assert response.json() == {"id": request_id, "status": "aborted"}
+    view = (await api.http.get(f"/v1/requests/{request_id}")).json()
+    assert view["status"] == "aborted"
+    assert view["finished_at"] is not None
+    assert await api.redis.ttl(api.keys.request(request_id)) > 0
+
+
+async def test_abort_running_flags_it(api: Api) -> None:
+    request_id = await _submit(api)
+    await api.redis.hset(api.keys.request(request_id), "status", "running")
+    response = await api.http.post(f"/v1/requests/{request_id}/abort")
+    assert response.status_code == 200
+    assert response.json() == {"id": request_id, "status": "running"}
+    assert await api.redis.hget(api.keys.request(request_id), "abort") == "1"
+
+
+@pytest.mark.parametrize("final", ["succeeded", "failed"])
+async def test_abort_after_finish_is_409(api: Api, final: str) -> None:
+    request_id = await _submit(api)
+    await api.redis.hset(api.keys.request(request_id), "status", final)
+    response = await api.http.post(f"/v1/requests/{request_id}/abort")
+    assert response.status_code == 409
+    assert final in response.json()["detail"]
+    assert await api.redis.hget(api.keys.request(request_id), "status") == final
+
+
+async def test_abort_unknown_is_404(api: Api) -> None:
+    assert (await api.http.post("/v1/requests/nope/abort")).status_code == 404
+    assert await api.redis.exists(api.keys.request("nope")) == 0
+
+
+async def test_healthz(api: Api) -> None:
+    response = await api.http.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+
+
+async def test_healthz_503_when_redis_is_down(api: Api) -> None:
+    api.server.connected = False
+    response = await api.http.get("/healthz")
+    assert response.status_code == 503
+    assert response.json() == {"status": "unavailable"}
+
+
+async def test_redis_down_is_503_not_500(api: Api) -> None:
+    api.server.connected = False
+    response = await api.http.post("/v1/requests", json={"prompt": "a cat"})
+    assert response.status_code == 503
+    assert "Retry-After" in response.headers
+    assert "unavailable" in response.json()["detail"]
+
+
+def test_openapi_schema_builds(settings: Settings) -> None:
+    schema = create_app(settings).openapi()
+    assert "/v1/requests/{request_id}/abort" in schema["paths"]
+    assert json.dumps(schema)

@@ -1,0 +1,127 @@
+"""The compatibility key: every batch-wide field splits buckets, every per-row field does not."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from shared.compat import CompatKey, compat_key
+from shared.contracts import LoraRef, RequestSpec
+
+BASE: dict[str, Any] = {
+    "id": "req-1",
+    "model": "demo",
+    "prompt": "a red fox",
+    "negative_prompt": None,
+    "seed": 7,
+    "width": 512,
+    "height": 512,
+    "num_inference_steps": 20,
+    "guidance_scale": 7.5,
+    "guidance_rescale": 0.0,
+    "num_frames": None,
+    "n": 1,
+    "lora": None,
+    "created_at": 1000.0,
+}
+
+# Every RequestSpec field must be classified here. A field in the key must be one value for a whole pipeline
+# call; a per-row field may differ between the rows of one batch. negative_prompt is both: its presence is in
+# the key (a batch has negatives for all rows or none), its text is per row.
+KEYED_FIELDS = frozenset(
+    {
+        "model",
+        "width",
+        "height",
+        "num_frames",
+        "num_inference_steps",
+        "guidance_scale",
+        "guidance_rescale",
+        "n",
+        "lora",
+        "negative_prompt",
+    }
+)
+PER_ROW_FIELDS = frozenset({"id", "prompt", "negative_prompt", "seed", "created_at"})
+LORA_KEYED_FIELDS = frozenset({"name", "scale"})
+
+
+def spec(**overrides: Any) -> RequestSpec:
+    return RequestSpec(**{**BASE, **overrides})
+
+
+# (base overrides, changed overrides): the two specs must land in different buckets.
+DIFFERENT: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "model": ({}, {"model": "other-model"}),
+    "width": ({}, {"width": 768}),
+    "height": ({}, {"height": 768}),
+    "num_frames": ({"num_frames": 16}, {"num_frames": 24}),
+    "num_frames_none": ({}, {"num_frames": 16}),
+    "num_inference_steps": ({}, {"num_inference_steps": 30}),
+    "guidance_scale": ({}, {"guidance_scale": 5.0}),
+    "guidance_rescale": ({}, {"guidance_rescale": 0.7}),
+    "n": ({}, {"n": 2}),
+    "lora_name": ({"lora": LoraRef(name="style-a", scale=1.0)}, {"lora": LoraRef(name="style-b", scale=1.0)}),
+    "lora_scale": (
+        {"lora": LoraRef(name="style-a", scale=1.0)},
+        {"lora": LoraRef(name="style-a", scale=0.5)},
+    ),
+    "lora_vs_none": ({}, {"lora": LoraRef(name="style-a", scale=1.0)}),
+    "negative_prompt_presence": ({}, {"negative_prompt": "blurry"}),
+    "empty_negative_prompt_presence": ({}, {"negative_prompt": ""}),
+}
+
+# (base overrides, changed overrides): the two specs must land in the same bucket.
+SAME: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "prompt": ({}, {"prompt": "a blue whale"}),
+    "negative_prompt_text": ({"negative_prompt": "blurry"}, {"negative_prompt": "low quality, watermark"}),
+    "seed": ({}, {"seed": 123456789}),
+    "id": ({}, {"id": "req-2"}),
+    "created_at": ({}, {"created_at": 2000.5}),
+    "all_per_row": (
+        {"negative_prompt": "blurry"},
+        {"id": "req-3", "prompt": "x", "negative_prompt": "y", "seed": 0, "created_at": 1.0},
+    ),
+}
+
+
+@pytest.mark.parametrize(("base", "changed"), list(DIFFERENT.values()), ids=list(DIFFERENT))
+def test_batch_wide_field_changes_key(base: dict[str, Any], changed: dict[str, Any]) -> None:
+    a, b = spec(**base), spec(**{**base, **changed})
+    assert compat_key(a) != compat_key(b)
+    assert hash(compat_key(a)) == hash(compat_key(spec(**base)))
+
+
+@pytest.mark.parametrize(("base", "changed"), list(SAME.values()), ids=list(SAME))
+def test_per_row_field_keeps_key(base: dict[str, Any], changed: dict[str, Any]) -> None:
+    a, b = spec(**base), spec(**{**base, **changed})
+    assert compat_key(a) == compat_key(b)
+    assert hash(compat_key(a)) == hash(compat_key(b))
+
+
+def test_every_request_field_is_classified() -> None:
+    """A field added to RequestSpec must be put in the key (shared/compat.py) or declared per-row here."""
+    fields = set(RequestSpec.model_fields)
+    unclassified = fields - KEYED_FIELDS - PER_ROW_FIELDS
+    assert not unclassified, f"classify these RequestSpec fields as keyed or per-row: {sorted(unclassified)}"
+    stale = (KEYED_FIELDS | PER_ROW_FIELDS) - fields
+    assert not stale, f"classified fields that RequestSpec no longer has: {sorted(stale)}"
+
+
+def test_every_lora_field_is_in_the_key() -> None:
+    assert set(LoraRef.model_fields) == LORA_KEYED_FIELDS
+
+
+def test_every_key_field_is_exercised() -> None:
+    """Each CompatKey field is changed by at least one DIFFERENT case, and no case changes nothing."""
+    base_key = compat_key(spec())
+    touched: set[str] = set()
+    for base, changed in DIFFERENT.values():
+        a, b = compat_key(spec(**base)), compat_key(spec(**{**base, **changed}))
+        diff = {f.name for f in dataclasses.fields(CompatKey) if getattr(a, f.name) != getattr(b, f.name)}
+        assert diff
+        touched |= diff
+    assert touched == {f.name for f in dataclasses.fields(CompatKey)}
+    assert isinstance(base_key, CompatKey)

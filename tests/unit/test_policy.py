@@ -1,0 +1,163 @@
+"""The pure batching policy: prefix rule, cap, each exit of the admission wait at exact clocks, aborts."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.policy import Dispatch, PolicyConfig, Wait, WaitingRequest, decide
+from shared.settings import Settings
+
+# Dyadic values: every sum below is exact in binary floating point.
+CFG = PolicyConfig(max_num_seqs=4, max_wait_s=0.5, stable_s=0.125)
+TICK = 1.0 / 1024
+
+
+def req(id: str, key: str = "a", at: float = 0.0, aborted: bool = False) -> WaitingRequest:
+    return WaitingRequest(id=id, key=key, arrived_at=at, aborted=aborted)
+
+
+# --- nothing to do ------------------------------------------------------------------------------------------
+
+
+def test_empty_waits_for_input() -> None:
+    assert decide([], free_slots=1, now=0.0, config=CFG) == Wait(until=None, dropped_ids=())
+
+
+def test_no_free_slot_waits_even_with_full_batch() -> None:
+    waiting = [req(f"r{i}") for i in range(4)]
+    assert decide(waiting, free_slots=0, now=10.0, config=CFG) == Wait(until=None, dropped_ids=())
+    assert decide(waiting, free_slots=-1, now=10.0, config=CFG) == Wait(until=None, dropped_ids=())
+    assert decide(waiting, free_slots=1, now=10.0, config=CFG) == Dispatch(("r0", "r1", "r2", "r3"), ())
+
+
+def test_no_free_slot_still_reports_dropped() -> None:
+    waiting = [req("x", aborted=True), req("r0")]
+    assert decide(waiting, free_slots=0, now=0.0, config=CFG) == Wait(until=None, dropped_ids=("x",))
+
+
+# --- candidate batch ----------------------------------------------------------------------------------------
+
+
+def test_prefix_stops_at_first_incompatible() -> None:
+    waiting = [req("a0"), req("a1"), req("b0", key="b"), req("a2"), req("a3")]
+    # a2 and a3 are compatible with the head but b0 blocks them; the batch is closed, so no wait.
+    assert decide(waiting, free_slots=1, now=0.0, config=CFG) == Dispatch(("a0", "a1"), ())
+
+
+def test_incompatible_head_right_after_dispatch() -> None:
+    waiting = [req("b0", key="b"), req("a0"), req("a1")]
+    assert decide(waiting, free_slots=1, now=0.0, config=CFG) == Dispatch(("b0",), ())
+
+
+def test_closed_batch_dispatches_without_waiting() -> None:
+    waiting = [req("a0", at=1.0), req("b0", key="b", at=1.0)]
+    assert decide(waiting, free_slots=1, now=1.0, config=CFG) == Dispatch(("a0",), ())
+
+
+def test_cap_at_max_num_seqs() -> None:
+    waiting = [req(f"r{i}") for i in range(7)]
+    assert decide(waiting, free_slots=3, now=0.0, config=CFG) == Dispatch(("r0", "r1", "r2", "r3"), ())
+
+
+def test_max_num_seqs_one_dispatches_each_at_once() -> None:
+    cfg = PolicyConfig(max_num_seqs=1, max_wait_s=0.5, stable_s=0.125)
+    assert decide([req("r0"), req("r1")], free_slots=1, now=0.0, config=cfg) == Dispatch(("r0",), ())
+
+
+# --- exits of the admission wait ----------------------------------------------------------------------------
+
+
+def test_full_batch_dispatches_at_once() -> None:
+    waiting = [req("r0", at=2.0), req("r1", at=2.0), req("r2", at=2.0)]
+    assert decide(waiting, free_slots=1, now=2.0, config=CFG) == Wait(until=2.125, dropped_ids=())
+    waiting.append(req("r3", at=2.0))
+    assert decide(waiting, free_slots=1, now=2.0, config=CFG) == Dispatch(("r0", "r1", "r2", "r3"), ())
+
+
+def test_stable_window_elapsed() -> None:
+    waiting = [req("r0", at=1.0), req("r1", at=1.0625)]
+    deadline = 1.0625 + 0.125
+    assert deadline == 1.1875
+    assert decide(waiting, free_slots=1, now=1.0625, config=CFG) == Wait(until=1.1875, dropped_ids=())
+    assert decide(waiting, free_slots=1, now=1.1875 - TICK, config=CFG) == Wait(until=1.1875, dropped_ids=())
+    assert decide(waiting, free_slots=1, now=1.1875, config=CFG) == Dispatch(("r0", "r1"), ())
+    assert decide(waiting, free_slots=1, now=5.0, config=CFG) == Dispatch(("r0", "r1"), ())
+
+
+def test_new_arrival_extends_stable_window() -> None:
+    waiting = [req("r0", at=1.0)]
+    assert decide(waiting, free_slots=1, now=1.0, config=CFG) == Wait(until=1.125, dropped_ids=())
+    waiting.append(req("r1", at=1.0625))
+    assert decide(waiting, free_slots=1, now=1.0625, config=CFG) == Wait(until=1.1875, dropped_ids=())
+
+
+def test_max_wait_elapsed_while_arrivals_keep_coming() -> None:
+    cfg = PolicyConfig(max_num_seqs=256, max_wait_s=0.5, stable_s=0.125)
+    step = 1.0 / 256  # an arrival every ~4 ms: the quiet window never elapses
+    waiting = [req("r0", at=3.0)]
+    now = 3.0
+    while now + step < 3.5:
+        now += step
+        waiting.append(req(f"r{len(waiting)}", at=now))
+        decision = decide(waiting, free_slots=1, now=now, config=cfg)
+        # The stable deadline (now + 0.125) is capped by the head's max wait (3.5).
+        assert decision == Wait(until=min(3.5, now + 0.125), dropped_ids=())
+    assert now == 3.5 - step
+    assert decide(waiting, free_slots=1, now=3.5 - TICK, config=cfg) == Wait(until=3.5, dropped_ids=())
+    ids = tuple(r.id for r in waiting)
+    assert len(ids) == 128
+    assert decide(waiting, free_slots=1, now=3.5, config=cfg) == Dispatch(ids, ())
+
+
+def test_zero_max_wait_dispatches_immediately() -> None:
+    cfg = PolicyConfig(max_num_seqs=4, max_wait_s=0.0, stable_s=0.0)
+    assert decide([req("r0", at=7.0)], free_slots=1, now=7.0, config=cfg) == Dispatch(("r0",), ())
+    waiting = [req("r0", at=7.0), req("r1", at=7.0)]
+    assert decide(waiting, free_slots=1, now=7.0, config=cfg) == Dispatch(("r0", "r1"), ())
+
+
+# --- aborts -------------------------------------------------------------------------------------------------
+
+
+def test_aborted_head_is_skipped_and_dropped() -> None:
+    waiting = [req("x", at=0.0, aborted=True), req("r0", at=1.0), req("r1", at=1.0)]
+    # The wait is timed from the first live request, not from the aborted one.
+    assert decide(waiting, free_slots=1, now=1.0, config=CFG) == Wait(until=1.125, dropped_ids=("x",))
+    assert decide(waiting, free_slots=1, now=1.125, config=CFG) == Dispatch(("r0", "r1"), ("x",))
+
+
+def test_aborted_incompatible_in_middle_does_not_block() -> None:
+    waiting = [req("a0"), req("b0", key="b", aborted=True), req("a1"), req("a2"), req("a3")]
+    assert decide(waiting, free_slots=1, now=0.0, config=CFG) == Dispatch(("a0", "a1", "a2", "a3"), ("b0",))
+
+
+def test_aborted_does_not_close_or_extend_the_batch() -> None:
+    waiting = [req("a0", at=1.0), req("b0", key="b", at=1.0625, aborted=True)]
+    # Not closed by b0, and b0's later arrival does not push the stable deadline.
+    assert decide(waiting, free_slots=1, now=1.0625, config=CFG) == Wait(until=1.125, dropped_ids=("b0",))
+
+
+def test_only_aborted_waits_for_input_and_drops_all() -> None:
+    waiting = [req("x0", aborted=True), req("x1", key="b", aborted=True)]
+    assert decide(waiting, free_slots=1, now=0.0, config=CFG) == Wait(until=None, dropped_ids=("x0", "x1"))
+
+
+# --- config -------------------------------------------------------------------------------------------------
+
+
+def test_from_settings() -> None:
+    cfg = PolicyConfig.from_settings(Settings(max_num_seqs=8, request_batch_max_wait_ms=500.0))
+    assert cfg == PolicyConfig(max_num_seqs=8, max_wait_s=0.5, stable_s=0.05)
+    short = PolicyConfig.from_settings(Settings(max_num_seqs=2, request_batch_max_wait_ms=125.0))
+    assert short == PolicyConfig(max_num_seqs=2, max_wait_s=0.125, stable_s=0.025)
+    off = PolicyConfig.from_settings(Settings())
+    assert off == PolicyConfig(max_num_seqs=1, max_wait_s=0.0, stable_s=0.0)
+
+
+@pytest.mark.parametrize(
+    ("max_num_seqs", "max_wait_s", "stable_s"),
+    [(0, 0.5, 0.125), (1, -0.5, 0.125), (1, 0.5, -0.125)],
+)
+def test_invalid_config_rejected(max_num_seqs: int, max_wait_s: float, stable_s: float) -> None:
+    with pytest.raises(ValueError):
+        PolicyConfig(max_num_seqs=max_num_seqs, max_wait_s=max_wait_s, stable_s=stable_s)

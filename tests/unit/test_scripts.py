@@ -1,0 +1,150 @@
+"""The Lua state transitions of shared.keys, driven through the worker and scheduler stores on fakeredis."""
+
+from __future__ import annotations
+
+import time
+
+import fakeredis
+import pytest
+
+from gpu_worker.store import Claimed, Locked, WorkerStore
+from scheduler.lease import Lease
+from scheduler.store import LeaseLost, SchedulerStore
+from shared import keys as k
+from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus
+from shared.settings import Settings
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return Settings(key_prefix="t", max_batch_attempts=2, batch_lock_ttl_s=5)
+
+
+@pytest.fixture
+def client() -> fakeredis.FakeRedis:
+    return fakeredis.FakeRedis(decode_responses=True)
+
+
+def submit(client: fakeredis.FakeRedis, keys: k.RedisKeys, *ids: str, max_len: int = 100) -> int:
+    args: list[object] = [max_len]
+    for rid in ids:
+        spec = RequestSpec(
+            id=rid,
+            model="demo",
+            prompt=rid,
+            seed=1,
+            width=64,
+            height=64,
+            num_inference_steps=4,
+            guidance_scale=5.0,
+            created_at=time.time(),
+        )
+        args += [rid, spec.model_dump_json(), spec.created_at]
+    script = client.register_script(k.SUBMIT)
+    return int(script(keys=[keys.requests, *(keys.request(r) for r in ids)], args=args))
+
+
+def status(client: fakeredis.FakeRedis, keys: k.RedisKeys, rid: str) -> str:
+    return str(client.hget(keys.request(rid), "status"))
+
+
+@pytest.fixture
+def scheduled(client: fakeredis.FakeRedis, settings: Settings) -> tuple[SchedulerStore, Lease, list[str]]:
+    store = SchedulerStore(client, settings)
+    submit(client, store.keys, "a", "b", "c")
+    lease = Lease(client, store.keys.scheduler_lease, 5000)
+    assert lease.try_acquire()
+    return store, lease, store.schedule(lease.key, lease.token, "B1", ["a", "b", "c"])
+
+
+def test_submit_refuses_a_full_queue_as_a_whole(client: fakeredis.FakeRedis) -> None:
+    keys = k.RedisKeys("t")
+    assert submit(client, keys, "a", "b", max_len=3) == 1
+    assert submit(client, keys, "c", "d", max_len=3) == 0
+    assert client.xlen(keys.requests) == 2
+    assert not client.exists(keys.request("c"))
+
+
+def test_schedule_moves_only_queued_unaborted_requests(client: fakeredis.FakeRedis, settings: Settings) -> None:
+    store = SchedulerStore(client, settings)
+    submit(client, store.keys, "a", "b", "c")
+    client.register_script(k.ABORT)(keys=[store.keys.request("b")], args=[time.time(), 60])
+    lease = Lease(client, store.keys.scheduler_lease, 5000)
+    assert lease.try_acquire()
+    assert store.schedule(lease.key, lease.token, "B1", ["a", "b", "c"]) == ["a", "c"]
+    assert status(client, store.keys, "a") == "scheduled"
+    assert client.hget(store.keys.request("c"), "batch_size") == "2"
+    assert status(client, store.keys, "b") == "aborted"
+    # a request never joins a second batch
+    assert store.schedule(lease.key, lease.token, "B2", ["a", "c"]) == []
+    assert client.hget(store.keys.request("a"), "batch_id") == "B1"
+    assert store.batch_request_ids("B1") == ["a", "c"]
+
+
+def test_schedule_is_fenced_by_the_lease(client: fakeredis.FakeRedis, settings: Settings) -> None:
+    store = SchedulerStore(client, settings)
+    submit(client, store.keys, "a")
+    stale = Lease(client, store.keys.scheduler_lease, 5000)
+    with pytest.raises(LeaseLost):
+        store.schedule(stale.key, stale.token, "B1", ["a"])
+    assert status(client, store.keys, "a") == "queued"
+
+
+def test_claim_locks_counts_attempts_and_runs_only_its_requests(
+    client: fakeredis.FakeRedis, settings: Settings, scheduled: tuple[SchedulerStore, Lease, list[str]]
+) -> None:
+    worker = WorkerStore(client, settings)
+    batch = BatchMessage(batch_id="B1", request_ids=("a", "b", "c"), created_at=0.0)
+    claim = worker.claim(batch, "tok1", "w1")
+    assert isinstance(claim, Claimed)
+    assert claim.attempts == 1 and claim.running == ["a", "b", "c"]
+    assert isinstance(worker.claim(batch, "tok2", "w2"), Locked)
+    assert worker.succeed("a", [b"png0"]) is RequestStatus.SUCCEEDED
+    assert worker.fail("b", ErrorInfo(type="ValueError", message="bad")) is RequestStatus.FAILED
+    worker.batch_done("B1", "tok1")
+    assert client.zscore(worker.keys.inflight, "B1") is None
+    # a duplicate delivery after the batch ended re-runs only what is unfinished
+    again = worker.claim(batch, "tok3", "w2")
+    assert isinstance(again, Claimed) and again.running == ["c"]
+    assert status(client, worker.keys, "a") == "succeeded"
+
+
+def test_poison_batch_fails_after_max_attempts(
+    client: fakeredis.FakeRedis, settings: Settings, scheduled: tuple[SchedulerStore, Lease, list[str]]
+) -> None:
+    worker = WorkerStore(client, settings)
+    batch = BatchMessage(batch_id="B1", request_ids=("a",), created_at=0.0)
+    for attempt in range(settings.max_batch_attempts):
+        claim = worker.claim(batch, f"tok{attempt}", "w")
+        assert isinstance(claim, Claimed) and claim.running == ["a"]
+        client.delete(worker.keys.batch_lock("B1"))  # the worker died: its lock lapsed
+    last = worker.claim(batch, "last", "w")
+    assert isinstance(last, Claimed) and last.statuses["a"] is RequestStatus.FAILED
+    assert client.hget(worker.keys.request("a"), "error_type") == "WorkerLost"
+
+
+def test_abort_flag_wins_over_success_and_status_never_moves_back(
+    client: fakeredis.FakeRedis, settings: Settings, scheduled: tuple[SchedulerStore, Lease, list[str]]
+) -> None:
+    worker = WorkerStore(client, settings)
+    worker.claim(BatchMessage(batch_id="B1", request_ids=("a", "b"), created_at=0.0), "tok", "w")
+    abort = client.register_script(k.ABORT)
+    assert abort(keys=[worker.keys.request("a")], args=[time.time(), 60]) == "running"
+    assert worker.progress(["a", "b"], 1, 4) == [True, False]
+    assert client.hget(worker.keys.request("b"), "step") == "1"
+    assert worker.succeed("a", [b"png"]) is RequestStatus.ABORTED
+    assert not client.exists(worker.keys.image("a", 0))
+    assert worker.succeed("b", [b"png"]) is RequestStatus.SUCCEEDED
+    assert worker.fail("b", ErrorInfo(type="X", message="late")) is RequestStatus.SUCCEEDED
+    assert abort(keys=[worker.keys.request("b")], args=[time.time(), 60]) == "succeeded"
+    assert abort(keys=[worker.keys.request("missing")], args=[time.time(), 60]) is None
+    assert client.ttl(worker.keys.image("b", 0)) > 0
+
+
+def test_lease_is_exclusive_and_released_only_by_its_owner(client: fakeredis.FakeRedis) -> None:
+    first, second = Lease(client, "lease", 5000), Lease(client, "lease", 5000)
+    assert first.try_acquire() and not second.try_acquire()
+    second.release()
+    assert first.renew()
+    first.release()
+    assert second.try_acquire()
