@@ -104,6 +104,16 @@ class Fleet:
         wait_for(all_done, timeout, f"{len(ids)} requests to finish (logs in {self.log_dir})", interval=0.1)
         return states
 
+    def wait_running(self, request_id: str, min_step: int, timeout: float = 60) -> dict[str, Any]:
+        """Wait until the request reports step ``min_step``; fail at once if it ends instead."""
+
+        def progressed() -> dict[str, Any] | None:
+            state = self.get(request_id)
+            assert state["status"] not in TERMINAL, f"request ended before running: {state}"
+            return state if state["progress"]["step"] >= min_step else None
+
+        return dict(wait_for(progressed, timeout, f"request {request_id} to reach step {min_step}"))  # type: ignore[arg-type]
+
     def image(self, request_id: str, index: int = 0) -> bytes:
         response = self.http.get(f"/v1/requests/{request_id}/images/{index}")
         assert response.status_code == 200, response.text

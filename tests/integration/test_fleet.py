@@ -7,6 +7,7 @@ import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +17,6 @@ from gpu_worker.diffusers_runner import DiffusersRunner
 from shared.contracts import LoraRef, RequestSpec
 from shared.settings import Settings
 from tests.integration.conftest import LORA_NAME, Fleet
-from tests.support.processes import wait_for
 from tests.support.runners import EXPLODE_MARKER
 
 
@@ -25,7 +25,7 @@ def solo_runner(model_cache: Path, lora_dir: Path) -> DiffusersRunner:
     return DiffusersRunner(Settings(model_cache_dir=model_cache, lora_dir=lora_dir, torch_threads=2))
 
 
-def solo_image(runner: DiffusersRunner, state: dict, lora: LoraRef | None = None) -> np.ndarray:
+def solo_image(runner: DiffusersRunner, state: dict[str, Any], lora: LoraRef | None = None) -> np.ndarray:
     params = state["params"]
     spec = RequestSpec(
         id="solo",
@@ -144,8 +144,7 @@ def test_abort_while_running_stops_it_and_spares_peers(fleet: Fleet) -> None:
         "/v1/requests/batch", json={"requests": [{"prompt": "victim", **slow}, {"prompt": "peer", **slow}]}
     ).json()["ids"]
     victim, peer = ids
-    wait_for(lambda: fleet.get(victim)["progress"]["step"] >= 2, 60, "the victim to be running")
-    assert fleet.get(victim)["status"] == "running"
+    assert fleet.wait_running(victim, min_step=2)["status"] == "running"
     answer = fleet.http.post(f"/v1/requests/{victim}/abort")
     assert answer.status_code == 200 and answer.json()["status"] == "running"
     states = fleet.wait_done(ids)
@@ -158,12 +157,12 @@ def test_abort_while_running_stops_it_and_spares_peers(fleet: Fleet) -> None:
 
 
 def test_aborting_every_request_of_a_forward_stops_it_early(fleet: Fleet) -> None:
-    rid = fleet.submit(prompt="endless", num_inference_steps=1000)
-    wait_for(lambda: fleet.get(rid)["progress"]["step"] >= 2, 60, "the request to be running")
+    rid = fleet.submit(prompt="endless", num_inference_steps=900)
+    fleet.wait_running(rid, min_step=2)
     fleet.http.post(f"/v1/requests/{rid}/abort")
     state = fleet.wait_done([rid], timeout=30)[rid]
     assert state["status"] == "aborted"
-    assert state["progress"]["step"] < 1000
+    assert state["progress"]["step"] < 900
 
 
 def test_abort_while_queued_never_runs(fleet: Fleet) -> None:
