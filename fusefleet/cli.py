@@ -90,6 +90,14 @@ def up(
     raise typer.Exit(run_up(host, port, workers, state_dir))
 
 
+@cli.command()
+def settings() -> None:
+    """Print every FUSEFLEET_* setting with its default and meaning (the contents of .env.example)."""
+    from fusefleet.settings_doc import render_env_example
+
+    typer.echo(render_env_example(), nl=False)
+
+
 def main() -> None:
     cli()
 

@@ -33,6 +33,7 @@ from shared.settings import Settings
 log = logging.getLogger(__name__)
 
 HEAD_WINDOW_MIN = 64  # the policy looks at most at this many (or 4 x max_num_seqs) requests from the head
+ORPHAN_SCAN_S = 1.0  # how often the active scheduler looks for batches whose worker died
 
 
 @dataclass(slots=True)
@@ -82,10 +83,13 @@ class SchedulerService:
         self._store.ensure_groups()
         self._recover()
         renew_every_s = self._lease.ttl_ms / 3000
-        renewed_at = self._clock()
+        renewed_at = scanned_at = self._clock()
         deadline: float | None = None
         while not stop.is_set():
             now = self._clock()
+            if now - scanned_at >= ORPHAN_SCAN_S:
+                self._republish_orphans()
+                scanned_at = now
             if now - renewed_at >= renew_every_s:
                 if not self._lease.renew():
                     log.warning("scheduler lease lost; standing by")
@@ -151,6 +155,14 @@ class SchedulerService:
                 log.info("republishing batch %s (%d requests) after a takeover", batch_id, len(ids))
                 self._publish(batch_id, ids)
         return keep
+
+    def _republish_orphans(self) -> None:
+        """Publish again the batches whose worker died while running them (their lock lapsed)."""
+        for batch_id in self._store.orphaned_batches():
+            ids = self._store.batch_request_ids(batch_id)
+            if ids:
+                log.warning("worker of batch %s is gone; publishing it again", batch_id)
+                self._publish(batch_id, ids)
 
     # --- dispatching -----------------------------------------------------------------------------------------
     def _dispatch_ready(self) -> float | None:

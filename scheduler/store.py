@@ -50,6 +50,7 @@ class SchedulerStore:
         self._settings = settings
         self.keys = k.RedisKeys(settings.key_prefix)
         self._schedule = client.register_script(k.SCHEDULE)
+        self._orphans = client.register_script(k.ORPHANS)
 
     def ensure_groups(self) -> None:
         for stream in (self.keys.requests, self.keys.events):
@@ -128,6 +129,10 @@ class SchedulerStore:
         if reply == -1:
             raise LeaseLost(batch_id)
         return cast(list[str], list(reply))
+
+    def orphaned_batches(self) -> list[str]:
+        """Batches whose worker died mid-run (lock lapsed while in flight); each attempt is reported once."""
+        return [str(batch_id) for batch_id in self._orphans(keys=[self.keys.inflight], args=[self.keys.prefix])]
 
     def batch_request_ids(self, batch_id: str) -> list[str]:
         ids = self._redis.hget(self.keys.batch(batch_id), "ids")

@@ -11,7 +11,7 @@ key                             type    contents
 ``P:req:{id}``                  hash    request state: spec, status, seed, batch_id, batch_size, step, total,
                                         error_type, error_message, images, worker, abort, *_at timestamps
 ``P:img:{id}:{k}``              string  PNG bytes of image k of a request (TTL ``result_ttl_s``)
-``P:batch:{id}``                hash    ids (space separated), created_at, attempts
+``P:batch:{id}``                hash    ids (space separated), created_at, attempts, republished (attempt)
 ``P:batch:{id}:lock``           string  token of the worker running the batch (TTL, renewed by heartbeats)
 ``P:inflight``                  zset    batch ids published and not finished, scored by publish time (ms)
 ``P:workers``                   zset    live worker node names, scored by last heartbeat (ms)
@@ -197,6 +197,23 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 redis.call('ZREM', KEYS[2], ARGV[2])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'type', 'batch_done', 'batch_id', ARGV[2])
 return 1
+"""
+
+# Find batches whose worker died mid-run: claimed (attempts >= 1), still in flight, lock lapsed (a live worker
+# renews it every heartbeat). Each attempt is reported once (``republished`` remembers it).
+# KEYS[1] inflight. ARGV[1] key prefix. Returns the ids of batches to publish again.
+ORPHANS = """
+local out = {}
+for _, batch_id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local batch = ARGV[1] .. ':batch:' .. batch_id
+  local st = redis.call('HMGET', batch, 'attempts', 'republished')
+  local attempts = tonumber(st[1] or '0')
+  if attempts >= 1 and st[2] ~= st[1] and redis.call('EXISTS', batch .. ':lock') == 0 then
+    redis.call('HSET', batch, 'republished', st[1])
+    table.insert(out, batch_id)
+  end
+end
+return out
 """
 
 # Extend a token-guarded key's TTL (scheduler lease, batch lock). KEYS[1] key. ARGV[1] token, ARGV[2] ttl (ms).

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -130,6 +130,11 @@ class Settings(BaseSettings):
     # --- api -----------------------------------------------------------------------------------------------------
     api_host: str = Field("127.0.0.1", description="Address `fusefleet api` binds when --host is not given.")
     api_port: int = Field(8000, ge=1, le=65535, description="Port `fusefleet api` binds when --port is not given.")
+
+    @field_validator("model_cache_dir", "lora_dir", mode="after")
+    @classmethod
+    def _expand_user(cls, value: Path | None) -> Path | None:
+        return value.expanduser() if value is not None else None
 
     @property
     def soft_time_limit_s(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ def lora_dir(model_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 class Fleet:
     """The running services plus helpers to talk to them."""
 
-    def __init__(self, env: dict[str, str], log_dir: Path, redis_url: str, prefix: str) -> None:
+    def __init__(self, env: dict[str, str], log_dir: Path, redis_url: str, prefix: str, workers: int = 1) -> None:
         self.env = env
         self.log_dir = log_dir
         self.redis = redis.Redis.from_url(redis_url, decode_responses=True)
@@ -55,19 +56,30 @@ class Fleet:
         self.base_url = f"http://127.0.0.1:{port}"
         self.api = Service.fusefleet("api", ["api", "--port", str(port)], env, log_dir)
         self.scheduler = self.new_scheduler("scheduler")
-        self.worker = Service.fusefleet("worker", ["worker"], env, log_dir)
+        self.workers = [
+            Service.fusefleet(
+                f"worker{i}", ["worker"], {**env, "FUSEFLEET_WORKER_NAME": f"worker{i}@{prefix}"}, log_dir
+            )
+            for i in range(workers)
+        ]
         self.http = httpx.Client(base_url=self.base_url, timeout=30)
 
     def new_scheduler(self, name: str) -> Service:
         return Service.fusefleet(name, ["scheduler"], self.env, self.log_dir)
 
     def start(self) -> Fleet:
-        self.worker.start()
+        for worker in self.workers:
+            worker.start()
         self.api.start()
         self.scheduler.start()
         wait_for(self._api_up, 60, f"the api (log: {self.api.log_path})")
-        wait_for(lambda: self.redis.zcard(self.keys.workers) > 0, 120, f"a worker (log: {self.worker.log_path})")
+        wait_for(
+            lambda: self.redis.zcard(self.keys.workers) >= len(self.workers), 180, f"workers (logs in {self.log_dir})"
+        )
         return self
+
+    def worker_named(self, name: str) -> Service:
+        return next(w for w in self.workers if w.env["FUSEFLEET_WORKER_NAME"] == name)
 
     def _api_up(self) -> bool:
         try:
@@ -77,7 +89,7 @@ class Fleet:
 
     def stop(self) -> None:
         self.http.close()
-        for service in (self.scheduler, self.api, self.worker):
+        for service in (self.scheduler, self.api, *self.workers):
             service.stop()
 
     # --- API helpers ---------------------------------------------------------------------------------------
@@ -121,13 +133,9 @@ class Fleet:
         return response.content
 
 
-@pytest.fixture(scope="module")
-def fleet(
-    redis_server: RedisServer, model_cache: Path, lora_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Fleet]:
-    prefix = f"ff-test-{uuid.uuid4().hex[:8]}"
-    env = {
-        "FUSEFLEET_REDIS_URL": redis_server.url,
+def fleet_env(redis_url: str, prefix: str, model_cache: Path, lora_dir: Path) -> dict[str, str]:
+    return {
+        "FUSEFLEET_REDIS_URL": redis_url,
         "FUSEFLEET_KEY_PREFIX": prefix,
         "FUSEFLEET_QUEUE_NAME": f"{prefix}.batches",
         "FUSEFLEET_MAX_NUM_SEQS": "4",
@@ -139,8 +147,25 @@ def fleet(
         "FUSEFLEET_MAX_INFERENCE_STEPS": "5000",
         "FUSEFLEET_SCHEDULER_LEASE_MS": "1500",
     }
-    running = Fleet(env, tmp_path_factory.mktemp("fleet-logs"), redis_server.url, prefix)
+
+
+@contextmanager
+def running_fleet(
+    redis_server: RedisServer, model_cache: Path, lora_dir: Path, log_dir: Path, workers: int = 1, **env: str
+) -> Iterator[Fleet]:
+    """A fleet under a fresh key prefix and queue; ``env`` overrides FUSEFLEET_* variables."""
+    prefix = f"ff-test-{uuid.uuid4().hex[:8]}"
+    full_env = {**fleet_env(redis_server.url, prefix, model_cache, lora_dir), **env}
+    fleet = Fleet(full_env, log_dir, redis_server.url, prefix, workers=workers)
     try:
-        yield running.start()
+        yield fleet.start()
     finally:
-        running.stop()
+        fleet.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    redis_server: RedisServer, model_cache: Path, lora_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Fleet]:
+    with running_fleet(redis_server, model_cache, lora_dir, tmp_path_factory.mktemp("fleet-logs")) as one:
+        yield one

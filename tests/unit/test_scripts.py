@@ -148,3 +148,20 @@ def test_lease_is_exclusive_and_released_only_by_its_owner(client: fakeredis.Fak
     assert first.renew()
     first.release()
     assert second.try_acquire()
+
+
+def test_a_claimed_batch_whose_lock_lapsed_is_reported_once_per_attempt(
+    client: fakeredis.FakeRedis, settings: Settings, scheduled: tuple[SchedulerStore, Lease, list[str]]
+) -> None:
+    store = scheduled[0]
+    worker = WorkerStore(client, settings)
+    batch = BatchMessage(batch_id="B1", request_ids=("a", "b", "c"), created_at=0.0)
+    assert store.orphaned_batches() == []  # published, not claimed yet: waiting for a worker
+    worker.claim(batch, "tok", "w1")
+    assert store.orphaned_batches() == []  # running under a live lock
+    client.delete(worker.keys.batch_lock("B1"))  # the worker died; its lock lapsed
+    assert store.orphaned_batches() == ["B1"]
+    assert store.orphaned_batches() == []  # already republished for this attempt
+    worker.claim(batch, "tok2", "w2")
+    worker.batch_done("B1", "tok2")
+    assert store.orphaned_batches() == []  # finished batches are not in flight
