@@ -16,10 +16,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 class Service:
     """One ``fusefleet <command>`` process (or any argv) with a log file under ``log_dir``."""
 
-    def __init__(self, name: str, argv: list[str], env: Mapping[str, str], log_dir: Path) -> None:
+    def __init__(
+        self, name: str, argv: list[str], env: Mapping[str, str], log_dir: Path, *, inherit_env: bool = True
+    ) -> None:
         self.name = name
         self.argv = argv
-        self.env = {**os.environ, **env, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
+        base = os.environ if inherit_env else {}
+        self.env = {**base, **env, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
         self.log_path = log_dir / f"{name}.log"
         self.process: subprocess.Popen[bytes] | None = None
 
