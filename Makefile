@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 
 check: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy api scheduler gpu_worker shared fusefleet
+	$(BIN)/mypy api scheduler gpu_worker shared fusefleet bench
 
 test: install
 	$(BIN)/pytest

@@ -12,6 +12,7 @@ from redis.exceptions import RedisError
 
 from api.routes import health, requests
 from api.store import RequestStore
+from api.waiter import CompletionWaiter
 from shared.keys import RedisKeys
 from shared.redis_conn import async_client
 from shared.settings import Settings
@@ -53,16 +54,20 @@ def create_app(
         if binary is None:
             binary = async_client(settings, binary=True)
             owned.append(binary)
+        keys = RedisKeys(settings.key_prefix)
+        app.state.waiter = CompletionWaiter(text, keys.finished)
+        await app.state.waiter.start()
         app.state.store = RequestStore(
             text,
             binary,
-            RedisKeys(settings.key_prefix),
+            keys,
             max_queue_len=settings.max_queue_len,
             result_ttl_s=settings.result_ttl_s,
         )
         try:
             yield
         finally:
+            await app.state.waiter.stop()
             for client in owned:
                 await client.aclose()
 

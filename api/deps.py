@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from api.store import RequestStore
+from api.waiter import CompletionWaiter
 from shared.settings import Settings
 
 
@@ -20,5 +21,11 @@ def get_store(request: Request) -> RequestStore:
     return store
 
 
+def get_waiter(request: Request) -> CompletionWaiter:
+    waiter: CompletionWaiter = request.app.state.waiter
+    return waiter
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[RequestStore, Depends(get_store)]
+WaiterDep = Annotated[CompletionWaiter, Depends(get_waiter)]

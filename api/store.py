@@ -62,7 +62,7 @@ class RequestStore:
     async def abort(self, request_id: str, now: float) -> RequestStatus | None:
         """Abort a request; the status after the call (see ``shared.keys.ABORT``), or None when unknown."""
         key = self._keys.request(request_id)
-        status = await self._abort(keys=[key], args=[repr(now), self._result_ttl_s])
+        status = await self._abort(keys=[key], args=[repr(now), self._result_ttl_s, self._keys.finished, request_id])
         return RequestStatus(status) if status else None
 
     async def ping(self) -> bool:

@@ -91,11 +91,13 @@ def up(
 
 
 @cli.command()
-def settings() -> None:
+def settings(
+    markdown: Annotated[bool, typer.Option(help="A markdown table (docs/configuration.md) instead.")] = False,
+) -> None:
     """Print every FUSEFLEET_* setting with its default and meaning (the contents of .env.example)."""
-    from fusefleet.settings_doc import render_env_example
+    from fusefleet.settings_doc import render_env_example, render_markdown_table
 
-    typer.echo(render_env_example(), nl=False)
+    typer.echo(render_markdown_table() if markdown else render_env_example(), nl=False)
 
 
 def main() -> None:

@@ -42,3 +42,11 @@ def render_env_example() -> str:
         lines.append(f"# {env_name(field)}={default_text(field)}")
         lines.append("")
     return "\n".join(lines)
+
+
+def render_markdown_table() -> str:
+    """The 'Every setting' table of docs/configuration.md."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for field, info in Settings.model_fields.items():
+        rows.append(f"| `{env_name(field)}` | `{default_text(field) or 'unset'}` | {info.description} |")
+    return "\n".join(rows) + "\n"

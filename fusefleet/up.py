@@ -34,11 +34,14 @@ class LocalFleet:
     port: int
     workers: int
     state_dir: Path
+    env_overrides: dict[str, str] = field(default_factory=dict)
+    log_dir: Path | None = None  # None: the services log to this terminal
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # what the services run with, set by start()
     _valkey: object | None = None
 
-    def environment(self) -> dict[str, str]:
-        env = {**os.environ}
+    def _environment(self) -> dict[str, str]:
+        env = {**os.environ, **self.env_overrides}
         for name, value in LOCAL_DEFAULTS.items():
             env.setdefault(name, value)
         if "FUSEFLEET_REDIS_URL" not in env:
@@ -55,18 +58,25 @@ class LocalFleet:
         )
         server.start()
         self._valkey = server
-        print(f"embedded Valkey on {server.connection_url} (data in {self.state_dir / 'valkey'})", flush=True)
+        if self.log_dir is None:
+            print(f"embedded Valkey on {server.connection_url} (data in {self.state_dir / 'valkey'})", flush=True)
         return f"{server.connection_url}/0"
 
     def start(self) -> None:
-        env = self.environment()
+        self.env = env = self._environment()
         self._spawn("api", ["api", "--host", self.host, "--port", str(self.port)], env)
         self._spawn("scheduler", ["scheduler"], env)
         for index in range(self.workers):
             self._spawn(f"worker-{index + 1}", ["worker"], env)
 
     def _spawn(self, name: str, command: list[str], env: Mapping[str, str]) -> None:
-        self.processes[name] = subprocess.Popen([sys.executable, "-m", "fusefleet", *command], env=dict(env))
+        output = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            output = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        self.processes[name] = subprocess.Popen(
+            [sys.executable, "-m", "fusefleet", *command], env=dict(env), stdout=output, stderr=output
+        )
 
     def wait_until_ready(self, timeout_s: float = 120.0) -> bool:
         url = f"http://{self.host}:{self.port}/healthz"

@@ -62,6 +62,7 @@ class WorkerStore:
                 worker,
                 s.max_batch_attempts,
                 s.result_ttl_s,
+                self.keys.finished,
                 *ids,
             ],
         )
@@ -107,6 +108,8 @@ class WorkerStore:
                 self._settings.result_ttl_s,
                 error.type if error else "",
                 error.message if error else "",
+                self.keys.finished,
+                request_id,
                 *pngs,
             ],
         )

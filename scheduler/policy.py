@@ -44,6 +44,7 @@ class PolicyConfig:
     max_num_seqs: int
     max_wait_s: float
     stable_s: float
+    grouped: bool = False  # True: skip incompatible requests instead of stopping at the first one
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -58,6 +59,7 @@ class PolicyConfig:
             max_num_seqs=settings.max_num_seqs,
             max_wait_s=settings.request_batch_max_wait_ms / 1000.0,
             stable_s=settings.wait_stable_ms / 1000.0,
+            grouped=settings.batch_order == "grouped",
         )
 
 
@@ -94,6 +96,8 @@ def decide(waiting: Sequence[WaitingRequest], free_slots: int, now: float, confi
         if len(batch) == config.max_num_seqs:
             break
         if request.key != head.key:
+            if config.grouped:
+                continue
             closed = True
             break
         batch.append(request)
@@ -102,7 +106,8 @@ def decide(waiting: Sequence[WaitingRequest], free_slots: int, now: float, confi
     if len(batch) == config.max_num_seqs or closed or config.max_wait_s == 0:
         return Dispatch(request_ids=ids, dropped_ids=dropped)
 
-    last_arrival = max(r.arrived_at for r in live)
+    # grouped: only arrivals that could join this batch extend its quiet window
+    last_arrival = max(r.arrived_at for r in (batch if config.grouped else live))
     deadline = min(head.arrived_at + config.max_wait_s, last_arrival + config.stable_s)
     if now >= deadline:
         return Dispatch(request_ids=ids, dropped_ids=dropped)

@@ -16,6 +16,7 @@ key                             type    contents
 ``P:inflight``                  zset    batch ids published and not finished, scored by publish time (ms)
 ``P:workers``                   zset    live worker node names, scored by last heartbeat (ms)
 ``P:scheduler:lease``           string  token of the active scheduler (PX lease)
+``P:finished``                  channel pub/sub: the id of every request that just reached a terminal status
 ==============================  ======  =====================================================================
 
 Every status change goes through a script below, so each is atomic and only moves forward.
@@ -55,6 +56,10 @@ class RedisKeys:
     @property
     def scheduler_lease(self) -> str:
         return f"{self.prefix}:scheduler:lease"
+
+    @property
+    def finished(self) -> str:
+        return f"{self.prefix}:finished"
 
     def request(self, request_id: str) -> str:
         return f"{self.prefix}:req:{request_id}"
@@ -109,7 +114,7 @@ return joined
 # A worker takes a batch: lock it, count the attempt, move its requests to running.
 # KEYS[1] batch lock, KEYS[2] batch hash, KEYS[3..] request hashes.
 # ARGV[1] lock token, ARGV[2] lock ttl (ms), ARGV[3] batch id, ARGV[4] now (s), ARGV[5] worker name,
-# ARGV[6] max attempts, ARGV[7] result ttl (s), then the request ids (KEYS order).
+# ARGV[6] max attempts, ARGV[7] result ttl (s), ARGV[8] finished channel, then the request ids (KEYS order).
 # Returns {-1, pttl} when another worker holds the lock, else {attempts, id1, status1, id2, status2, ...} with
 # the status each request has after the claim (running = this worker runs it).
 CLAIM = """
@@ -119,7 +124,7 @@ end
 local attempts = redis.call('HINCRBY', KEYS[2], 'attempts', 1)
 local out = {attempts}
 for i = 3, #KEYS do
-  local id = ARGV[i + 5]
+  local id = ARGV[i + 6]
   local st = redis.call('HMGET', KEYS[i], 'status', 'batch_id', 'abort')
   local status = st[1]
   if (status == 'scheduled' or status == 'running') and st[2] == ARGV[3] then
@@ -127,11 +132,13 @@ for i = 3, #KEYS do
       status = 'aborted'
       redis.call('HSET', KEYS[i], 'status', status, 'finished_at', ARGV[4])
       redis.call('EXPIRE', KEYS[i], ARGV[7])
+      redis.call('PUBLISH', ARGV[8], id)
     elseif attempts > tonumber(ARGV[6]) then
       status = 'failed'
       redis.call('HSET', KEYS[i], 'status', status, 'finished_at', ARGV[4], 'error_type', 'WorkerLost',
                  'error_message', 'the batch ended its worker ' .. (attempts - 1) .. ' times')
       redis.call('EXPIRE', KEYS[i], ARGV[7])
+      redis.call('PUBLISH', ARGV[8], id)
     else
       status = 'running'
       redis.call('HSET', KEYS[i], 'status', status, 'started_at', ARGV[4], 'worker', ARGV[5], 'step', 0)
@@ -157,7 +164,8 @@ return out
 
 # End one running request. An abort flag wins over success: the images are then not stored.
 # KEYS[1] request hash, KEYS[2..] image keys. ARGV[1] outcome (succeeded|failed), ARGV[2] now (s),
-# ARGV[3] ttl (s), ARGV[4] error type, ARGV[5] error message, ARGV[6..] PNG bytes (KEYS[2..] order).
+# ARGV[3] ttl (s), ARGV[4] error type, ARGV[5] error message, ARGV[6] finished channel, ARGV[7] request id,
+# ARGV[8..] PNG bytes (KEYS[2..] order).
 # Returns the final status.
 FINISH = """
 local st = redis.call('HMGET', KEYS[1], 'status', 'abort')
@@ -165,18 +173,20 @@ if st[1] ~= 'running' then return st[1] or 'missing' end
 local status = ARGV[1]
 if st[2] then status = 'aborted' end
 if status == 'succeeded' then
-  for i = 2, #KEYS do redis.call('SET', KEYS[i], ARGV[i + 4], 'EX', ARGV[3]) end
+  for i = 2, #KEYS do redis.call('SET', KEYS[i], ARGV[i + 6], 'EX', ARGV[3]) end
   redis.call('HSET', KEYS[1], 'images', #KEYS - 1)
 elseif status == 'failed' then
   redis.call('HSET', KEYS[1], 'error_type', ARGV[4], 'error_message', ARGV[5])
 end
 redis.call('HSET', KEYS[1], 'status', status, 'finished_at', ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('PUBLISH', ARGV[6], ARGV[7])
 return status
 """
 
 # Abort a request. Not yet running: aborted at once. Running: flagged, the worker ends it.
-# KEYS[1] request hash. ARGV[1] now (s), ARGV[2] ttl (s). Returns the status after the call, or false if unknown.
+# KEYS[1] request hash. ARGV[1] now (s), ARGV[2] ttl (s), ARGV[3] finished channel, ARGV[4] request id.
+# Returns the status after the call, or false if unknown.
 ABORT = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return false end
@@ -185,6 +195,7 @@ redis.call('HSET', KEYS[1], 'abort', 1)
 if status == 'queued' or status == 'scheduled' then
   redis.call('HSET', KEYS[1], 'status', 'aborted', 'finished_at', ARGV[1])
   redis.call('EXPIRE', KEYS[1], ARGV[2])
+  redis.call('PUBLISH', ARGV[3], ARGV[4])
   return 'aborted'
 end
 return status

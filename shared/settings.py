@@ -6,6 +6,7 @@ Each service builds ``Settings()`` once at start-up and passes it down; nothing 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -43,6 +44,13 @@ class Settings(BaseSettings):
         "0 dispatches at once.",
     )
 
+    batch_order: Literal["strict", "grouped"] = Field(
+        "strict",
+        description="'strict': a batch is the oldest request plus the FOLLOWING compatible ones, stopping at the first "
+        "incompatible one (vLLM-Omni's FIFO). 'grouped': the oldest request plus any later compatible ones (the head "
+        "is still served first, so nothing starves): fuller batches on mixed traffic.",
+    )
+
     # --- model and runner ----------------------------------------------------------------------------------------
     model: str | None = Field(
         None,
@@ -67,6 +75,14 @@ class Settings(BaseSettings):
     )
     torch_threads: int | None = Field(
         None, ge=1, description="torch.set_num_threads in the worker; unset = torch's default."
+    )
+    sim_base_ms: float = Field(
+        50.0,
+        ge=0,
+        description="Simulated runner only (bench.runners:SimulatedGpuRunner): fixed cost a of t(B) = a + b*B.",
+    )
+    sim_per_image_ms: float = Field(
+        10.0, ge=0, description="Simulated runner only: cost b per output image of t(B) = a + b*B."
     )
     lora_dir: Path | None = Field(
         None,

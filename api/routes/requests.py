@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import secrets
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Path, Response, status
+from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 from fastapi.exceptions import RequestValidationError
 
-from api.deps import SettingsDep, StoreDep
+from api.deps import SettingsDep, StoreDep, WaiterDep
 from api.limits import ErrorDict, limit_errors
 from api.schemas import (
     AbortResult,
@@ -28,6 +30,7 @@ from shared.settings import Settings
 router = APIRouter(prefix="/v1/requests", tags=["requests"])
 
 RETRY_AFTER_S = 5
+MAX_WAIT_S = 60.0
 Responses = dict[int | str, dict[str, Any]]
 _QUEUE_FULL: Responses = {503: {"description": "The queue is full; retry after Retry-After seconds."}}
 _NOT_FOUND: Responses = {404: {"description": "Unknown request id (never submitted, or expired)."}}
@@ -85,9 +88,31 @@ async def submit_batch(body: BatchRequest, settings: SettingsDep, store: StoreDe
 
 
 @router.get("/{request_id}", responses=_NOT_FOUND)
-async def get_request(request_id: str, store: StoreDep) -> RequestView:
-    """State, progress, parameters and (once succeeded) image URLs of a request."""
-    state = await store.get(request_id)
+async def get_request(
+    request_id: str,
+    store: StoreDep,
+    waiter: WaiterDep,
+    wait_s: float = Query(
+        0.0, ge=0.0, le=MAX_WAIT_S, description="Long poll: answer as soon as the request finishes, at most this late."
+    ),
+) -> RequestView:
+    """State, progress, parameters and (once succeeded) image URLs of a request.
+
+    With ``wait_s`` the answer is held until the request reaches a terminal status or ``wait_s`` passes,
+    whichever comes first (no busy polling needed).
+    """
+    if wait_s <= 0:
+        state = await store.get(request_id)
+    else:
+        finished = waiter.register(request_id)  # before reading: a finish in between still wakes us
+        try:
+            state = await store.get(request_id)
+            if state is not None and not state.status.terminal:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(finished, timeout=wait_s)
+                state = await store.get(request_id)
+        finally:
+            waiter.discard(request_id, finished)
     if state is None:
         raise _unknown(request_id)
     return RequestView.from_state(state)

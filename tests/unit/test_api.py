@@ -385,3 +385,28 @@ def test_openapi_schema_builds(settings: Settings) -> None:
     schema = create_app(settings).openapi()
     assert "/v1/requests/{request_id}/abort" in schema["paths"]
     assert json.dumps(schema)
+
+
+async def test_long_poll_answers_when_the_request_finishes(api: Api) -> None:
+    import anyio
+
+    from shared import keys as k
+
+    rid = await _submit(api)
+    quick = await api.http.get(f"/v1/requests/{rid}", params={"wait_s": 0.05})
+    assert quick.json()["status"] == "queued"  # nothing happened: answered after the wait
+
+    async def finish_soon() -> None:
+        await anyio.sleep(0.2)
+        await api.redis.hset(api.keys.request(rid), "status", "running")
+        finish = api.redis.register_script(k.FINISH)
+        await finish(keys=[api.keys.request(rid)], args=["failed", 1.0, 60, "E", "boom", api.keys.finished, rid])
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(finish_soon)
+        started = anyio.current_time()
+        answer = await api.http.get(f"/v1/requests/{rid}", params={"wait_s": 10})
+        elapsed = anyio.current_time() - started
+    assert answer.json()["status"] == "failed"
+    assert 0.15 < elapsed < 5, elapsed  # woken by the finish, not by the 10 s bound
+    assert (await api.http.get(f"/v1/requests/{rid}", params={"wait_s": 61})).status_code == 422

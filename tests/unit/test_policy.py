@@ -161,3 +161,28 @@ def test_from_settings() -> None:
 def test_invalid_config_rejected(max_num_seqs: int, max_wait_s: float, stable_s: float) -> None:
     with pytest.raises(ValueError):
         PolicyConfig(max_num_seqs=max_num_seqs, max_wait_s=max_wait_s, stable_s=stable_s)
+
+
+# --- grouped order (FUSEFLEET_BATCH_ORDER=grouped) ----------------------------------------------------------
+
+GROUPED = PolicyConfig(max_num_seqs=4, max_wait_s=0.5, stable_s=0.125, grouped=True)
+
+
+def test_grouped_skips_incompatible_requests_but_keeps_the_head_first() -> None:
+    waiting = [req("a0"), req("b0", key="b"), req("a1"), req("b1", key="b"), req("a2"), req("a3"), req("a4")]
+    assert decide(waiting, free_slots=1, now=0.0, config=GROUPED) == Dispatch(("a0", "a1", "a2", "a3"), ())
+    rest = [r for r in waiting if r.id not in ("a0", "a1", "a2", "a3")]
+    # the next batch starts at the oldest remaining request: b0, which waited longest
+    assert decide(rest, free_slots=1, now=1.0, config=GROUPED) == Dispatch(("b0", "b1"), ())
+
+
+def test_grouped_batch_is_not_closed_by_an_incompatible_request() -> None:
+    waiting = [req("a0", at=1.0), req("b0", key="b", at=1.0), req("b1", key="b", at=1.0625)]
+    # b1 arrived later but cannot join a0's batch: only a0's own arrival starts the quiet window
+    assert decide(waiting, free_slots=1, now=1.0, config=GROUPED) == Wait(until=1.125, dropped_ids=())
+    assert decide(waiting, free_slots=1, now=1.125, config=GROUPED) == Dispatch(("a0",), ())
+
+
+def test_grouped_from_settings() -> None:
+    assert PolicyConfig.from_settings(Settings(batch_order="grouped")).grouped
+    assert not PolicyConfig.from_settings(Settings()).grouped

@@ -68,7 +68,7 @@ def test_submit_refuses_a_full_queue_as_a_whole(client: fakeredis.FakeRedis) -> 
 def test_schedule_moves_only_queued_unaborted_requests(client: fakeredis.FakeRedis, settings: Settings) -> None:
     store = SchedulerStore(client, settings)
     submit(client, store.keys, "a", "b", "c")
-    client.register_script(k.ABORT)(keys=[store.keys.request("b")], args=[time.time(), 60])
+    client.register_script(k.ABORT)(keys=[store.keys.request("b")], args=[time.time(), 60, "ch", "b"])
     lease = Lease(client, store.keys.scheduler_lease, 5000)
     assert lease.try_acquire()
     assert store.schedule(lease.key, lease.token, "B1", ["a", "b", "c"]) == ["a", "c"]
@@ -129,15 +129,15 @@ def test_abort_flag_wins_over_success_and_status_never_moves_back(
     worker = WorkerStore(client, settings)
     worker.claim(BatchMessage(batch_id="B1", request_ids=("a", "b"), created_at=0.0), "tok", "w")
     abort = client.register_script(k.ABORT)
-    assert abort(keys=[worker.keys.request("a")], args=[time.time(), 60]) == "running"
+    assert abort(keys=[worker.keys.request("a")], args=[time.time(), 60, "ch", "a"]) == "running"
     assert worker.progress(["a", "b"], 1, 4) == [True, False]
     assert client.hget(worker.keys.request("b"), "step") == "1"
     assert worker.succeed("a", [b"png"]) is RequestStatus.ABORTED
     assert not client.exists(worker.keys.image("a", 0))
     assert worker.succeed("b", [b"png"]) is RequestStatus.SUCCEEDED
     assert worker.fail("b", ErrorInfo(type="X", message="late")) is RequestStatus.SUCCEEDED
-    assert abort(keys=[worker.keys.request("b")], args=[time.time(), 60]) == "succeeded"
-    assert abort(keys=[worker.keys.request("missing")], args=[time.time(), 60]) is None
+    assert abort(keys=[worker.keys.request("b")], args=[time.time(), 60, "ch", "b"]) == "succeeded"
+    assert abort(keys=[worker.keys.request("missing")], args=[time.time(), 60, "ch", "missing"]) is None
     assert client.ttl(worker.keys.image("b", 0)) > 0
 
 

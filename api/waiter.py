@@ -1,0 +1,76 @@
+"""Long-polling support: wake waiting ``GET /v1/requests/{id}?wait_s=`` calls when their request finishes.
+
+One pub/sub subscription per API process listens on ``P:finished`` (published by the Lua scripts when a request
+reaches a terminal status) and resolves the futures of the requests waited on. A missed message (reconnect)
+costs nothing but latency: every wait is bounded and the route reads the state again afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+log = logging.getLogger(__name__)
+RECONNECT_DELAY_S = 0.5
+
+
+class CompletionWaiter:
+    """Futures keyed by request id, resolved by messages on the ``finished`` channel."""
+
+    def __init__(self, redis: aioredis.Redis, channel: str) -> None:
+        self._redis = redis
+        self._channel = channel
+        self._waiters: dict[str, list[asyncio.Future[None]]] = defaultdict(list)
+        self._task: asyncio.Task[None] | None = None
+        self._subscribed = asyncio.Event()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._listen(), name="fusefleet-completion-waiter")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._subscribed.wait(), timeout=5)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def register(self, request_id: str) -> asyncio.Future[None]:
+        """A future resolved when ``request_id`` finishes; register before reading the state (no lost wake-up)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[request_id].append(future)
+        return future
+
+    def discard(self, request_id: str, future: asyncio.Future[None]) -> None:
+        waiters = self._waiters.get(request_id)
+        if waiters is not None:
+            if future in waiters:
+                waiters.remove(future)
+            if not waiters:
+                del self._waiters[request_id]
+
+    async def _listen(self) -> None:
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self._channel)
+                self._subscribed.set()
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        self._wake(str(message["data"]))
+            except (RedisError, OSError) as exc:
+                log.warning("completion channel lost (%s); resubscribing", exc)
+                await asyncio.sleep(RECONNECT_DELAY_S)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    def _wake(self, request_id: str) -> None:
+        for future in self._waiters.pop(request_id, []):
+            if not future.done():
+                future.set_result(None)

@@ -1,0 +1,1 @@
+"""Benchmarks of fusefleet: load generator, pipeline-alone limits, simulated runners and peer comparisons."""

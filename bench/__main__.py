@@ -1,0 +1,111 @@
+"""``python -m bench``: the benchmark commands (see docs/benchmarks.md for the documented session)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from bench.fleet import bench_fleet
+from bench.loadgen import LoadSpec, Pattern, Workload, run_load
+from bench.report import summarize, write_json
+from bench.targets import FusefleetTarget
+
+cli = typer.Typer(help="fusefleet benchmarks.", no_args_is_help=True)
+LOGS = Path("bench-results/logs")
+
+
+@cli.command()
+def pipeline(
+    sizes: Annotated[str, typer.Option(help="Batch sizes, comma separated.")] = "1,2,4,8",
+    seconds: Annotated[float, typer.Option(help="Timed seconds per batch size.")] = 5.0,
+    torch_threads: Annotated[int, typer.Option(help="torch.set_num_threads.")] = 2,
+) -> None:
+    """The pipeline alone, in this process: images/s at each batch size (the fleet's physical limit)."""
+    from bench.pipeline import measure_pipeline
+    from shared.settings import Settings
+
+    result = measure_pipeline(
+        Settings(torch_threads=torch_threads), [int(s) for s in sizes.split(",")], seconds=seconds
+    )
+    typer.echo(json.dumps(result, indent=2))
+
+
+@cli.command()
+def load(
+    pattern: Annotated[str, typer.Option(help="poisson | closed | burst")] = "closed",
+    workload: Annotated[str, typer.Option(help="homog | mixed")] = "homog",
+    count: Annotated[int, typer.Option(help="Requests to send.")] = 100,
+    rate: Annotated[float, typer.Option(help="poisson: offered requests/s.")] = 10.0,
+    concurrency: Annotated[int, typer.Option(help="closed: concurrent clients.")] = 8,
+    burst_size: Annotated[int, typer.Option(help="burst: requests per burst.")] = 16,
+    max_num_seqs: Annotated[int, typer.Option(help="FUSEFLEET_MAX_NUM_SEQS of the fleet.")] = 4,
+    wait_ms: Annotated[float, typer.Option(help="FUSEFLEET_REQUEST_BATCH_MAX_WAIT_MS of the fleet.")] = 20.0,
+    workers: Annotated[int, typer.Option(help="Worker processes.")] = 1,
+    runner: Annotated[str | None, typer.Option(help="FUSEFLEET_RUNNER (e.g. bench.runners:NullRunner).")] = None,
+    batch_order: Annotated[str, typer.Option(help="FUSEFLEET_BATCH_ORDER: strict | grouped.")] = "strict",
+    url: Annotated[str | None, typer.Option(help="Use a running fleet instead of starting one.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write records and summary as JSON here.")] = None,
+) -> None:
+    """One load run against fusefleet (started here on a fresh embedded Valkey unless --url is given)."""
+    spec = LoadSpec(
+        pattern=_pattern(pattern),
+        workload=_workload(workload),
+        count=count,
+        rate=rate,
+        concurrency=concurrency,
+        burst_size=burst_size,
+    )
+    if url:
+        records = asyncio.run(run_load(FusefleetTarget(url), spec))
+    else:
+        env = {"FUSEFLEET_BATCH_ORDER": batch_order}
+        with bench_fleet(
+            max_num_seqs=max_num_seqs, wait_ms=wait_ms, workers=workers, runner=runner, log_dir=LOGS, extra_env=env
+        ) as base:
+            records = asyncio.run(run_load(FusefleetTarget(base), spec))
+    summary = summarize(records)
+    typer.echo(json.dumps(summary, indent=2))
+    if out:
+        write_json(out, {"spec": spec.__dict__, "summary": summary, "records": [r.as_dict() for r in records]})
+
+
+@cli.command()
+def smoke(out: Annotated[Path | None, typer.Option(help="Write the summary here.")] = None) -> None:
+    """A few seconds of the harness end to end (CI keeps it from rotting): null runner, tiny loads, a plot."""
+    from bench.smoke import run_smoke
+
+    summary = run_smoke(LOGS, out)
+    typer.echo(json.dumps(summary, indent=2))
+
+
+@cli.command()
+def session(
+    peers: Annotated[bool, typer.Option(help="Include BentoML and LitServe (setup_venvs.sh first).")] = True,
+    out_dir: Annotated[Path, typer.Option(help="Raw results.")] = Path("bench-results"),
+    docs_dir: Annotated[Path, typer.Option(help="Where benchmarks.json and the plots go.")] = Path("docs"),
+) -> None:
+    """The documented session: P1..P5 in one run on this machine; writes docs/benchmarks.json and plots."""
+    from bench.session import run_session
+
+    figures = run_session(out_dir, docs_dir, with_peers=peers)
+    typer.echo(json.dumps(figures, indent=2))
+
+
+def _pattern(value: str) -> Pattern:
+    if value not in ("poisson", "closed", "burst"):
+        raise typer.BadParameter("pattern must be poisson, closed or burst")
+    return value  # type: ignore[return-value]
+
+
+def _workload(value: str) -> Workload:
+    if value not in ("homog", "mixed"):
+        raise typer.BadParameter("workload must be homog or mixed")
+    return value  # type: ignore[return-value]
+
+
+if __name__ == "__main__":
+    cli()

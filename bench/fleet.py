@@ -1,0 +1,63 @@
+"""A fusefleet fleet for one benchmark run: fresh embedded Valkey, api, scheduler, N workers, logs to files."""
+
+from __future__ import annotations
+
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import redis
+
+from fusefleet.up import LocalFleet
+from shared.keys import RedisKeys
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def bench_fleet(
+    *,
+    max_num_seqs: int,
+    wait_ms: float,
+    workers: int = 1,
+    runner: str | None = None,
+    torch_threads: int = 2,
+    log_dir: Path,
+    extra_env: dict[str, str] | None = None,
+    ready_timeout_s: float = 180.0,
+) -> Iterator[str]:
+    """Start a fleet on a fresh embedded Valkey; yields the API base URL once every worker is live."""
+    env = {
+        "FUSEFLEET_MAX_NUM_SEQS": str(max_num_seqs),
+        "FUSEFLEET_REQUEST_BATCH_MAX_WAIT_MS": str(wait_ms),
+        "FUSEFLEET_TORCH_THREADS": str(torch_threads),
+        "FUSEFLEET_MAX_QUEUE_LEN": "1000000",
+        **(extra_env or {}),
+    }
+    if runner:
+        env["FUSEFLEET_RUNNER"] = runner
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="fusefleet-bench-") as state:
+        fleet = LocalFleet(
+            host="127.0.0.1", port=port, workers=workers, state_dir=Path(state), env_overrides=env, log_dir=log_dir
+        )
+        try:
+            fleet.start()
+            if not fleet.wait_until_ready(ready_timeout_s):
+                raise RuntimeError(f"fleet did not start; logs in {log_dir}")
+            client = redis.Redis.from_url(fleet.env["FUSEFLEET_REDIS_URL"])
+            deadline = time.monotonic() + ready_timeout_s
+            while client.zcard(RedisKeys().workers) < workers:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"only {client.zcard(RedisKeys().workers)} of {workers} workers came up")
+                time.sleep(0.2)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            fleet.stop()

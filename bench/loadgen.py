@@ -1,0 +1,104 @@
+"""An HTTP load generator: arrival patterns x workload mixes against a target (fusefleet or a peer server).
+
+Arrival patterns:
+- ``poisson``: open loop, exponential inter-arrival times at ``rate`` requests/s (arrivals never wait for answers);
+- ``closed``: ``concurrency`` clients, each sending its next request when the previous one is answered;
+- ``burst``: ``burst_size`` requests at once, every ``burst_gap_s`` seconds.
+
+Workloads: ``homog`` (every request 64 px) and ``mixed`` (64 px and 32 px interleaved 50/50).
+Each request is recorded (submit, server timestamps when the target reports them, finish, batch size, status).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+
+from bench.targets import RequestRecord, Target
+
+Pattern = Literal["poisson", "closed", "burst"]
+Workload = Literal["homog", "mixed"]
+SIZES: dict[str, tuple[int, ...]] = {"homog": (64,), "mixed": (64, 32)}
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """One load run: how requests arrive and what they ask for."""
+
+    pattern: Pattern = "closed"
+    workload: Workload = "homog"
+    count: int = 100
+    rate: float = 10.0  # poisson: offered requests/s
+    concurrency: int = 8  # closed
+    burst_size: int = 16  # burst
+    burst_gap_s: float = 1.0  # burst
+    steps: int = 4
+    guidance_scale: float = 5.0
+    seed: int = 0
+
+    def params(self, index: int) -> dict[str, Any]:
+        sizes = SIZES[self.workload]
+        side = sizes[index % len(sizes)]
+        return {
+            "prompt": f"benchmark prompt {index}",
+            "width": side,
+            "height": side,
+            "num_inference_steps": self.steps,
+            "guidance_scale": self.guidance_scale,
+            "seed": 1000 + index,
+        }
+
+
+async def run_load(target: Target, spec: LoadSpec, timeout_s: float = 600.0) -> list[RequestRecord]:
+    """Send ``spec.count`` requests to ``target`` following ``spec.pattern``; returns one record per request."""
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+        one: Callable[[int], Awaitable[RequestRecord]] = lambda i: target.send(client, spec.params(i))  # noqa: E731
+        if spec.pattern == "closed":
+            return await _closed(one, spec)
+        if spec.pattern == "poisson":
+            return await _open(one, spec, _poisson_offsets(spec))
+        return await _open(one, spec, _burst_offsets(spec))
+
+
+async def _closed(one: Callable[[int], Awaitable[RequestRecord]], spec: LoadSpec) -> list[RequestRecord]:
+    records: list[RequestRecord] = []
+    counter = iter(range(spec.count))
+
+    async def client_loop() -> None:
+        for index in counter:
+            records.append(await one(index))
+
+    await asyncio.gather(*(client_loop() for _ in range(spec.concurrency)))
+    return records
+
+
+def _poisson_offsets(spec: LoadSpec) -> list[float]:
+    rng = random.Random(spec.seed)
+    offsets, t = [], 0.0
+    for _ in range(spec.count):
+        offsets.append(t)
+        t += rng.expovariate(spec.rate)
+    return offsets
+
+
+def _burst_offsets(spec: LoadSpec) -> list[float]:
+    return [(i // spec.burst_size) * spec.burst_gap_s for i in range(spec.count)]
+
+
+async def _open(
+    one: Callable[[int], Awaitable[RequestRecord]], spec: LoadSpec, offsets: list[float]
+) -> list[RequestRecord]:
+    start = time.monotonic()
+
+    async def at(index: int, offset: float) -> RequestRecord:
+        await asyncio.sleep(max(0.0, start + offset - time.monotonic()))
+        return await one(index)
+
+    return list(await asyncio.gather(*(at(i, off) for i, off in enumerate(offsets))))
