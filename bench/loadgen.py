@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import httpx
+import aiohttp
 
 from bench.targets import RequestRecord, Target
 
@@ -57,9 +57,10 @@ class LoadSpec:
 
 async def run_load(target: Target, spec: LoadSpec, timeout_s: float = 600.0) -> list[RequestRecord]:
     """Send ``spec.count`` requests to ``target`` following ``spec.pattern``; returns one record per request."""
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
-    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
-        one: Callable[[int], Awaitable[RequestRecord]] = lambda i: target.send(client, spec.params(i))  # noqa: E731
+    connector = aiohttp.TCPConnector(limit=0)  # no client-side cap: the load pattern alone sets concurrency
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        one: Callable[[int], Awaitable[RequestRecord]] = lambda i: target.send(session, spec.params(i))  # noqa: E731
         if spec.pattern == "closed":
             return await _closed(one, spec)
         if spec.pattern == "poisson":

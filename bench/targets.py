@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-import httpx
+import aiohttp
 
 TERMINAL = ("succeeded", "failed", "aborted")
 
@@ -35,7 +35,7 @@ class RequestRecord:
 class Target(Protocol):
     name: str
 
-    async def send(self, client: httpx.AsyncClient, params: dict[str, Any]) -> RequestRecord: ...
+    async def send(self, session: aiohttp.ClientSession, params: dict[str, Any]) -> RequestRecord: ...
 
 
 def _epoch(value: str | None) -> float | None:
@@ -50,18 +50,21 @@ class FusefleetTarget:
         self.name = name
         self.wait_s = wait_s
 
-    async def send(self, client: httpx.AsyncClient, params: dict[str, Any]) -> RequestRecord:
+    async def send(self, session: aiohttp.ClientSession, params: dict[str, Any]) -> RequestRecord:
         sent = time.monotonic()
         try:
-            answer = await client.post(f"{self.base_url}/v1/requests", json=params)
-            if answer.status_code != 202:
-                return RequestRecord(sent, time.monotonic(), "rejected", params["width"], error=answer.text[:200])
-            rid = answer.json()["id"]
+            async with session.post(f"{self.base_url}/v1/requests", json=params) as answer:
+                if answer.status != 202:
+                    text = await answer.text()
+                    return RequestRecord(sent, time.monotonic(), "rejected", params["width"], error=text[:200])
+                rid = (await answer.json())["id"]
             while True:
-                state = (await client.get(f"{self.base_url}/v1/requests/{rid}", params={"wait_s": self.wait_s})).json()
+                url = f"{self.base_url}/v1/requests/{rid}"
+                async with session.get(url, params={"wait_s": str(self.wait_s)}) as answer:
+                    state = await answer.json()
                 if state["status"] in TERMINAL:
                     break
-        except httpx.HTTPError as exc:
+        except (aiohttp.ClientError, TimeoutError) as exc:
             return RequestRecord(sent, time.monotonic(), "error", params["width"], error=repr(exc))
         done = time.monotonic()
         created, started = _epoch(state["created_at"]), _epoch(state["started_at"])
@@ -78,23 +81,29 @@ class FusefleetTarget:
 
 
 class PeerTarget:
-    """One blocking POST that answers with the image (BentoML, LitServe)."""
+    """One blocking POST that answers with the image (BentoML, LitServe; see bench/peers/launch.py)."""
 
-    def __init__(self, base_url: str, path: str, name: str) -> None:
-        self.url = base_url.rstrip("/") + path
+    def __init__(self, base_url: str, name: str) -> None:
+        from bench.peers.launch import PEER_ENDPOINTS
+
+        self.url = base_url.rstrip("/") + PEER_ENDPOINTS[name]
         self.name = name
 
-    async def send(self, client: httpx.AsyncClient, params: dict[str, Any]) -> RequestRecord:
+    async def send(self, session: aiohttp.ClientSession, params: dict[str, Any]) -> RequestRecord:
+        from bench.peers.launch import peer_payload
+
         sent = time.monotonic()
         try:
-            answer = await client.post(self.url, json=params)
-        except httpx.HTTPError as exc:
+            async with session.post(self.url, json=peer_payload(self.name, params)) as answer:
+                body = await answer.read()
+                status = answer.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
             return RequestRecord(sent, time.monotonic(), "error", params["width"], error=repr(exc))
-        ok = answer.status_code == 200 and len(answer.content) > 0
+        ok = status == 200 and len(body) > 0
         return RequestRecord(
             sent_at=sent,
             done_at=time.monotonic(),
             status="succeeded" if ok else "failed",
             width=params["width"],
-            error=None if ok else f"HTTP {answer.status_code}: {answer.text[:200]}",
+            error=None if ok else f"HTTP {status}: {body[:200]!r}",
         )

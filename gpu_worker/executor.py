@@ -82,7 +82,7 @@ class BatchExecutor:
         except Exception:
             log.exception("fused forward of %d requests failed; re-running them one by one", len(specs))
             return self._run_each(specs)
-        return {spec.id: self._store_images(spec, imgs) for spec, imgs in zip(specs, images, strict=True)}
+        return self._store_results(specs, images)
 
     def _run_each(self, specs: Sequence[RequestSpec]) -> dict[str, RequestStatus | None]:
         statuses: dict[str, RequestStatus | None] = {}
@@ -95,14 +95,23 @@ class BatchExecutor:
                 log.warning("request %s failed: %s: %s", spec.id, type(exc).__name__, exc)
                 statuses[spec.id] = self._store.fail(spec.id, error_info(exc))
                 continue
-            statuses[spec.id] = self._store_images(spec, images)
+            statuses.update(self._store_results([spec], [images]))
         return statuses
 
-    def _store_images(self, spec: RequestSpec, images: Sequence[Image.Image]) -> RequestStatus | None:
-        if len(images) != spec.n:
-            error = ErrorInfo(type="RunnerError", message=f"runner returned {len(images)} images, expected {spec.n}")
-            return self._store.fail(spec.id, error)
-        return self._store.succeed(spec.id, [to_png(image) for image in images])
+    def _store_results(
+        self, specs: Sequence[RequestSpec], images: Sequence[Sequence[Image.Image]]
+    ) -> dict[str, RequestStatus | None]:
+        """Store every request's images in one round trip (a runner returning a wrong count fails that request)."""
+        statuses: dict[str, RequestStatus | None] = {}
+        pngs: dict[str, list[bytes]] = {}
+        for spec, imgs in zip(specs, images, strict=True):
+            if len(imgs) == spec.n:
+                pngs[spec.id] = [to_png(image) for image in imgs]
+            else:
+                message = f"runner returned {len(imgs)} images, expected {spec.n}"
+                statuses[spec.id] = self._store.fail(spec.id, ErrorInfo(type="RunnerError", message=message))
+        statuses.update(self._store.succeed_many(pngs))
+        return statuses
 
     def _step_callback(self, specs: Sequence[RequestSpec]) -> StepCallback:
         ids = [spec.id for spec in specs]

@@ -35,6 +35,11 @@ class Locked:
     retry_after_s: float
 
 
+def _status(reply: str | bytes) -> RequestStatus | None:
+    status = reply.decode() if isinstance(reply, bytes) else reply
+    return RequestStatus(status) if status != "missing" else None
+
+
 class WorkerStore:
     """Redis operations of one worker process."""
 
@@ -87,35 +92,38 @@ class WorkerStore:
         return [bool(int(flag)) for flag in flags]
 
     def succeed(self, request_id: str, pngs: list[bytes]) -> RequestStatus | None:
-        return self._end(request_id, RequestStatus.SUCCEEDED, pngs=pngs)
+        return self.succeed_many({request_id: pngs})[request_id]
+
+    def succeed_many(self, results: dict[str, list[bytes]]) -> dict[str, RequestStatus | None]:
+        """End several running requests with their images in one round trip; their statuses after it."""
+        pipe = self._redis.pipeline(transaction=False)
+        for request_id, pngs in results.items():
+            self._finish(*self._finish_call(request_id, RequestStatus.SUCCEEDED, pngs=pngs), client=pipe)
+        return {rid: _status(reply) for rid, reply in zip(results, pipe.execute(), strict=True)}
 
     def fail(self, request_id: str, error: ErrorInfo) -> RequestStatus | None:
-        return self._end(request_id, RequestStatus.FAILED, error=error)
+        return _status(self._finish(*self._finish_call(request_id, RequestStatus.FAILED, error=error)))
 
-    def _end(
+    def _finish_call(
         self,
         request_id: str,
         outcome: RequestStatus,
         pngs: Sequence[bytes] = (),
         error: ErrorInfo | None = None,
-    ) -> RequestStatus | None:
-        image_keys = [self.keys.image(request_id, i) for i in range(len(pngs))]
-        status = self._finish(
-            keys=[self.keys.request(request_id), *image_keys],
-            args=[
-                outcome.value,
-                time.time(),
-                self._settings.result_ttl_s,
-                error.type if error else "",
-                error.message if error else "",
-                self.keys.finished,
-                request_id,
-                *pngs,
-            ],
-        )
-        if isinstance(status, bytes):
-            status = status.decode()
-        return RequestStatus(status) if status != "missing" else None
+    ) -> tuple[list[str], list[str | bytes | float | int]]:
+        """KEYS and ARGV of the FINISH script (see ``shared.keys``)."""
+        keys = [self.keys.request(request_id), *(self.keys.image(request_id, i) for i in range(len(pngs)))]
+        args: list[str | bytes | float | int] = [
+            outcome.value,
+            time.time(),
+            self._settings.result_ttl_s,
+            error.type if error else "",
+            error.message if error else "",
+            self.keys.finished,
+            request_id,
+            *pngs,
+        ]
+        return keys, args
 
     def batch_done(self, batch_id: str, token: str) -> None:
         self._batch_done(
