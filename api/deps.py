@@ -11,17 +11,17 @@ from api.waiter import CompletionWaiter
 from shared.settings import Settings
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_store(request: Request) -> RequestStore:
+async def get_store(request: Request) -> RequestStore:
     store: RequestStore = request.app.state.store
     return store
 
 
-def get_waiter(request: Request) -> CompletionWaiter:
+async def get_waiter(request: Request) -> CompletionWaiter:
     waiter: CompletionWaiter = request.app.state.waiter
     return waiter
 

@@ -63,7 +63,7 @@ class BatchExecutor:
             self._store.batch_done(batch.batch_id, token)
 
     def _run_claimed(self, claim: Claimed) -> dict[str, RequestStatus | None]:
-        specs = self._store.load_specs(claim.running)
+        specs = claim.specs
         if not specs:
             return {}
         try:

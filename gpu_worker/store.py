@@ -22,6 +22,7 @@ class Claimed:
 
     attempts: int
     statuses: dict[str, RequestStatus | None]
+    specs: list[RequestSpec]  # of the running requests, in batch order
 
     @property
     def running(self) -> list[str]:
@@ -73,18 +74,15 @@ class WorkerStore:
         )
         if int(reply[0]) == -1:
             return Locked(retry_after_s=max(0.2, int(reply[1]) / 1000.0))
-        pairs = reply[1:]
-        statuses = {
-            pairs[i]: (RequestStatus(pairs[i + 1]) if pairs[i + 1] != "missing" else None)
-            for i in range(0, len(pairs), 2)
-        }
-        return Claimed(attempts=int(reply[0]), statuses=statuses)
-
-    def load_specs(self, request_ids: list[str]) -> list[RequestSpec]:
-        pipe = self._redis.pipeline(transaction=False)
-        for rid in request_ids:
-            pipe.hget(self.keys.request(rid), "spec")
-        return [RequestSpec.model_validate_json(raw) for raw in pipe.execute()]
+        rows = reply[1:]
+        statuses: dict[str, RequestStatus | None] = {}
+        specs: list[RequestSpec] = []
+        for i in range(0, len(rows), 3):
+            request_id, status, spec = rows[i : i + 3]
+            statuses[request_id] = RequestStatus(status) if status != "missing" else None
+            if spec:
+                specs.append(RequestSpec.model_validate_json(spec))
+        return Claimed(attempts=int(reply[0]), statuses=statuses, specs=specs)
 
     def progress(self, request_ids: list[str], step: int, total: int) -> list[bool]:
         """Record step ``step`` of ``total`` for running requests; return each request's abort flag."""

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 HEAD_WINDOW_MIN = 64  # the policy looks at most at this many (or 4 x max_num_seqs) requests from the head
 ORPHAN_SCAN_S = 1.0  # how often the active scheduler looks for batches whose worker died
+CAPACITY_TTL_S = 0.25  # a known free-slot count is trusted this long unless a worker event says it changed
 
 
 @dataclass(slots=True)
@@ -62,6 +63,9 @@ class SchedulerService:
         self._config = PolicyConfig.from_settings(settings)
         self._window = max(HEAD_WINDOW_MIN, 4 * settings.max_num_seqs)
         self._waiting: dict[str, _Waiting] = {}  # request id -> entry, in arrival order
+        self._fresh: set[str] = set()  # admitted this round: certainly still queued unless aborted just now
+        self._free: int | None = None  # free worker slots as last counted (minus our dispatches since)
+        self._free_at = 0.0
         self.batches_published = 0
 
     # --- leadership ------------------------------------------------------------------------------------------
@@ -99,7 +103,11 @@ class SchedulerService:
             if deadline is not None:
                 block_s = min(block_s, deadline - now)
             block_ms = max(1, min(self._settings.scheduler_block_ms, int(block_s * 1000) + 1))
-            self._admit(self._store.read(pending=False, block_ms=block_ms).entries)
+            self._fresh.clear()
+            read = self._store.read(pending=False, block_ms=block_ms)
+            if read.woken:
+                self._free = None  # a batch finished or a worker joined
+            self._admit(read.entries)
             try:
                 deadline = self._dispatch_ready()
             except LeaseLost:
@@ -135,6 +143,7 @@ class SchedulerService:
         for entry in readable:
             assert entry.spec is not None
             self._waiting[entry.request_id] = _Waiting(entry.entry_id, compat_key(entry.spec), now)
+            self._fresh.add(entry.request_id)
         self._store.ack(done)
 
     def _recover_scheduled(self, entries: list[StreamEntry], done: list[str]) -> list[StreamEntry]:
@@ -167,16 +176,23 @@ class SchedulerService:
     # --- dispatching -----------------------------------------------------------------------------------------
     def _dispatch_ready(self) -> float | None:
         """Publish every batch the policy allows now; return when to look again (None = on new input)."""
-        free = self._store.free_slots() if self._waiting else 0
         while self._waiting:
+            free = self._free_slots()
             head = self._head_window(free)
             decision = decide(head, free, self._clock(), self._config)
             self._forget(decision.dropped_ids)
             if not isinstance(decision, Dispatch):
                 return decision.until
             self._dispatch(decision)
-            free -= 1
+            self._free = free - 1
         return None
+
+    def _free_slots(self) -> int:
+        """Free worker slots: counted in Redis when unknown, stale, or exhausted; else the running estimate."""
+        now = self._clock()
+        if self._free is None or self._free <= 0 or now - self._free_at > CAPACITY_TTL_S:
+            self._free, self._free_at = self._store.free_slots(), now
+        return self._free
 
     def _head_window(self, free: int) -> list[WaitingRequest]:
         ids = []
@@ -184,16 +200,21 @@ class SchedulerService:
             ids.append(rid)
             if len(ids) >= self._window:
                 break
-        # only worth a round trip when something could be dispatched
-        flags = self._store.statuses(ids) if free > 0 else [(RequestStatus.QUEUED, False, None)] * len(ids)
+        # Requests that waited since an earlier round may have been aborted meanwhile: look (one round trip) when
+        # something could be dispatched. Ones read this very round are skipped; SCHEDULE re-checks every request.
+        stale = [rid for rid in ids if rid not in self._fresh] if free > 0 else []
+        aborted = (
+            {
+                rid
+                for rid, (status, abort, _) in zip(stale, self._store.statuses(stale), strict=True)
+                if abort or status is not RequestStatus.QUEUED
+            }
+            if stale
+            else set()
+        )
         return [
-            WaitingRequest(
-                rid,
-                self._waiting[rid].key,
-                self._waiting[rid].arrived_at,
-                aborted=abort or status is not RequestStatus.QUEUED,
-            )
-            for rid, (status, abort, _) in zip(ids, flags, strict=True)
+            WaitingRequest(rid, self._waiting[rid].key, self._waiting[rid].arrived_at, aborted=rid in aborted)
+            for rid in ids
         ]
 
     def _dispatch(self, decision: Dispatch) -> None:

@@ -115,8 +115,8 @@ return joined
 # KEYS[1] batch lock, KEYS[2] batch hash, KEYS[3..] request hashes.
 # ARGV[1] lock token, ARGV[2] lock ttl (ms), ARGV[3] batch id, ARGV[4] now (s), ARGV[5] worker name,
 # ARGV[6] max attempts, ARGV[7] result ttl (s), ARGV[8] finished channel, then the request ids (KEYS order).
-# Returns {-1, pttl} when another worker holds the lock, else {attempts, id1, status1, id2, status2, ...} with
-# the status each request has after the claim (running = this worker runs it).
+# Returns {-1, pttl} when another worker holds the lock, else {attempts, id1, status1, spec1, id2, ...} with
+# the status each request has after the claim (running = this worker runs it) and, for running ones, the spec.
 CLAIM = """
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {-1, redis.call('PTTL', KEYS[1])}
@@ -125,8 +125,9 @@ local attempts = redis.call('HINCRBY', KEYS[2], 'attempts', 1)
 local out = {attempts}
 for i = 3, #KEYS do
   local id = ARGV[i + 6]
-  local st = redis.call('HMGET', KEYS[i], 'status', 'batch_id', 'abort')
+  local st = redis.call('HMGET', KEYS[i], 'status', 'batch_id', 'abort', 'spec')
   local status = st[1]
+  local spec = ''
   if (status == 'scheduled' or status == 'running') and st[2] == ARGV[3] then
     if st[3] then
       status = 'aborted'
@@ -141,11 +142,13 @@ for i = 3, #KEYS do
       redis.call('PUBLISH', ARGV[8], id)
     else
       status = 'running'
+      spec = st[4]
       redis.call('HSET', KEYS[i], 'status', status, 'started_at', ARGV[4], 'worker', ARGV[5], 'step', 0)
     end
   end
   table.insert(out, id)
   table.insert(out, status or 'missing')
+  table.insert(out, spec)
 end
 return out
 """

@@ -98,6 +98,7 @@ def test_claim_locks_counts_attempts_and_runs_only_its_requests(
     claim = worker.claim(batch, "tok1", "w1")
     assert isinstance(claim, Claimed)
     assert claim.attempts == 1 and claim.running == ["a", "b", "c"]
+    assert [spec.id for spec in claim.specs] == ["a", "b", "c"]
     assert isinstance(worker.claim(batch, "tok2", "w2"), Locked)
     assert worker.succeed("a", [b"png0"]) is RequestStatus.SUCCEEDED
     assert worker.fail("b", ErrorInfo(type="ValueError", message="bad")) is RequestStatus.FAILED
@@ -106,6 +107,7 @@ def test_claim_locks_counts_attempts_and_runs_only_its_requests(
     # a duplicate delivery after the batch ended re-runs only what is unfinished
     again = worker.claim(batch, "tok3", "w2")
     assert isinstance(again, Claimed) and again.running == ["c"]
+    assert [spec.id for spec in again.specs] == ["c"]
     assert status(client, worker.keys, "a") == "succeeded"
 
 
