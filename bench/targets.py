@@ -61,6 +61,10 @@ class FusefleetTarget:
             while True:
                 url = f"{self.base_url}/v1/requests/{rid}"
                 async with session.get(url, params={"wait_s": str(self.wait_s)}) as answer:
+                    if answer.status != 200:
+                        text = await answer.text()
+                        error = f"GET {answer.status}: {text[:200]}"
+                        return RequestRecord(sent, time.monotonic(), "error", params["width"], error=error)
                     state = await answer.json()
                 if state["status"] in TERMINAL:
                     break

@@ -20,9 +20,13 @@ def sync_client(settings: Settings, *, binary: bool = False) -> redis.Redis:
 
 
 def async_client(settings: Settings, *, binary: bool = False) -> aioredis.Redis:
-    return aioredis.Redis.from_url(
+    """A client whose pool makes callers wait for a free connection (instead of failing) under bursts."""
+    pool = aioredis.BlockingConnectionPool.from_url(
         settings.redis_url,
+        max_connections=settings.redis_max_connections,
+        timeout=SOCKET_TIMEOUT_S,
         decode_responses=not binary,
         socket_timeout=SOCKET_TIMEOUT_S,
         health_check_interval=30,
     )
+    return aioredis.Redis.from_pool(pool)

@@ -26,6 +26,11 @@ class Settings(BaseSettings):
         "redis://127.0.0.1:6379/0",
         description="Redis (or Valkey) holding the request stream, request state, images and the Celery broker.",
     )
+    redis_max_connections: int = Field(
+        64,
+        ge=2,
+        description="Redis connections of one API process; more concurrent calls wait for a free one (not an error).",
+    )
     key_prefix: str = Field(
         "fusefleet",
         description="Prefix of every Redis key fusefleet writes; fleets with distinct prefixes can share one Redis.",
