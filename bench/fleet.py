@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -12,13 +11,8 @@ from pathlib import Path
 import redis
 
 from fusefleet.up import LocalFleet
+from fusefleet.valkey import free_port
 from shared.keys import RedisKeys
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager

