@@ -2,6 +2,8 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
+# a local CPU wheel of torch, where the machine has one
+TORCH_WHEELS ?= /opt/wheels
 
 .PHONY: install check test unit integration run clean
 
@@ -11,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# the CPU wheel first: any other torch spec may pull a multi-GB CUDA build
-	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q $(if $(wildcard $(TORCH_WHEELS)),--find-links $(TORCH_WHEELS)) torch==2.13.0
 	$(BIN)/pip install -q -e '.[worker,dev]'
 	touch $@
 
