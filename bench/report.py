@@ -67,20 +67,15 @@ def plot_runs(path: Path, title: str, runs: dict[str, list[tuple[float, dict[str
     import matplotlib.pyplot as plt
 
     fig, (latency_ax, hist_ax) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, points in runs.items():
+    for index, (name, points) in enumerate(runs.items()):
         points = sorted(points, key=lambda p: p[0])
         loads = [load for load, _ in points]
         latency_ax.plot(loads, [s["latency_s"]["p50"] for _, s in points], marker="o", label=f"{name} p50")
         latency_ax.plot(loads, [s["latency_s"]["p99"] for _, s in points], marker="x", ls="--", label=f"{name} p99")
         hist = points[-1][1]["batch_size_histogram"] if points else {}
-        if hist:
-            sizes = [int(size) for size in hist]
-            hist_ax.bar(
-                [s + 0.2 * len(hist_ax.patches) / max(1, len(sizes)) for s in sizes],
-                list(hist.values()),
-                width=0.3,
-                label=name,
-            )
+        if hist:  # systems side by side around each batch size
+            sizes = [int(size) + 0.3 * index for size in hist]
+            hist_ax.bar(sizes, list(hist.values()), width=0.3, label=name)
     latency_ax.set(xlabel="offered load (requests/s)", ylabel="latency (s)", title="latency vs offered load")
     latency_ax.legend(fontsize=7)
     hist_ax.set(xlabel="batch size", ylabel="requests", title="batch sizes (heaviest load)")

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import islice
 
 from celery import Celery
 
@@ -66,7 +67,6 @@ class SchedulerService:
         self._fresh: set[str] = set()  # admitted this round: certainly still queued unless aborted just now
         self._free: int | None = None  # free worker slots as last counted (minus our dispatches since)
         self._free_at = 0.0
-        self.batches_published = 0
 
     # --- leadership ------------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -159,19 +159,20 @@ class SchedulerService:
                 republish.add(batch_id)
             done.append(entry.entry_id)
         for batch_id in sorted(republish):
-            ids = self._store.batch_request_ids(batch_id)
-            if ids:
-                log.info("republishing batch %s (%d requests) after a takeover", batch_id, len(ids))
-                self._publish(batch_id, ids)
+            self._republish(batch_id, "recorded by the previous scheduler")
         return keep
 
     def _republish_orphans(self) -> None:
         """Publish again the batches whose worker died while running them (their lock lapsed)."""
         for batch_id in self._store.orphaned_batches():
-            ids = self._store.batch_request_ids(batch_id)
-            if ids:
-                log.warning("worker of batch %s is gone; publishing it again", batch_id)
-                self._publish(batch_id, ids)
+            self._republish(batch_id, "its worker is gone")
+
+    def _republish(self, batch_id: str, why: str) -> None:
+        """Publish a recorded batch again (workers run only what is not finished, one at a time)."""
+        ids = self._store.batch_request_ids(batch_id)
+        if ids:
+            log.warning("publishing batch %s (%d requests) again: %s", batch_id, len(ids), why)
+            self._publish(batch_id, ids)
 
     # --- dispatching -----------------------------------------------------------------------------------------
     def _dispatch_ready(self) -> float | None:
@@ -195,23 +196,16 @@ class SchedulerService:
         return self._free
 
     def _head_window(self, free: int) -> list[WaitingRequest]:
-        ids = []
-        for rid in self._waiting:
-            ids.append(rid)
-            if len(ids) >= self._window:
-                break
+        ids = list(islice(self._waiting, self._window))
         # Requests that waited since an earlier round may have been aborted meanwhile: look (one round trip) when
-        # something could be dispatched. Ones read this very round are skipped; SCHEDULE re-checks every request.
+        # something could be dispatched, once per round. SCHEDULE re-checks every request anyway.
         stale = [rid for rid in ids if rid not in self._fresh] if free > 0 else []
-        aborted = (
-            {
-                rid
-                for rid, (status, abort, _) in zip(stale, self._store.statuses(stale), strict=True)
-                if abort or status is not RequestStatus.QUEUED
-            }
-            if stale
-            else set()
-        )
+        aborted: set[str] = set()
+        if stale:
+            for rid, (status, abort, _) in zip(stale, self._store.statuses(stale), strict=True):
+                if abort or status is not RequestStatus.QUEUED:
+                    aborted.add(rid)
+            self._fresh.update(stale)  # known this round: the next batch of the round need not look again
         return [
             WaitingRequest(rid, self._waiting[rid].key, self._waiting[rid].arrived_at, aborted=rid in aborted)
             for rid in ids
@@ -233,7 +227,6 @@ class SchedulerService:
             task_id=batch_id,
             queue=self._settings.queue_name,
         )
-        self.batches_published += 1
         log.info("published batch %s with %d requests", batch_id, len(request_ids))
 
     def _forget(self, request_ids: tuple[str, ...] | list[str]) -> None:
