@@ -1,4 +1,8 @@
-"""Redis clients built from settings (string replies; a separate binary client where PNG bytes are read)."""
+"""Redis clients built from settings (string replies; a separate binary client where PNG bytes are read).
+
+Every client has a socket timeout (``redis_socket_timeout_s``) and a connect timeout, so a stalled or unreachable
+Redis becomes an error after a bounded time instead of a hang; each service decides what an error means for it.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +11,15 @@ import redis.asyncio as aioredis
 
 from shared.settings import Settings
 
-SOCKET_TIMEOUT_S = 30.0  # above every blocking read fusefleet issues (scheduler_block_ms <= 4 s)
+CONNECT_TIMEOUT_S = 5.0
 
 
 def sync_client(settings: Settings, *, binary: bool = False) -> redis.Redis:
     return redis.Redis.from_url(
         settings.redis_url,
         decode_responses=not binary,
-        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_timeout=settings.redis_socket_timeout_s,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
         health_check_interval=30,
     )
 
@@ -24,9 +29,10 @@ def async_client(settings: Settings, *, binary: bool = False) -> aioredis.Redis:
     pool = aioredis.BlockingConnectionPool.from_url(
         settings.redis_url,
         max_connections=settings.redis_max_connections,
-        timeout=SOCKET_TIMEOUT_S,
+        timeout=settings.redis_socket_timeout_s,
         decode_responses=not binary,
-        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_timeout=settings.redis_socket_timeout_s,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
         health_check_interval=30,
     )
     return aioredis.Redis.from_pool(pool)

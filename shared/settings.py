@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -30,6 +30,19 @@ class Settings(BaseSettings):
         64,
         ge=2,
         description="Redis connections of one API process; more concurrent calls wait for a free one (not an error).",
+    )
+    redis_socket_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="Longest wait for one Redis reply: a stalled Redis turns into an error (api: 503 with Retry-After) "
+        "after this long instead of a hang. Must exceed scheduler_block_ms.",
+    )
+    redis_outage_retry_s: float = Field(
+        60.0,
+        ge=0,
+        description="How long a worker keeps retrying to store a finished batch's results while Redis is unreachable; "
+        "past it the batch is left to the scheduler's reaper, which publishes it again.",
     )
     key_prefix: str = Field(
         "fusefleet",
@@ -54,6 +67,14 @@ class Settings(BaseSettings):
         description="'strict': a batch is the oldest request plus the FOLLOWING compatible ones, stopping at the first "
         "incompatible one (vLLM-Omni's FIFO). 'grouped': the oldest request plus any later compatible ones (the head "
         "is still served first, so nothing starves): fuller batches on mixed traffic.",
+    )
+
+    max_batch_pixels: int = Field(
+        16_777_216,
+        ge=64,
+        description="Per-batch pixel budget: the sum of n x width x height (x frames) over a batch's requests. The "
+        "scheduler closes a batch before it exceeds it; the api refuses a request that alone exceeds it (422). "
+        "Bounds the memory of one fused forward (16 Mi = 64 images of 512x512 or 16 of 1024x1024).",
     )
 
     # --- model and runner ----------------------------------------------------------------------------------------
@@ -99,6 +120,11 @@ class Settings(BaseSettings):
     max_inference_steps: int = Field(200, ge=1, description="Largest accepted num_inference_steps.")
     max_images_per_request: int = Field(8, ge=1, description="Largest accepted n (images for one prompt).")
     max_prompt_chars: int = Field(4000, ge=1, description="Longest accepted prompt or negative prompt.")
+    max_body_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=1024,
+        description="Largest accepted HTTP request body; larger ones get 413.",
+    )
     max_queue_len: int = Field(
         100_000,
         ge=1,
@@ -131,7 +157,20 @@ class Settings(BaseSettings):
     max_batch_attempts: int = Field(
         3,
         ge=1,
-        description="Deliveries of one batch before its unfinished requests fail (poison-batch guard).",
+        description="Claims of one batch by a worker that did not finish it before its unfinished requests fail "
+        "(poison-batch guard). Deliveries that find nothing left to run do not count.",
+    )
+    batch_claim_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="A published batch that no worker claimed for this long, and whose message is no longer in the "
+        "broker queue (lost), is published again by the scheduler's reaper.",
+    )
+    worker_start_timeout_s: float = Field(
+        900.0,
+        gt=0,
+        description="How long a worker pool process may take to start (model load included) before Celery gives up "
+        "on it (Celery's worker_proc_alive_timeout, 4 s by default, far too short for a real model).",
     )
 
     # --- scheduler -----------------------------------------------------------------------------------------------
@@ -151,6 +190,20 @@ class Settings(BaseSettings):
     # --- api -----------------------------------------------------------------------------------------------------
     api_host: str = Field("127.0.0.1", description="Address `fusefleet api` binds when --host is not given.")
     api_port: int = Field(8000, ge=1, le=65535, description="Port `fusefleet api` binds when --port is not given.")
+
+    @model_validator(mode="after")
+    def _timeouts_fit(self) -> Settings:
+        if self.redis_socket_timeout_s * 1000 <= self.scheduler_block_ms:
+            raise ValueError(
+                f"redis_socket_timeout_s ({self.redis_socket_timeout_s}) must exceed scheduler_block_ms "
+                f"({self.scheduler_block_ms} ms): the scheduler's blocking read would time out"
+            )
+        if self.visibility_timeout_s <= self.batch_time_limit_s:
+            raise ValueError(
+                f"visibility_timeout_s ({self.visibility_timeout_s}) must exceed batch_time_limit_s "
+                f"({self.batch_time_limit_s}): Celery would deliver a running batch again"
+            )
+        return self
 
     @field_validator("model_cache_dir", "lora_dir", mode="after")
     @classmethod
