@@ -23,6 +23,7 @@ from gpu_worker.store import Locked, WorkerStore
 from shared.celery_config import RUN_BATCH_TASK, make_celery
 from shared.contracts import BatchMessage
 from shared.redis_conn import sync_client
+from shared.retry import TRANSIENT_ERRORS
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,9 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
         store = WorkerStore(sync_client(settings), settings)
         runner = load_runner(settings)
         state.heartbeat = Heartbeat(store, worker_name, settings.worker_heartbeat_s)
-        state.executor = BatchExecutor(store, runner, worker_name, state.heartbeat)
+        state.executor = BatchExecutor(
+            store, runner, worker_name, state.heartbeat, outage_retry_s=settings.redis_outage_retry_s
+        )
         state.heartbeat.start()
         log.info("worker %s ready (runner %s, fused=%s)", worker_name, settings.runner, runner.fused)
 
@@ -64,7 +67,13 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
         if state.executor is None:
             raise RuntimeError("worker process was not initialised (worker_process_init did not run)")
         batch = BatchMessage.model_validate(message)
-        outcome = state.executor.execute(batch)
+        try:
+            outcome = state.executor.execute(batch)
+        except TRANSIENT_ERRORS as exc:
+            # Redis stayed away past redis_outage_retry_s: the batch keeps its place in flight, its lock lapses,
+            # and the scheduler's reaper publishes it again once Redis is back (docs/reliability.md).
+            log.error("batch %s left to the reaper: Redis unavailable (%s)", batch.batch_id, exc)
+            return
         if isinstance(outcome, Locked):
             # another worker runs this batch (a duplicate delivery): look again when its lock could lapse
             raise self.retry(countdown=outcome.retry_after_s)

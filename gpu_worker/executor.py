@@ -1,16 +1,27 @@
 """Running one batch: claim it, run it fused (or request by request), store every result under its request id.
 
-A failing fused forward does not fail innocent peers: its requests are re-run one by one, so only the culprit
-ends ``failed`` (with the exception's type and message). Abort flags are read between denoising steps; when every
-request of the forward is aborted, the forward stops. Aborted requests end ``aborted`` without images.
+Failure handling, from the narrowest to the widest (``docs/reliability.md`` has the bounds):
+
+* A fused forward that raises is re-run request by request, so only the culprit ends ``failed`` (with the
+  exception's type and message). One that runs out of memory is split in halves first, recursively; a single
+  request that still does not fit fails with ``OutOfMemory``. The runner's cache is emptied between tries.
+* Output that does not fit the request (wrong number of images, not an image, an image that cannot be
+  encoded) fails that request with ``RunnerError``.
+* Anything else that escapes (a bug, the soft time limit) fails the requests this claim still runs, with the
+  error; Redis calls that end requests are retried through an outage for ``redis_outage_retry_s``. If even
+  that fails, the batch stays in flight and its lock lapses: the scheduler's reaper publishes it again.
+* Abort flags and ownership are read between denoising steps (``progress.lua``): the forward stops once every
+  row is aborted or was claimed by another run; results are written only under this run's claim token.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from celery.exceptions import SoftTimeLimitExceeded
 from PIL import Image
@@ -18,10 +29,15 @@ from PIL import Image
 from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.images import to_png
 from gpu_worker.runner import BatchRunner, StepCallback
-from gpu_worker.store import Claimed, Locked, WorkerStore
+from gpu_worker.store import Claimed, Locked, RowSignal, WorkerStore
 from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus
+from shared.retry import TRANSIENT_ERRORS, call_with_retry
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Statuses = dict[str, RequestStatus | None]
+PROGRESS_PAUSE_S = 1.0  # after a failed progress write, skip progress writes this long (Redis is away)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,94 +45,176 @@ class BatchOutcome:
     """What happened to each request of a batch this worker claimed."""
 
     batch_id: str
-    statuses: dict[str, RequestStatus | None]
+    statuses: Statuses
+
+
+class RunnerOutputError(Exception):
+    """The runner's output cannot be mapped back onto the batch's requests."""
 
 
 def error_info(exc: BaseException) -> ErrorInfo:
     return ErrorInfo(type=type(exc).__name__, message=str(exc) or repr(exc))
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    """torch.cuda.OutOfMemoryError, a host MemoryError, or a backend's 'out of memory' RuntimeError."""
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc)
+
+
+def output_problem(spec: RequestSpec, images: object) -> str | None:
+    """Why ``images`` is not a valid result for ``spec`` (``spec.n`` PIL images), or None."""
+    if not isinstance(images, Sequence) or isinstance(images, str | bytes):
+        return f"runner returned {type(images).__name__} instead of a list of images"
+    if len(images) != spec.n:
+        return f"runner returned {len(images)} images, expected {spec.n}"
+    wrong = [type(image).__name__ for image in images if not isinstance(image, Image.Image)]
+    if wrong:
+        return f"runner returned {wrong[0]} instead of an image"
+    return None
+
+
 class BatchExecutor:
     """Executes batches in one worker process with one loaded runner."""
 
-    def __init__(self, store: WorkerStore, runner: BatchRunner, worker: str, heartbeat: Heartbeat | None) -> None:
+    def __init__(
+        self,
+        store: WorkerStore,
+        runner: BatchRunner,
+        worker: str,
+        heartbeat: Heartbeat | None,
+        *,
+        outage_retry_s: float = 0.0,
+    ) -> None:
         self._store = store
         self._runner = runner
         self._worker = worker
         self._heartbeat = heartbeat
+        self._outage_retry_s = outage_retry_s
 
     def execute(self, batch: BatchMessage) -> BatchOutcome | Locked:
-        """Run ``batch`` unless another worker holds it (then ``Locked``: retry later)."""
+        """Run ``batch`` unless another run holds it (then ``Locked``: retry later).
+
+        Raises only when Redis stays unreachable past ``outage_retry_s``; the batch is then left to the reaper.
+        """
         token = uuid.uuid4().hex
-        claim = self._store.claim(batch, token, self._worker)
+        claim = self._redis(lambda: self._store.claim(batch, token, self._worker), "claiming the batch")
         if isinstance(claim, Locked):
             return claim
         if self._heartbeat is not None:
             self._heartbeat.hold(batch.batch_id, token)
+        statuses = dict(claim.statuses)
         try:
-            statuses = dict(claim.statuses)
-            statuses.update(self._run_claimed(claim))
-            return BatchOutcome(batch.batch_id, statuses)
+            try:
+                statuses.update(self._run_claimed(claim))
+            except Exception as exc:  # noqa: BLE001 - whatever escaped, the requests must end and say why
+                log.exception("batch %s: %s escaped; failing what this run has not finished", batch.batch_id, exc)
+                errors = {spec.id: error_info(exc) for spec in claim.specs}
+                statuses.update(self._redis(lambda: self._store.finish_many({}, errors, token), "failing requests"))
         finally:
             if self._heartbeat is not None:
                 self._heartbeat.release()
-            self._store.batch_done(batch.batch_id, token)
+        self._redis(lambda: self._store.batch_done(batch.batch_id, token), "releasing the batch")
+        return BatchOutcome(batch.batch_id, statuses)
 
-    def _run_claimed(self, claim: Claimed) -> dict[str, RequestStatus | None]:
+    def _redis(self, call: Callable[[], T], what: str) -> T:
+        return call_with_retry(call, what=what, give_up_after_s=self._outage_retry_s)
+
+    def _run_claimed(self, claim: Claimed) -> Statuses:
         specs = claim.specs
         if not specs:
             return {}
-        try:
-            if self._runner.fused and len(specs) > 1:
-                return self._run_fused(specs)
-            return self._run_each(specs)
-        except SoftTimeLimitExceeded as exc:
-            log.error("batch ran past its time limit; failing its unfinished requests")
-            return {spec.id: self._store.fail(spec.id, error_info(exc)) for spec in specs}
+        if self._runner.fused:
+            return self._run_group(specs, claim.token)
+        return self._run_each(specs, claim.token)
 
-    def _run_fused(self, specs: Sequence[RequestSpec]) -> dict[str, RequestStatus | None]:
+    def _run_group(self, specs: Sequence[RequestSpec], token: str) -> Statuses:
+        """One fused forward; on failure split (out of memory) or fall back to one by one (anything else)."""
+        if len(specs) == 1:
+            return self._run_each(specs, token)
         try:
-            images = self._runner.run(specs, self._step_callback(specs))
+            images = self._forward(specs, token)
         except SoftTimeLimitExceeded:
             raise
-        except Exception:
+        except Exception as exc:
+            if is_out_of_memory(exc):
+                self._release_memory()
+                half = (len(specs) + 1) // 2
+                log.warning("out of memory with %d requests; splitting them in two", len(specs))
+                return {**self._run_group(specs[:half], token), **self._run_group(specs[half:], token)}
             log.exception("fused forward of %d requests failed; re-running them one by one", len(specs))
-            return self._run_each(specs)
-        return self._store_results(specs, images)
+            return self._run_each(specs, token)
+        return self._store_results(specs, images, token)
 
-    def _run_each(self, specs: Sequence[RequestSpec]) -> dict[str, RequestStatus | None]:
-        statuses: dict[str, RequestStatus | None] = {}
+    def _run_each(self, specs: Sequence[RequestSpec], token: str) -> Statuses:
+        statuses: Statuses = {}
         for spec in specs:
             try:
-                (images,) = self._runner.run([spec], self._step_callback([spec]))
+                images = self._forward([spec], token)
             except SoftTimeLimitExceeded:
                 raise
             except Exception as exc:
-                log.warning("request %s failed: %s: %s", spec.id, type(exc).__name__, exc)
-                statuses[spec.id] = self._store.fail(spec.id, error_info(exc))
+                error = error_info(exc)
+                if is_out_of_memory(exc):
+                    self._release_memory()
+                    error = ErrorInfo(type="OutOfMemory", message=f"does not fit in memory alone: {error.message}")
+                log.warning("request %s failed: %s: %s", spec.id, error.type, error.message)
+                statuses.update(self._fail(spec.id, error, token))
                 continue
-            statuses.update(self._store_results([spec], [images]))
+            statuses.update(self._store_results([spec], images, token))
         return statuses
+
+    def _fail(self, request_id: str, error: ErrorInfo, token: str) -> Statuses:
+        return self._redis(lambda: self._store.finish_many({}, {request_id: error}, token), "failing a request")
+
+    def _forward(self, specs: Sequence[RequestSpec], token: str) -> list[list[Image.Image]]:
+        images = self._runner.run(specs, self._step_callback(specs, token))
+        if not isinstance(images, Sequence) or len(images) != len(specs):
+            count = len(images) if isinstance(images, Sequence) else type(images).__name__
+            raise RunnerOutputError(f"runner returned {count} results for {len(specs)} requests")
+        return list(images)
 
     def _store_results(
-        self, specs: Sequence[RequestSpec], images: Sequence[Sequence[Image.Image]]
-    ) -> dict[str, RequestStatus | None]:
-        """Store every request's images in one round trip (a runner returning a wrong count fails that request)."""
-        statuses: dict[str, RequestStatus | None] = {}
+        self, specs: Sequence[RequestSpec], images: Sequence[object], token: str
+    ) -> Statuses:
+        """Encode and store every request's images in one round trip; a request whose output is wrong fails."""
         pngs: dict[str, list[bytes]] = {}
-        for spec, imgs in zip(specs, images, strict=True):
-            if len(imgs) == spec.n:
-                pngs[spec.id] = [to_png(image) for image in imgs]
-            else:
-                message = f"runner returned {len(imgs)} images, expected {spec.n}"
-                statuses[spec.id] = self._store.fail(spec.id, ErrorInfo(type="RunnerError", message=message))
-        statuses.update(self._store.succeed_many(pngs))
-        return statuses
+        errors: dict[str, ErrorInfo] = {}
+        for spec, output in zip(specs, images, strict=True):
+            problem = output_problem(spec, output)
+            if problem is not None:
+                errors[spec.id] = ErrorInfo(type="RunnerError", message=problem)
+                continue
+            assert isinstance(output, Sequence)
+            try:
+                pngs[spec.id] = [to_png(image) for image in output]
+            except Exception as exc:  # noqa: BLE001 - a bad image fails its request, not the batch
+                message = f"encoding the image failed: {type(exc).__name__}: {exc}"
+                errors[spec.id] = ErrorInfo(type="RunnerError", message=message)
+        if errors:
+            log.warning("%d requests returned unusable output: %s", len(errors), errors)
+        return self._redis(lambda: self._store.finish_many(pngs, errors, token), "storing results")
 
-    def _step_callback(self, specs: Sequence[RequestSpec]) -> StepCallback:
+    def _step_callback(self, specs: Sequence[RequestSpec], token: str) -> StepCallback:
         ids = [spec.id for spec in specs]
+        paused_until = 0.0
 
         def on_step(step: int, total: int) -> bool:
-            return all(self._store.progress(ids, step, total))
+            nonlocal paused_until
+            now = time.monotonic()
+            if now < paused_until:
+                return False
+            try:
+                signals = self._store.progress(ids, step, total, token)
+            except TRANSIENT_ERRORS as exc:  # progress is best effort: the forward goes on through an outage
+                log.warning("progress not recorded (%s); going on", exc)
+                paused_until = now + PROGRESS_PAUSE_S
+                return False
+            return all(signal is not RowSignal.GO_ON for signal in signals)
 
         return on_step
+
+    def _release_memory(self) -> None:
+        release: Callable[[], None] | None = getattr(self._runner, "release_memory", None)
+        if release is not None:
+            release()
+

@@ -23,10 +23,12 @@ class Heartbeat:
         self._interval_s = interval_s
         self._stop = threading.Event()
         self._held: tuple[str, str] | None = None
+        self._announced = False  # the first successful beat also wakes the scheduler
         self._thread = threading.Thread(target=self._loop, name="fusefleet-heartbeat", daemon=True)
 
     def start(self) -> None:
-        self._store.heartbeat(self._worker, first=True)
+        """Beat once now (announcing the slot) and then every ``interval_s``; a Redis outage only delays it."""
+        self._beat()
         self._thread.start()
 
     def hold(self, batch_id: str, token: str) -> None:
@@ -38,14 +40,21 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=self._interval_s * 2)
-        self._store.leave(self._worker)
+        try:
+            self._store.leave(self._worker)
+        except Exception as exc:  # noqa: BLE001 - the entry then expires after worker_ttl_s
+            log.warning("could not withdraw the worker slot: %s", exc)
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval_s):
-            try:
-                self._store.heartbeat(self._worker)
-                held = self._held
-                if held is not None and not self._store.renew_lock(*held):
-                    log.warning("lost the lock of batch %s", held[0])
-            except Exception:  # a Redis blip must not kill the beat; the next one retries
-                log.exception("heartbeat failed")
+            self._beat()
+
+    def _beat(self) -> None:
+        try:
+            self._store.heartbeat(self._worker, first=not self._announced)
+            self._announced = True
+            held = self._held
+            if held is not None and not self._store.renew_lock(*held):
+                log.warning("lost the lock of batch %s: another run may claim it (late writes are ignored)", held[0])
+        except Exception as exc:  # noqa: BLE001 - a Redis blip must not kill the beat; the next one retries
+            log.warning("heartbeat failed: %s", exc)

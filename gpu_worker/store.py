@@ -1,13 +1,16 @@
 """The worker's view of Redis: claim a batch, report progress, finish requests, heartbeat.
 
-Every state change is one of the scripts of ``shared.keys``, so it is atomic and only moves a request forward.
+Every state change is one of the scripts of ``shared/lua`` (see ``shared.keys``), so it is atomic and only moves
+a request forward. Writes that end a request carry the claim token, so only the run that holds the current
+claim can finish it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 
 import redis
 
@@ -18,22 +21,31 @@ from shared.settings import Settings
 
 @dataclass(frozen=True, slots=True)
 class Claimed:
-    """The batch is ours: ``statuses`` holds each request's status after the claim (running = run it)."""
+    """The batch is ours under ``token``: ``statuses`` holds each request's status after the claim."""
 
+    token: str
     attempts: int
     statuses: dict[str, RequestStatus | None]
-    specs: list[RequestSpec]  # of the running requests, in batch order
+    specs: list[RequestSpec]  # of the requests this claim runs, in batch order
 
     @property
     def running(self) -> list[str]:
-        return [rid for rid, status in self.statuses.items() if status is RequestStatus.RUNNING]
+        return [spec.id for spec in self.specs]
 
 
 @dataclass(frozen=True, slots=True)
 class Locked:
-    """Another worker holds the batch; its lock expires in ``retry_after_s`` unless renewed."""
+    """Another run holds the batch; its lock expires in ``retry_after_s`` unless renewed."""
 
     retry_after_s: float
+
+
+class RowSignal(IntEnum):
+    """What ``progress.lua`` says about one request of a running forward."""
+
+    GO_ON = 0
+    ABORTED = 1
+    NOT_OURS = 2  # re-claimed by another run after our lock lapsed, or already ended: stop spending on it
 
 
 def _status(reply: str | bytes) -> RequestStatus | None:
@@ -79,37 +91,40 @@ class WorkerStore:
         specs: list[RequestSpec] = []
         for i in range(0, len(rows), 3):
             request_id, status, spec = rows[i : i + 3]
-            statuses[request_id] = RequestStatus(status) if status != "missing" else None
+            statuses[request_id] = _status(status)
             if spec:
                 specs.append(RequestSpec.model_validate_json(spec))
-        return Claimed(attempts=int(reply[0]), statuses=statuses, specs=specs)
+        return Claimed(token=token, attempts=int(reply[0]), statuses=statuses, specs=specs)
 
-    def progress(self, request_ids: list[str], step: int, total: int) -> list[bool]:
-        """Record step ``step`` of ``total`` for running requests; return each request's abort flag."""
-        flags = self._progress(keys=[self.keys.request(rid) for rid in request_ids], args=[step, total])
-        return [bool(int(flag)) for flag in flags]
+    def progress(self, request_ids: Sequence[str], step: int, total: int, token: str) -> list[RowSignal]:
+        """Record step ``step`` of ``total`` for the requests this claim runs; what each row should do next."""
+        flags = self._progress(keys=[self.keys.request(rid) for rid in request_ids], args=[step, total, token])
+        return [RowSignal(int(flag)) for flag in flags]
 
-    def succeed(self, request_id: str, pngs: list[bytes]) -> RequestStatus | None:
-        return self.succeed_many({request_id: pngs})[request_id]
-
-    def succeed_many(self, results: dict[str, list[bytes]]) -> dict[str, RequestStatus | None]:
-        """End several running requests with their images in one round trip; their statuses after it."""
+    def finish_many(
+        self, images: Mapping[str, Sequence[bytes]], errors: Mapping[str, ErrorInfo], token: str
+    ) -> dict[str, RequestStatus | None]:
+        """End running requests of this claim in one round trip: those in ``images`` succeeded with these PNGs,
+        those in ``errors`` failed; returns each one's status after the call (unchanged where not ours)."""
+        if not images and not errors:
+            return {}
         pipe = self._redis.pipeline(transaction=False)
-        for request_id, pngs in results.items():
-            self._finish(*self._finish_call(request_id, RequestStatus.SUCCEEDED, pngs=pngs), client=pipe)
-        return {rid: _status(reply) for rid, reply in zip(results, pipe.execute(), strict=True)}
-
-    def fail(self, request_id: str, error: ErrorInfo) -> RequestStatus | None:
-        return _status(self._finish(*self._finish_call(request_id, RequestStatus.FAILED, error=error)))
+        for request_id, pngs in images.items():
+            self._finish(*self._finish_call(request_id, token, RequestStatus.SUCCEEDED, pngs=pngs), client=pipe)
+        for request_id, error in errors.items():
+            self._finish(*self._finish_call(request_id, token, RequestStatus.FAILED, error=error), client=pipe)
+        ids = [*images, *errors]
+        return {rid: _status(reply) for rid, reply in zip(ids, pipe.execute(), strict=True)}
 
     def _finish_call(
         self,
         request_id: str,
+        token: str,
         outcome: RequestStatus,
         pngs: Sequence[bytes] = (),
         error: ErrorInfo | None = None,
     ) -> tuple[list[str], list[str | bytes | float | int]]:
-        """KEYS and ARGV of the FINISH script (see ``shared.keys``)."""
+        """KEYS and ARGV of ``finish.lua``."""
         keys = [self.keys.request(request_id), *(self.keys.image(request_id, i) for i in range(len(pngs)))]
         args: list[str | bytes | float | int] = [
             outcome.value,
@@ -119,14 +134,18 @@ class WorkerStore:
             error.message if error else "",
             self.keys.finished,
             request_id,
+            token,
             *pngs,
         ]
         return keys, args
 
-    def batch_done(self, batch_id: str, token: str) -> None:
-        self._batch_done(
-            keys=[self.keys.batch_lock(batch_id), self.keys.inflight, self.keys.events],
-            args=[token, batch_id, k.EVENTS_MAXLEN],
+    def batch_done(self, batch_id: str, token: str) -> bool:
+        """Release this run's hold on the batch; True when the batch left flight (nothing of it unfinished)."""
+        return bool(
+            self._batch_done(
+                keys=[self.keys.batch_lock(batch_id), self.keys.inflight, self.keys.events, self.keys.batch(batch_id)],
+                args=[token, batch_id, k.EVENTS_MAXLEN, self.keys.prefix, self._settings.result_ttl_s],
+            )
         )
 
     def renew_lock(self, batch_id: str, token: str) -> bool:

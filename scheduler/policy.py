@@ -8,7 +8,9 @@ Contract (vLLM-Omni request-level batching, strict FIFO head-of-line):
   (of a ``Dispatch`` or a ``Wait``) for the caller to discard, and they neither start nor block a batch.
 * The candidate batch is the oldest live request (the head) plus the live requests after it with an equal
   compatibility key, stopping at the first live request whose key differs (it blocks later compatible ones,
-  so no request is ever overtaken by a younger incompatible one), and capped at ``max_num_seqs``.
+  so no request is ever overtaken by a younger incompatible one), and capped at ``max_num_seqs`` and at the
+  pixel budget: at most ``max_batch_cost // head.cost`` requests (at least one; compatible requests have equal
+  costs, so the budget is a per-key cap), so a batch is closed before it would exceed ``max_batch_cost``.
 * With no live request, or no free worker slot, the answer is ``Wait(until=None)``: call again on new input.
 * The candidate is dispatched at once when it is full, when it is closed (a live incompatible request follows
   it, so it can never grow) or when the admission wait is disabled (``max_wait_s == 0``).
@@ -35,6 +37,7 @@ class WaitingRequest:
     key: Hashable  # the compatibility key (shared.compat.CompatKey in production)
     arrived_at: float  # monotonic seconds when the scheduler first saw it
     aborted: bool = False
+    cost: int = 1  # what the request adds to a batch's memory (shared.compat.pixel_cost in production)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,7 @@ class PolicyConfig:
     max_wait_s: float
     stable_s: float
     grouped: bool = False  # True: skip incompatible requests instead of stopping at the first one
+    max_batch_cost: int | None = None  # the per-batch budget of summed request costs (None = unbounded)
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -60,7 +64,14 @@ class PolicyConfig:
             max_wait_s=settings.request_batch_max_wait_ms / 1000.0,
             stable_s=settings.wait_stable_ms / 1000.0,
             grouped=settings.batch_order == "grouped",
+            max_batch_cost=settings.max_batch_pixels,
         )
+
+    def cap(self, head: WaitingRequest) -> int:
+        """Most requests in a batch led by ``head``: ``max_num_seqs``, lowered to fit the budget (at least 1)."""
+        if self.max_batch_cost is None:
+            return self.max_num_seqs
+        return max(1, min(self.max_num_seqs, self.max_batch_cost // max(1, head.cost)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,10 +101,11 @@ def decide(waiting: Sequence[WaitingRequest], free_slots: int, now: float, confi
         return Wait(until=None, dropped_ids=dropped)
 
     head = live[0]
+    cap = config.cap(head)
     batch = [head]
     closed = False
     for request in live[1:]:
-        if len(batch) == config.max_num_seqs:
+        if len(batch) == cap:
             break
         if request.key != head.key:
             if config.grouped:
@@ -103,7 +115,7 @@ def decide(waiting: Sequence[WaitingRequest], free_slots: int, now: float, confi
         batch.append(request)
 
     ids = tuple(r.id for r in batch)
-    if len(batch) == config.max_num_seqs or closed or config.max_wait_s == 0:
+    if len(batch) == cap or closed or config.max_wait_s == 0:
         return Dispatch(request_ids=ids, dropped_ids=dropped)
 
     # grouped: only arrivals that could join this batch extend its quiet window

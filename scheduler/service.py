@@ -6,9 +6,16 @@ move the requests into a batch atomically (fenced by the lease), publish the Cel
 acknowledge their stream entries.
 
 Exactly one scheduler is active (a lease in Redis); others stand by and take over when it lapses. A new leader
-first replays the pending (read, unacknowledged) entries: queued requests wait again, requests that already
-moved into a batch have that batch published again (workers skip finished or held batches), so a crash at any
-point loses nothing and never runs a request in two batches.
+first replays the pending (read, unacknowledged) entries page by page: queued requests wait again, requests that
+already moved into a batch have that batch published again (workers skip finished or held batches), so a crash at
+any point loses nothing and never runs a request in two batches.
+
+The active scheduler also runs the reaper (``reap.lua``) about every second: a batch in flight that no run holds
+and that still has unfinished requests is published again, at once when its last run ended without finishing it,
+after ``batch_claim_timeout_s`` when its message was lost before any worker claimed it.
+
+A Redis outage never ends the process: the service backs off, stands by, and leads again (replaying from Redis,
+the only state that counts) once Redis answers.
 """
 
 from __future__ import annotations
@@ -27,14 +34,16 @@ from scheduler.lease import Lease
 from scheduler.policy import Dispatch, PolicyConfig, WaitingRequest, decide
 from scheduler.store import LeaseLost, SchedulerStore, StreamEntry
 from shared.celery_config import RUN_BATCH_TASK
-from shared.compat import CompatKey, compat_key
+from shared.compat import CompatKey, compat_key, pixel_cost
 from shared.contracts import BatchMessage, RequestStatus
+from shared.retry import Backoff, is_transient
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
 HEAD_WINDOW_MIN = 64  # the policy looks at most at this many (or 4 x max_num_seqs) requests from the head
-ORPHAN_SCAN_S = 1.0  # how often the active scheduler looks for batches whose worker died
+REAP_INTERVAL_S = 1.0  # how often the active scheduler's reaper looks at the batches in flight
+OUTAGE_BACKOFF_CAP_S = 5.0  # longest pause between attempts to reach Redis again
 CAPACITY_TTL_S = 0.25  # a known free-slot count is trusted this long unless a worker event says it changed
 
 
@@ -43,6 +52,7 @@ class _Waiting:
     entry_id: str
     key: CompatKey
     arrived_at: float
+    cost: int
 
 
 class SchedulerService:
@@ -70,59 +80,76 @@ class SchedulerService:
 
     # --- leadership ------------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
-        """Stand by until the lease is ours, lead until it is lost or ``stop`` is set; repeat."""
+        """Stand by until the lease is ours, lead until it is lost or ``stop`` is set; repeat. Never raises for a
+        Redis outage (or an unexpected error): it backs off and tries again."""
         retry_s = self._lease.ttl_ms / 3000
+        backoff = Backoff(cap_s=OUTAGE_BACKOFF_CAP_S)
         try:
             while not stop.is_set():
-                if self._lease.try_acquire():
-                    log.info("scheduler %s is active", self._lease.token[:8])
-                    self._lead(stop)
-                else:
-                    stop.wait(retry_s)
+                try:
+                    acquired = self._lease.try_acquire()
+                    backoff.reset()
+                    if acquired:
+                        log.info("scheduler %s is active", self._lease.token[:8])
+                        self._lead(stop)
+                    else:
+                        stop.wait(retry_s)
+                except Exception as exc:  # noqa: BLE001 - the process must outlive any outage or bug
+                    delay = backoff.next()
+                    if is_transient(exc):
+                        log.warning("Redis unavailable (%s: %s); standing by %.1f s", type(exc).__name__, exc, delay)
+                    else:
+                        log.exception("scheduler round failed; standing by %.1f s", delay)
+                    stop.wait(delay)
         finally:
-            self._lease.release()
+            try:
+                self._lease.release()
+            except Exception as exc:  # noqa: BLE001 - it lapses by itself
+                log.warning("could not release the lease: %s", exc)
 
     def _lead(self, stop: threading.Event) -> None:
         self._waiting.clear()
+        self._fresh.clear()
+        self._free = None
         self._store.ensure_groups()
-        self._recover()
-        renew_every_s = self._lease.ttl_ms / 3000
-        renewed_at = scanned_at = self._clock()
-        deadline: float | None = None
-        while not stop.is_set():
-            now = self._clock()
-            if now - scanned_at >= ORPHAN_SCAN_S:
-                self._republish_orphans()
-                scanned_at = now
-            if now - renewed_at >= renew_every_s:
-                if not self._lease.renew():
-                    log.warning("scheduler lease lost; standing by")
-                    return
-                renewed_at = now
-            block_s = renew_every_s - (now - renewed_at)
-            if deadline is not None:
-                block_s = min(block_s, deadline - now)
-            block_ms = max(1, min(self._settings.scheduler_block_ms, int(block_s * 1000) + 1))
-            self._fresh.clear()
-            read = self._store.read(pending=False, block_ms=block_ms)
-            if read.woken:
-                self._free = None  # a batch finished or a worker joined
-            self._admit(read.entries)
-            try:
+        try:
+            self._recover()
+            renew_every_s = self._lease.ttl_ms / 3000
+            renewed_at = reaped_at = self._clock()
+            deadline: float | None = None
+            while not stop.is_set():
+                now = self._clock()
+                if now - reaped_at >= REAP_INTERVAL_S:
+                    self._reap()
+                    reaped_at = now
+                if now - renewed_at >= renew_every_s:
+                    if not self._lease.renew():
+                        log.warning("scheduler lease lost; standing by")
+                        return
+                    renewed_at = now
+                block_s = renew_every_s - (now - renewed_at)
+                if deadline is not None:
+                    block_s = min(block_s, deadline - now)
+                block_ms = max(1, min(self._settings.scheduler_block_ms, int(block_s * 1000) + 1))
+                self._fresh.clear()
+                read = self._store.read_new(block_ms)
+                if read.woken:
+                    self._free = None  # a batch finished or a worker joined
+                self._admit(read.entries)
                 deadline = self._dispatch_ready()
-            except LeaseLost:
-                log.warning("scheduler lease taken over while dispatching; standing by")
-                return
+        except LeaseLost:
+            log.warning("scheduler lease taken over; standing by")
 
     # --- reading ---------------------------------------------------------------------------------------------
     def _recover(self) -> None:
-        """Replay entries a previous leader read but did not acknowledge."""
-        entries = self._store.read(pending=True, block_ms=None).entries
-        while entries:
+        """Replay, page by page, the entries a previous leader read but did not acknowledge."""
+        self._store.drop_pending_events()
+        after = "0"
+        while entries := self._store.read_pending(after):
             self._admit(entries, recovering=True)
-            if len(entries) < self._settings.scheduler_read_count:
-                break
-            entries = self._store.read(pending=True, block_ms=None).entries
+            after = entries[-1].entry_id
+            if not self._lease.renew():  # a long replay must not let the lease lapse under it
+                raise LeaseLost("lease lapsed during recovery")
         if self._waiting:
             log.info("recovered %d queued requests", len(self._waiting))
 
@@ -142,7 +169,8 @@ class SchedulerService:
             readable = self._recover_scheduled(readable, done)
         for entry in readable:
             assert entry.spec is not None
-            self._waiting[entry.request_id] = _Waiting(entry.entry_id, compat_key(entry.spec), now)
+            spec = entry.spec
+            self._waiting[entry.request_id] = _Waiting(entry.entry_id, compat_key(spec), now, pixel_cost(spec))
             self._fresh.add(entry.request_id)
         self._store.ack(done)
 
@@ -162,13 +190,20 @@ class SchedulerService:
             self._republish(batch_id, "recorded by the previous scheduler")
         return keep
 
-    def _republish_orphans(self) -> None:
-        """Publish again the batches whose worker died while running them (their lock lapsed)."""
-        for batch_id in self._store.orphaned_batches():
-            self._republish(batch_id, "its worker is gone")
+    def _reap(self) -> None:
+        """Publish again every batch in flight that no run holds and that still has unfinished requests."""
+        reaped = self._store.reap()
+        if reaped.removed:
+            self._free = None
+        for batch_id in reaped.republish:
+            self._publish_again(batch_id, "its last run ended without finishing it, or its message was lost")
 
     def _republish(self, batch_id: str, why: str) -> None:
-        """Publish a recorded batch again (workers run only what is not finished, one at a time)."""
+        """Publish a recorded batch again (workers run only what is not finished, one run at a time)."""
+        if self._store.stamp_published(batch_id):
+            self._publish_again(batch_id, why)
+
+    def _publish_again(self, batch_id: str, why: str) -> None:
         ids = self._store.batch_request_ids(batch_id)
         if ids:
             log.warning("publishing batch %s (%d requests) again: %s", batch_id, len(ids), why)
@@ -207,8 +242,8 @@ class SchedulerService:
                     aborted.add(rid)
             self._fresh.update(stale)  # known this round: the next batch of the round need not look again
         return [
-            WaitingRequest(rid, self._waiting[rid].key, self._waiting[rid].arrived_at, aborted=rid in aborted)
-            for rid in ids
+            WaitingRequest(rid, waiting.key, waiting.arrived_at, aborted=rid in aborted, cost=waiting.cost)
+            for rid, waiting in ((rid, self._waiting[rid]) for rid in ids)
         ]
 
     def _dispatch(self, decision: Dispatch) -> None:

@@ -13,6 +13,8 @@ from shared import keys as k
 from shared.contracts import RequestSpec, RequestStatus
 from shared.settings import Settings
 
+EVENTS_PAGE = 1000
+
 
 @dataclass(frozen=True, slots=True)
 class StreamEntry:
@@ -27,6 +29,14 @@ class StreamEntry:
 class ReadResult:
     entries: list[StreamEntry]
     woken: bool  # an event (a finished batch, a new worker) arrived: capacity may have changed
+
+
+@dataclass(frozen=True, slots=True)
+class Reaped:
+    """What one reaper pass found: batches to publish again, and how many finished batches it cleared."""
+
+    republish: list[str]
+    removed: int
 
 
 class LeaseLost(Exception):
@@ -50,7 +60,9 @@ class SchedulerStore:
         self._settings = settings
         self.keys = k.RedisKeys(settings.key_prefix)
         self._schedule = client.register_script(k.SCHEDULE)
-        self._orphans = client.register_script(k.ORPHANS)
+        self._reap = client.register_script(k.REAP)
+        self._stamp_published = client.register_script(k.STAMP_PUBLISHED)
+        self._fail = client.register_script(k.FAIL)
 
     def ensure_groups(self) -> None:
         for stream in (self.keys.requests, self.keys.events):
@@ -60,15 +72,14 @@ class SchedulerStore:
                 if "BUSYGROUP" not in str(exc):
                     raise
 
-    def read(self, *, pending: bool, block_ms: int | None) -> ReadResult:
-        """New entries (``pending=False``), or those read before but never acknowledged (``pending=True``)."""
-        start = "0" if pending else ">"
+    def read_new(self, block_ms: int) -> ReadResult:
+        """Entries never read before, waiting up to ``block_ms`` for one (or for a worker event)."""
         reply = self._redis.xreadgroup(
             k.SCHEDULER_GROUP,
             k.SCHEDULER_CONSUMER,
-            {self.keys.requests: start, self.keys.events: start},
+            {self.keys.requests: ">", self.keys.events: ">"},
             count=self._settings.scheduler_read_count,
-            block=None if pending else block_ms,
+            block=block_ms,
         )
         streams = _by_stream(reply)
         events = [entry_id for entry_id, _ in streams.get(self.keys.events, [])]
@@ -76,6 +87,31 @@ class SchedulerStore:
             self._redis.xack(self.keys.events, k.SCHEDULER_GROUP, *events)
         entries = [self._entry(entry_id, fields) for entry_id, fields in streams.get(self.keys.requests, [])]
         return ReadResult(entries=entries, woken=bool(events))
+
+    def read_pending(self, after: str = "0") -> list[StreamEntry]:
+        """One page (``scheduler_read_count``) of entries read before but never acknowledged, after id ``after``.
+
+        Queued entries stay pending until their request joins a batch, so a replay must page by the last id
+        seen: reading from ``0`` again would return the same first page forever.
+        """
+        reply = self._redis.xreadgroup(
+            k.SCHEDULER_GROUP,
+            k.SCHEDULER_CONSUMER,
+            {self.keys.requests: after},
+            count=self._settings.scheduler_read_count,
+        )
+        return [self._entry(entry_id, fields) for entry_id, fields in _by_stream(reply).get(self.keys.requests, [])]
+
+    def drop_pending_events(self) -> None:
+        """Acknowledge the wake-up events a previous leader read (they matter to no one now)."""
+        while True:
+            reply = self._redis.xreadgroup(
+                k.SCHEDULER_GROUP, k.SCHEDULER_CONSUMER, {self.keys.events: "0"}, count=EVENTS_PAGE
+            )
+            ids = [entry_id for entry_id, _ in _by_stream(reply).get(self.keys.events, [])]
+            if not ids:
+                return
+            self._redis.xack(self.keys.events, k.SCHEDULER_GROUP, *ids)
 
     @staticmethod
     def _entry(entry_id: str, fields: dict[str, str] | None) -> StreamEntry:
@@ -106,33 +142,41 @@ class SchedulerStore:
             pipe.execute()
 
     def free_slots(self) -> int:
-        """Live worker slots minus batches in flight (stale heartbeats and batches are swept first)."""
+        """Live worker slots (stale heartbeats swept first) minus batches in flight.
+
+        A batch leaves flight only when none of its requests is unfinished (``batch_done.lua``, ``reap.lua``),
+        so a batch waiting to be published again still holds the slot it will take.
+        """
         now_ms = int(time.time() * 1000)
-        s = self._settings
-        stale_batch_ms = (s.visibility_timeout_s + s.batch_time_limit_s) * 1000
         pipe = self._redis.pipeline(transaction=False)
-        pipe.zremrangebyscore(self.keys.workers, "-inf", now_ms - int(s.worker_ttl_s * 1000))
-        pipe.zremrangebyscore(self.keys.inflight, "-inf", now_ms - stale_batch_ms)
+        pipe.zremrangebyscore(self.keys.workers, "-inf", now_ms - int(self._settings.worker_ttl_s * 1000))
         pipe.zcard(self.keys.workers)
         pipe.zcard(self.keys.inflight)
-        _, _, workers, inflight = pipe.execute()
+        _, workers, inflight = pipe.execute()
         return int(workers) - int(inflight)
 
     def schedule(self, lease_key: str, token: str, batch_id: str, request_ids: Sequence[str]) -> list[str]:
         """Atomically move the still-queued, non-aborted requests into batch ``batch_id``; returns those moved."""
-        now = time.time()
         reply = self._schedule(
             keys=[lease_key, self.keys.batch(batch_id), self.keys.inflight]
             + [self.keys.request(rid) for rid in request_ids],
-            args=[token, batch_id, now, int(now * 1000), *request_ids],
+            args=[token, batch_id, time.time(), *request_ids],
         )
         if reply == -1:
             raise LeaseLost(batch_id)
         return cast(list[str], list(reply))
 
-    def orphaned_batches(self) -> list[str]:
-        """Batches whose worker died mid-run (lock lapsed while in flight); each attempt is reported once."""
-        return [str(batch_id) for batch_id in self._orphans(keys=[self.keys.inflight], args=[self.keys.prefix])]
+    def reap(self) -> Reaped:
+        """One pass of the reaper over the batches in flight (see ``reap.lua``)."""
+        republish, removed = self._reap(
+            keys=[self.keys.inflight, self._settings.queue_name],
+            args=[self.keys.prefix, int(self._settings.batch_claim_timeout_s * 1000), self._settings.result_ttl_s],
+        )
+        return Reaped(republish=[str(batch_id) for batch_id in republish], removed=int(removed))
+
+    def stamp_published(self, batch_id: str) -> bool:
+        """Record that ``batch_id`` is published again now; False when the batch is gone."""
+        return bool(self._stamp_published(keys=[self.keys.batch(batch_id)]))
 
     def batch_request_ids(self, batch_id: str) -> list[str]:
         ids = self._redis.hget(self.keys.batch(batch_id), "ids")
@@ -141,13 +185,5 @@ class SchedulerStore:
     def fail_unreadable(self, request_id: str, reason: str) -> None:
         """Fail a request whose stream entry cannot be read, so it does not stay queued forever."""
         if request_id:
-            now = time.time()
-            self._redis.hset(
-                self.keys.request(request_id),
-                mapping={
-                    "status": "failed",
-                    "error_type": "InvalidRequest",
-                    "error_message": reason,
-                    "finished_at": now,
-                },
-            )
+            args: list[str | float] = [time.time(), self._settings.result_ttl_s, self.keys.finished]
+            self._fail(keys=[self.keys.request(request_id)], args=[*args, "InvalidRequest", reason, request_id])

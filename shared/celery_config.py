@@ -30,7 +30,12 @@ def make_celery(settings: Settings) -> Celery:
         task_routes={RUN_BATCH_TASK: {"queue": settings.queue_name}},
         worker_prefetch_multiplier=1,
         worker_concurrency=1,
-        worker_cancel_long_running_tasks_on_connection_loss=True,
+        # A broker drop does not kill the running batch (that would cost a model reload): its results are
+        # fenced by the claim token, so a redelivered copy cannot double-write (docs/reliability.md).
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+        # The pool process loads the model before it reports up; Celery's 4 s default would kill it in a loop.
+        worker_proc_alive_timeout=settings.worker_start_timeout_s,
+        broker_connection_max_retries=None,  # ride out any Redis outage; never exit for want of a broker
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
         broker_transport_options=transport,

@@ -44,3 +44,12 @@ def compat_key(spec: RequestSpec) -> CompatKey:
         lora_scale=spec.lora.scale if spec.lora else None,
         has_negative_prompt=spec.negative_prompt is not None,
     )
+
+
+def pixel_cost(spec: RequestSpec) -> int:
+    """What a request adds to a fused forward's memory: output pixels, ``n x width x height (x frames)``.
+
+    The per-batch budget ``max_batch_pixels`` is a bound on the sum of these (the scheduler closes a batch
+    before it exceeds it; the api refuses a request that alone exceeds it).
+    """
+    return spec.n * spec.width * spec.height * (spec.num_frames or 1)

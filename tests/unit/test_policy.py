@@ -146,12 +146,43 @@ def test_only_aborted_waits_for_input_and_drops_all() -> None:
 
 
 def test_from_settings() -> None:
+    budget = Settings().max_batch_pixels
     cfg = PolicyConfig.from_settings(Settings(max_num_seqs=8, request_batch_max_wait_ms=500.0))
-    assert cfg == PolicyConfig(max_num_seqs=8, max_wait_s=0.5, stable_s=0.05)
+    assert cfg == PolicyConfig(max_num_seqs=8, max_wait_s=0.5, stable_s=0.05, max_batch_cost=budget)
     short = PolicyConfig.from_settings(Settings(max_num_seqs=2, request_batch_max_wait_ms=125.0))
-    assert short == PolicyConfig(max_num_seqs=2, max_wait_s=0.125, stable_s=0.025)
-    off = PolicyConfig.from_settings(Settings())
-    assert off == PolicyConfig(max_num_seqs=1, max_wait_s=0.0, stable_s=0.0)
+    assert short == PolicyConfig(max_num_seqs=2, max_wait_s=0.125, stable_s=0.025, max_batch_cost=budget)
+    off = PolicyConfig.from_settings(Settings(max_batch_pixels=4096))
+    assert off == PolicyConfig(max_num_seqs=1, max_wait_s=0.0, stable_s=0.0, max_batch_cost=4096)
+
+
+# --- pixel budget -------------------------------------------------------------------------------------------
+
+BUDGET = PolicyConfig(max_num_seqs=4, max_wait_s=0.5, stable_s=0.125, max_batch_cost=100)
+
+
+def costly(id: str, cost: int, at: float = 0.0) -> WaitingRequest:
+    return WaitingRequest(id=id, key=("size", cost), arrived_at=at, cost=cost)
+
+
+def test_budget_closes_the_batch_before_it_would_exceed() -> None:
+    waiting = [costly(f"r{i}", 40) for i in range(4)]
+    # 3 x 40 > 100: the batch is full at two, so it goes at once (no admission wait)
+    assert decide(waiting, free_slots=1, now=0.0, config=BUDGET) == Dispatch(("r0", "r1"), ())
+
+
+def test_budget_exactly_met_is_full() -> None:
+    waiting = [costly(f"r{i}", 25) for i in range(6)]
+    assert decide(waiting, free_slots=1, now=0.0, config=BUDGET) == Dispatch(("r0", "r1", "r2", "r3"), ())
+
+
+def test_request_over_budget_alone_still_runs_alone() -> None:
+    waiting = [costly("big", 150), costly("big2", 150)]
+    assert decide(waiting, free_slots=1, now=0.0, config=BUDGET) == Dispatch(("big",), ())
+
+
+def test_budget_below_cap_still_waits_for_a_fuller_batch() -> None:
+    waiting = [costly("r0", 40, at=1.0)]
+    assert decide(waiting, free_slots=1, now=1.0, config=BUDGET) == Wait(until=1.125, dropped_ids=())
 
 
 @pytest.mark.parametrize(

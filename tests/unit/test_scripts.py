@@ -7,9 +7,9 @@ import time
 import fakeredis
 import pytest
 
-from gpu_worker.store import Claimed, Locked, WorkerStore
+from gpu_worker.store import Claimed, Locked, RowSignal, WorkerStore
 from scheduler.lease import Lease
-from scheduler.store import LeaseLost, SchedulerStore
+from scheduler.store import LeaseLost, Reaped, SchedulerStore
 from shared import keys as k
 from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus
 from shared.settings import Settings
@@ -100,15 +100,19 @@ def test_claim_locks_counts_attempts_and_runs_only_its_requests(
     assert claim.attempts == 1 and claim.running == ["a", "b", "c"]
     assert [spec.id for spec in claim.specs] == ["a", "b", "c"]
     assert isinstance(worker.claim(batch, "tok2", "w2"), Locked)
-    assert worker.succeed("a", [b"png0"]) is RequestStatus.SUCCEEDED
-    assert worker.fail("b", ErrorInfo(type="ValueError", message="bad")) is RequestStatus.FAILED
-    worker.batch_done("B1", "tok1")
-    assert client.zscore(worker.keys.inflight, "B1") is None
-    # a duplicate delivery after the batch ended re-runs only what is unfinished
+    finished = worker.finish_many({"a": [b"png0"]}, {"b": ErrorInfo(type="ValueError", message="bad")}, "tok1")
+    assert finished == {"a": RequestStatus.SUCCEEDED, "b": RequestStatus.FAILED}
+    assert not worker.batch_done("B1", "tok1")  # c is unfinished: the batch stays in flight for the reaper
+    assert client.zscore(worker.keys.inflight, "B1") is not None
+    # a later delivery re-runs only what is unfinished, under a new claim
     again = worker.claim(batch, "tok3", "w2")
-    assert isinstance(again, Claimed) and again.running == ["c"]
+    assert isinstance(again, Claimed) and again.running == ["c"] and again.attempts == 2
     assert [spec.id for spec in again.specs] == ["c"]
     assert status(client, worker.keys, "a") == "succeeded"
+    assert worker.finish_many({"c": [b"png"]}, {}, "tok3") == {"c": RequestStatus.SUCCEEDED}
+    assert worker.batch_done("B1", "tok3")
+    assert client.zscore(worker.keys.inflight, "B1") is None
+    assert 0 < client.ttl(worker.keys.batch("B1")) <= settings.result_ttl_s
 
 
 def test_poison_batch_fails_after_max_attempts(
@@ -132,12 +136,13 @@ def test_abort_flag_wins_over_success_and_status_never_moves_back(
     worker.claim(BatchMessage(batch_id="B1", request_ids=("a", "b"), created_at=0.0), "tok", "w")
     abort = client.register_script(k.ABORT)
     assert abort(keys=[worker.keys.request("a")], args=[time.time(), 60, "ch", "a"]) == "running"
-    assert worker.progress(["a", "b"], 1, 4) == [True, False]
+    assert worker.progress(["a", "b"], 1, 4, "tok") == [RowSignal.ABORTED, RowSignal.GO_ON]
     assert client.hget(worker.keys.request("b"), "step") == "1"
-    assert worker.succeed("a", [b"png"]) is RequestStatus.ABORTED
+    assert worker.finish_many({"a": [b"png"]}, {}, "tok") == {"a": RequestStatus.ABORTED}
     assert not client.exists(worker.keys.image("a", 0))
-    assert worker.succeed("b", [b"png"]) is RequestStatus.SUCCEEDED
-    assert worker.fail("b", ErrorInfo(type="X", message="late")) is RequestStatus.SUCCEEDED
+    assert worker.finish_many({"b": [b"png"]}, {}, "tok") == {"b": RequestStatus.SUCCEEDED}
+    late = worker.finish_many({}, {"b": ErrorInfo(type="X", message="late")}, "tok")
+    assert late == {"b": RequestStatus.SUCCEEDED}
     assert abort(keys=[worker.keys.request("b")], args=[time.time(), 60, "ch", "b"]) == "succeeded"
     assert abort(keys=[worker.keys.request("missing")], args=[time.time(), 60, "ch", "missing"]) is None
     assert client.ttl(worker.keys.image("b", 0)) > 0
@@ -152,18 +157,19 @@ def test_lease_is_exclusive_and_released_only_by_its_owner(client: fakeredis.Fak
     assert second.try_acquire()
 
 
-def test_a_claimed_batch_whose_lock_lapsed_is_reported_once_per_attempt(
+def test_a_claimed_batch_whose_lock_lapsed_is_republished_once_per_claim(
     client: fakeredis.FakeRedis, settings: Settings, scheduled: tuple[SchedulerStore, Lease, list[str]]
 ) -> None:
     store = scheduled[0]
     worker = WorkerStore(client, settings)
     batch = BatchMessage(batch_id="B1", request_ids=("a", "b", "c"), created_at=0.0)
-    assert store.orphaned_batches() == []  # published, not claimed yet: waiting for a worker
+    assert store.reap().republish == []  # published a moment ago, not claimed yet: waiting for a worker
     worker.claim(batch, "tok", "w1")
-    assert store.orphaned_batches() == []  # running under a live lock
+    assert store.reap().republish == []  # running under a live lock
     client.delete(worker.keys.batch_lock("B1"))  # the worker died; its lock lapsed
-    assert store.orphaned_batches() == ["B1"]
-    assert store.orphaned_batches() == []  # already republished for this attempt
+    assert store.reap().republish == ["B1"]
+    assert store.reap().republish == []  # already republished since that claim
     worker.claim(batch, "tok2", "w2")
+    worker.finish_many({"a": [b"p"], "b": [b"p"], "c": [b"p"]}, {}, "tok2")
     worker.batch_done("B1", "tok2")
-    assert store.orphaned_batches() == []  # finished batches are not in flight
+    assert store.reap() == Reaped(republish=[], removed=0)  # finished batches are not in flight

@@ -1,0 +1,14 @@
+-- Abort a request. Not yet running: aborted at once. Running: flagged, the worker ends it.
+-- KEYS[1] request hash. ARGV[1] now (s), ARGV[2] ttl (s), ARGV[3] finished channel, ARGV[4] request id.
+-- Returns the status after the call, or false if unknown.
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return false end
+if status == 'succeeded' or status == 'failed' or status == 'aborted' then return status end
+redis.call('HSET', KEYS[1], 'abort', 1)
+if status == 'queued' or status == 'scheduled' then
+  redis.call('HSET', KEYS[1], 'status', 'aborted', 'finished_at', ARGV[1])
+  redis.call('EXPIRE', KEYS[1], ARGV[2])
+  redis.call('PUBLISH', ARGV[3], ARGV[4])
+  return 'aborted'
+end
+return status

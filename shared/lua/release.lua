@@ -1,0 +1,3 @@
+-- Delete a token-guarded key if it is still ours. KEYS[1] key. ARGV[1] token.
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0

@@ -1,0 +1,26 @@
+-- Move queued requests into one batch (the only way into a batch), fenced by the scheduler lease.
+-- The batch enters the in-flight set in the same step: from here until every request of it is terminal, the
+-- reaper (reap.lua) watches it.
+-- KEYS[1] lease, KEYS[2] batch hash, KEYS[3] inflight zset, KEYS[4..] request hashes.
+-- ARGV[1] lease token, ARGV[2] batch id, ARGV[3] now (s), then the request ids (KEYS order).
+-- Returns the ids that joined (queued and not aborted), or -1 when the lease is not ours.
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+local joined = {}
+local joined_keys = {}
+for i = 4, #KEYS do
+  local st = redis.call('HMGET', KEYS[i], 'status', 'abort')
+  if st[1] == 'queued' and not st[2] then
+    table.insert(joined, ARGV[i])
+    table.insert(joined_keys, KEYS[i])
+  end
+end
+if #joined == 0 then return joined end
+for _, k in ipairs(joined_keys) do
+  redis.call('HSET', k, 'status', 'scheduled', 'batch_id', ARGV[2], 'batch_size', #joined, 'scheduled_at', ARGV[3])
+end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[2], 'ids', table.concat(joined, ' '), 'created_at', ARGV[3], 'attempts', 0,
+           'published_ms', now_ms)
+redis.call('ZADD', KEYS[3], now_ms, ARGV[2])
+return joined

@@ -1,0 +1,259 @@
+"""The batch executor on fakeredis: every way a run can go wrong still ends each request, and says why.
+
+The runners here are small stand-ins for a pipeline (the executor is what is under test); Redis is fakeredis
+with the real Lua scripts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import fakeredis
+import pytest
+import redis
+from celery.exceptions import SoftTimeLimitExceeded
+from PIL import Image
+
+from gpu_worker.executor import BatchExecutor, BatchOutcome
+from gpu_worker.runner import StepCallback
+from gpu_worker.store import WorkerStore
+from scheduler.lease import Lease
+from scheduler.store import SchedulerStore
+from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus
+from shared.settings import Settings
+from tests.unit.test_scripts import submit
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return Settings(key_prefix="t", max_batch_attempts=3, batch_lock_ttl_s=5, result_ttl_s=60)
+
+
+@pytest.fixture
+def client() -> fakeredis.FakeRedis:
+    return fakeredis.FakeRedis(decode_responses=True)
+
+
+def image() -> Image.Image:
+    return Image.new("RGB", (8, 8), (10, 20, 30))
+
+
+class ScriptedRunner:
+    """Returns one image per request, except for prompts that ask otherwise; records each forward's size."""
+
+    fused = True
+
+    def __init__(self, oom_above: int | None = None) -> None:
+        self.forwards: list[int] = []
+        self.released = 0
+        self.oom_above = oom_above
+
+    def release_memory(self) -> None:
+        self.released += 1
+
+    def run(self, specs: Sequence[RequestSpec], on_step: StepCallback) -> list[list[object]]:
+        self.forwards.append(len(specs))
+        if self.oom_above is not None and len(specs) > self.oom_above:
+            raise MemoryError(f"out of memory with {len(specs)} rows")
+        for spec in specs:
+            if "raise" in spec.prompt:
+                raise ValueError(f"{spec.id} cannot be drawn")
+            if "timeout" in spec.prompt:
+                raise SoftTimeLimitExceeded()
+        if any("short" in spec.prompt for spec in specs):
+            return [[image()] for _ in specs[1:]]  # one list too few: nothing maps back
+        outputs: list[list[object]] = []
+        for spec in specs:
+            if "garbage" in spec.prompt:
+                outputs.append(["not an image"])
+            elif "cmyk" in spec.prompt:
+                outputs.append([Image.new("CMYK", (8, 8))])  # PNG cannot hold CMYK: encoding raises
+            elif "none" in spec.prompt:
+                outputs.append([])
+            else:
+                outputs.append([image()])
+        return outputs
+
+
+def scheduled_batch(client: fakeredis.FakeRedis, settings: Settings, prompts: list[str]) -> BatchMessage:
+    """Submit one request per prompt (ids = prompts) and move them into batch B1, as the scheduler would."""
+    keys = SchedulerStore(client, settings).keys
+    submit(client, keys, *prompts)
+    for rid in prompts:  # submit() uses the id as the prompt
+        assert client.hget(keys.request(rid), "status") == "queued"
+    store = SchedulerStore(client, settings)
+    lease = Lease(client, keys.scheduler_lease, 5000)
+    assert lease.try_acquire()
+    assert store.schedule(lease.key, lease.token, "B1", prompts) == prompts
+    return BatchMessage(batch_id="B1", request_ids=tuple(prompts), created_at=time.time())
+
+
+def run(client: fakeredis.FakeRedis, settings: Settings, prompts: list[str], runner: ScriptedRunner) -> BatchOutcome:
+    batch = scheduled_batch(client, settings, prompts)
+    outcome = BatchExecutor(WorkerStore(client, settings), runner, "w1", None).execute(batch)
+    assert isinstance(outcome, BatchOutcome)
+    return outcome
+
+
+def error(client: fakeredis.FakeRedis, settings: Settings, rid: str) -> tuple[str, str]:
+    raw = client.hmget(SchedulerStore(client, settings).keys.request(rid), ["error_type", "error_message"])
+    return str(raw[0]), str(raw[1])
+
+
+def in_flight(client: fakeredis.FakeRedis, settings: Settings) -> list[str]:
+    return list(client.zrange(SchedulerStore(client, settings).keys.inflight, 0, -1))
+
+
+def test_a_failing_request_fails_alone(client: fakeredis.FakeRedis, settings: Settings) -> None:
+    runner = ScriptedRunner()
+    outcome = run(client, settings, ["ok1", "raise", "ok2"], runner)
+    assert outcome.statuses == {"ok1": "succeeded", "raise": "failed", "ok2": "succeeded"}
+    assert error(client, settings, "raise") == ("ValueError", "raise cannot be drawn")
+    assert runner.forwards == [3, 1, 1, 1]  # fused, then one by one
+    assert in_flight(client, settings) == []
+
+
+def test_output_that_maps_to_no_request_is_rerun_one_by_one(client: fakeredis.FakeRedis, settings: Settings) -> None:
+    # today's main: zip(strict=True) raised outside every handler and left all three `running` forever
+    outcome = run(client, settings, ["short", "ok1", "ok2"], ScriptedRunner())
+    assert outcome.statuses == {"short": "failed", "ok1": "succeeded", "ok2": "succeeded"}
+    assert error(client, settings, "short") == ("RunnerOutputError", "runner returned 0 results for 1 requests")
+    assert in_flight(client, settings) == []
+
+
+def test_unusable_images_fail_their_request_only(client: fakeredis.FakeRedis, settings: Settings) -> None:
+    outcome = run(client, settings, ["garbage", "cmyk", "none", "ok"], ScriptedRunner())
+    assert outcome.statuses == {"garbage": "failed", "cmyk": "failed", "none": "failed", "ok": "succeeded"}
+    assert error(client, settings, "garbage") == ("RunnerError", "runner returned str instead of an image")
+    assert error(client, settings, "none") == ("RunnerError", "runner returned 0 images, expected 1")
+    kind, message = error(client, settings, "cmyk")
+    assert kind == "RunnerError" and message.startswith("encoding the image failed: OSError")
+
+
+def test_time_limit_fails_what_is_unfinished(client: fakeredis.FakeRedis, settings: Settings) -> None:
+    outcome = run(client, settings, ["timeout", "ok"], ScriptedRunner())
+    assert outcome.statuses == {"timeout": "failed", "ok": "failed"}
+    assert error(client, settings, "ok")[0] == "SoftTimeLimitExceeded"
+    assert in_flight(client, settings) == []
+
+
+def test_out_of_memory_halves_the_batch_then_fails_only_what_never_fits(
+    client: fakeredis.FakeRedis, settings: Settings
+) -> None:
+    runner = ScriptedRunner(oom_above=2)
+    outcome = run(client, settings, [f"r{i}" for i in range(5)], runner)
+    assert set(outcome.statuses.values()) == {RequestStatus.SUCCEEDED}
+    assert runner.forwards == [5, 3, 2, 1, 2]  # 5 -> 3 + 2 -> (2 + 1) + 2
+    assert runner.released == 2
+
+    client.flushall()
+    alone = ScriptedRunner(oom_above=0)
+    outcome = run(client, settings, ["huge", "huge2"], alone)
+    assert outcome.statuses == {"huge": "failed", "huge2": "failed"}
+    kind, message = error(client, settings, "huge")
+    assert kind == "OutOfMemory" and "does not fit in memory alone" in message
+
+
+class RedisDown(WorkerStore):
+    """The store of a worker that lost Redis right after claiming: every write that ends a request fails."""
+
+    def finish_many(self, *args: object, **kwargs: object) -> dict[str, RequestStatus | None]:
+        raise redis.ConnectionError("Connection refused")
+
+
+def test_results_that_cannot_be_stored_leave_the_batch_to_the_reaper(
+    client: fakeredis.FakeRedis, settings: Settings
+) -> None:
+    batch = scheduled_batch(client, settings, ["a", "b"])
+    broken = BatchExecutor(RedisDown(client, settings), ScriptedRunner(), "w1", None, outage_retry_s=0.3)
+    started = time.monotonic()
+    with pytest.raises(redis.ConnectionError):
+        broken.execute(batch)
+    assert time.monotonic() - started < 5  # retried for outage_retry_s, then given up
+    keys = SchedulerStore(client, settings).keys
+    assert in_flight(client, settings) == ["B1"]  # still in flight: nothing was lost
+    assert client.hget(keys.request("a"), "status") == "running"
+    client.delete(keys.batch_lock("B1"))  # its lock lapses (the heartbeat no longer holds it)
+    assert SchedulerStore(client, settings).reap().republish == ["B1"]
+    healthy = BatchExecutor(WorkerStore(client, settings), ScriptedRunner(), "w2", None)
+    outcome = healthy.execute(batch)
+    assert isinstance(outcome, BatchOutcome) and set(outcome.statuses.values()) == {RequestStatus.SUCCEEDED}
+    assert client.hget(keys.batch("B1"), "attempts") == "2"
+    assert in_flight(client, settings) == []
+
+
+def test_a_stale_run_cannot_finish_what_a_later_claim_runs(client: fakeredis.FakeRedis, settings: Settings) -> None:
+    """Two live workers, one batch: the first one's lock lapsed (a stall) and a second claimed it."""
+    batch = scheduled_batch(client, settings, ["a", "b"])
+    store = WorkerStore(client, settings)
+    first = store.claim(batch, "tok1", "w1")
+    client.delete(store.keys.batch_lock("B1"))  # the stall outlived the lock
+    assert SchedulerStore(client, settings).reap().republish == ["B1"]
+    second = store.claim(batch, "tok2", "w2")
+    assert not isinstance(first, type(None)) and not isinstance(second, type(None))
+    # the stale run learns it lost the rows, and its late writes change nothing
+    assert [int(s) for s in store.progress(["a", "b"], 3, 4, "tok1")] == [2, 2]
+    late = store.finish_many({"a": [b"stale"]}, {"b": ErrorInfo(type="X", message="stale")}, "tok1")
+    assert late == {"a": RequestStatus.RUNNING, "b": RequestStatus.RUNNING}
+    assert not client.exists(store.keys.image("a", 0))
+    assert not store.batch_done("B1", "tok1")  # the other run holds it: it stays in flight
+    assert in_flight(client, settings) == ["B1"]
+    assert store.finish_many({"a": [b"fresh"], "b": [b"fresh"]}, {}, "tok2") == {
+        "a": RequestStatus.SUCCEEDED,
+        "b": RequestStatus.SUCCEEDED,
+    }
+    assert store.batch_done("B1", "tok2")
+    assert client.get(store.keys.image("a", 0)) == "fresh"
+
+
+def test_deliveries_that_run_nothing_count_no_attempt(client: fakeredis.FakeRedis, settings: Settings) -> None:
+    batch = scheduled_batch(client, settings, ["a"])
+    store = WorkerStore(client, settings)
+    executor = BatchExecutor(store, ScriptedRunner(), "w1", None)
+    assert isinstance(executor.execute(batch), BatchOutcome)
+    for _ in range(settings.max_batch_attempts + 2):  # duplicates: Celery redelivery, republish after takeover
+        outcome = executor.execute(batch)
+        assert isinstance(outcome, BatchOutcome) and outcome.statuses == {"a": RequestStatus.SUCCEEDED}
+    assert client.hget(store.keys.batch("B1"), "attempts") == "1"
+
+
+def test_a_lost_message_is_published_again_after_the_claim_timeout(client: fakeredis.FakeRedis) -> None:
+    settings = Settings(key_prefix="t", batch_claim_timeout_s=0.2, queue_name="q")
+    scheduled_batch(client, settings, ["a"])
+    reaper = SchedulerStore(client, settings)
+    assert reaper.reap().republish == []  # just published
+    client.lpush("q", '{"headers": {"id": "B1", "task": "fusefleet.run_batch"}}')  # its message waits in the queue
+    time.sleep(0.3)
+    assert reaper.reap().republish == []  # overdue, but its message is still queued: a worker will take it
+    client.delete("q")  # the message is lost
+    assert reaper.reap().republish == ["B1"]
+    assert reaper.reap().republish == []  # stamped: not again before another timeout
+    time.sleep(0.3)
+    assert reaper.reap().republish == ["B1"]
+
+
+def test_finished_batches_leave_flight_and_expire(client: fakeredis.FakeRedis, settings: Settings) -> None:
+    run(client, settings, ["a"], ScriptedRunner())
+    keys = SchedulerStore(client, settings).keys
+    assert in_flight(client, settings) == []
+    assert 0 < client.ttl(keys.batch("B1")) <= settings.result_ttl_s
+    assert 0 < client.ttl(keys.request("a")) <= settings.result_ttl_s
+    assert not client.exists(keys.batch_lock("B1"))
+
+
+def test_an_unreadable_entry_fails_with_a_ttl_and_wakes_waiters(
+    client: fakeredis.FakeRedis, settings: Settings
+) -> None:
+    store = SchedulerStore(client, settings)
+    submit(client, store.keys, "a", "b")
+    pubsub = client.pubsub()
+    pubsub.subscribe(store.keys.finished)
+    store.fail_unreadable("a", "the queued request could not be read")
+    assert client.hget(store.keys.request("a"), "status") == "failed"
+    assert 0 < client.ttl(store.keys.request("a")) <= settings.result_ttl_s
+    messages = [m for m in iter(lambda: pubsub.get_message(timeout=0.1), None) if m["type"] == "message"]
+    assert [m["data"] for m in messages] == ["a"]
+    client.hset(store.keys.request("b"), "status", "succeeded")
+    store.fail_unreadable("b", "late")  # never moves a finished request back
+    assert client.hget(store.keys.request("b"), "status") == "succeeded"
