@@ -8,6 +8,7 @@ solo run.
 
 from __future__ import annotations
 
+import gc
 import inspect
 import warnings
 from collections.abc import Sequence
@@ -108,6 +109,12 @@ class DiffusersRunner:
         if self.settings.fused is not None:
             return self.settings.fused
         return type(self.pipe).__name__ in FUSED_PIPELINE_CLASSES
+
+    def release_memory(self) -> None:
+        """Give cached accelerator memory back after an out-of-memory forward, before a smaller retry."""
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _accepts(self, name: str) -> bool:
         return name in self._call_params

@@ -21,7 +21,7 @@ def test_batch_recorded_but_never_published_is_republished(fleet: Fleet) -> None
         settings = Settings(redis_url=fleet.env["FUSEFLEET_REDIS_URL"], key_prefix=fleet.env["FUSEFLEET_KEY_PREFIX"])
         store = SchedulerStore(sync_client(settings), settings)
         store.ensure_groups()
-        read = store.read(pending=False, block_ms=100).entries
+        read = store.read_new(block_ms=100).entries
         assert [e.request_id for e in read][-3:] == ids
         lease = Lease(sync_client(settings), store.keys.scheduler_lease, 60_000)
         assert lease.try_acquire()

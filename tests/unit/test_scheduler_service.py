@@ -1,0 +1,115 @@
+"""The scheduler's loop on fakeredis (and on a Redis that is not there): takeover with a backlog, outages.
+
+Celery's publish is the one stand-in: ``PublishedBatches`` records ``send_task`` calls instead of writing to a
+broker (what is under test is the loop around the policy, not Celery).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+
+from scheduler.lease import Lease
+from scheduler.service import SchedulerService
+from scheduler.store import SchedulerStore
+from shared.settings import Settings
+from tests.support.redis_server import free_port
+from tests.unit.test_scripts import submit
+
+
+class PublishedBatches:
+    """Records what the scheduler publishes (``Celery.send_task``'s signature, as the service calls it)."""
+
+    def __init__(self) -> None:
+        self.batches: list[dict[str, Any]] = []
+
+    def send_task(self, name: str, args: list[dict[str, Any]], task_id: str, queue: str) -> None:
+        self.batches.append(args[0])
+
+    def request_ids(self) -> list[str]:
+        return [rid for batch in list(self.batches) for rid in batch["request_ids"]]
+
+
+@contextmanager
+def running(service: SchedulerService) -> Iterator[threading.Thread]:
+    stop = threading.Event()
+    thread = threading.Thread(target=service.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+def wait_until(predicate: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def scheduler(client: redis.Redis, settings: Settings, celery: PublishedBatches) -> SchedulerService:
+    store = SchedulerStore(client, settings)
+    lease = Lease(client, store.keys.scheduler_lease, settings.scheduler_lease_ms)
+    return SchedulerService(settings, store, lease, celery)  # type: ignore[arg-type]
+
+
+def test_a_new_leader_replays_a_backlog_larger_than_one_read(tmp_path: Any) -> None:
+    """Today's main re-read the first page of the pending list forever (every queued entry stays pending)."""
+    settings = Settings(key_prefix="t", scheduler_read_count=10, max_num_seqs=4, scheduler_lease_ms=600)
+    client = fakeredis.FakeRedis(decode_responses=True)
+    store = SchedulerStore(client, settings)
+    store.ensure_groups()
+    ids = [f"r{i:02d}" for i in range(25)]
+    submit(client, store.keys, *ids)
+    while store.read_new(block_ms=1).entries:  # a previous leader read them all, then died (no worker was free)
+        pass
+    assert len(store.read_pending()) == 10  # one page: the replay must go on past it
+    celery = PublishedBatches()
+    with running(scheduler(client, settings, celery)):
+        client.zadd(store.keys.workers, {"w": time.time() * 1000})
+        for _ in range(7):  # a worker slot frees up once per batch
+            assert wait_until(lambda: client.zcard(store.keys.inflight) == 1, 5), celery.batches
+            batch_id = client.zrange(store.keys.inflight, 0, -1)[0]
+            for rid in client.hget(store.keys.batch(batch_id), "ids").split():
+                client.hset(store.keys.request(rid), "status", "succeeded")
+            client.zrem(store.keys.inflight, batch_id)
+            client.zadd(store.keys.workers, {"w": time.time() * 1000})
+            client.xadd(store.keys.events, {"type": "batch_done"})
+            if len(celery.request_ids()) == len(ids):
+                break
+    assert celery.request_ids() == ids  # every one of them, in order, once
+    assert client.xlen(store.keys.requests) == 0
+
+
+def test_the_scheduler_outlives_a_redis_that_is_not_there() -> None:
+    """Today's main let the first ConnectionError end the process (and `fusefleet up` with it)."""
+    settings = Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", key_prefix="t", scheduler_lease_ms=300)
+    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=0.2, socket_timeout=1)
+    with running(scheduler(client, settings, PublishedBatches())) as thread:
+        time.sleep(1.5)
+        assert thread.is_alive()
+    assert not thread.is_alive()  # and it still stops when asked
+
+
+@pytest.mark.parametrize("pending", [0, 3])
+def test_takeover_acknowledges_the_previous_leaders_wake_ups(pending: int) -> None:
+    settings = Settings(key_prefix="t", scheduler_lease_ms=600)
+    client = fakeredis.FakeRedis(decode_responses=True)
+    store = SchedulerStore(client, settings)
+    store.ensure_groups()
+    for _ in range(pending):
+        client.xadd(store.keys.events, {"type": "worker_up"})
+    client.xreadgroup("scheduler", "active", {store.keys.events: ">"})  # read, never acknowledged
+    with running(scheduler(client, settings, PublishedBatches())):
+        assert wait_until(lambda: client.xpending(store.keys.events, "scheduler")["pending"] == 0, 5)
