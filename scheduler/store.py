@@ -83,8 +83,7 @@ class SchedulerStore:
         )
         streams = _by_stream(reply)
         events = [entry_id for entry_id, _ in streams.get(self.keys.events, [])]
-        if events:
-            self._redis.xack(self.keys.events, k.SCHEDULER_GROUP, *events)
+        self._discard_events(events)
         entries = [self._entry(entry_id, fields) for entry_id, fields in streams.get(self.keys.requests, [])]
         return ReadResult(entries=entries, woken=bool(events))
 
@@ -111,7 +110,15 @@ class SchedulerStore:
             ids = [entry_id for entry_id, _ in _by_stream(reply).get(self.keys.events, [])]
             if not ids:
                 return
-            self._redis.xack(self.keys.events, k.SCHEDULER_GROUP, *ids)
+            self._discard_events(ids)
+
+    def _discard_events(self, entry_ids: list[str]) -> None:
+        """Acknowledge and delete wake-up events once read (the stream stays empty between wake-ups)."""
+        if entry_ids:
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.xack(self.keys.events, k.SCHEDULER_GROUP, *entry_ids)
+            pipe.xdel(self.keys.events, *entry_ids)
+            pipe.execute()
 
     @staticmethod
     def _entry(entry_id: str, fields: dict[str, str] | None) -> StreamEntry:
