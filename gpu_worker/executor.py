@@ -31,7 +31,7 @@ from gpu_worker.images import to_png
 from gpu_worker.runner import BatchRunner, StepCallback
 from gpu_worker.store import Claimed, Locked, RowSignal, WorkerStore
 from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus
-from shared.retry import TRANSIENT_ERRORS, call_with_retry
+from shared.retry import TRANSIENT_ERRORS, call_with_retry, is_transient
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,8 @@ class BatchExecutor:
             try:
                 statuses.update(self._run_claimed(claim))
             except Exception as exc:  # noqa: BLE001 - whatever escaped, the requests must end and say why
+                if is_transient(exc):
+                    raise  # Redis stayed away: the requests did not fail, the batch runs again (reaper)
                 log.exception("batch %s: %s escaped; failing what this run has not finished", batch.batch_id, exc)
                 errors = {spec.id: error_info(exc) for spec in claim.specs}
                 statuses.update(self._redis(lambda: self._store.finish_many({}, errors, token), "failing requests"))
