@@ -5,7 +5,7 @@ PYTHON ?= python3
 # a local CPU wheel of torch, where the machine has one
 TORCH_WHEELS ?= /opt/wheels
 
-.PHONY: install check test unit integration run clean
+.PHONY: install check test unit integration chaos run clean
 
 install: $(VENV)/.installed
 
@@ -29,6 +29,10 @@ unit: install
 
 integration: install
 	$(BIN)/pytest tests/integration
+
+# faults on real processes (Redis killed or stopped, scheduler killed, lost messages, soak); also part of `test`
+chaos: install
+	$(BIN)/pytest -m chaos
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

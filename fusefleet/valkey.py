@@ -8,6 +8,7 @@ if its owner dies without stopping it.
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 import signal
 import socket
@@ -15,10 +16,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Literal
 
 import redis
 
 _PR_SET_PDEATHSIG = 1
+
+AppendFsync = Literal["always", "everysec", "no"]
 
 
 def free_port() -> int:
@@ -41,24 +45,55 @@ def server_binary() -> str:
         return found
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+_LIBC = ctypes.CDLL(None) if sys.platform.startswith("linux") else None  # loaded here, not in a forked child
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec: no imports, no dlopen
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class EmbeddedValkey:
-    """``start()`` / ``stop()``; ``url`` points at database 0. ``persistent`` turns on append-only files."""
+    """``start()`` / ``stop()``; ``url`` points at database 0. ``persistent`` turns on append-only files.
 
-    def __init__(self, data_dir: Path, *, port: int | None = None, persistent: bool = False) -> None:
+    ``appendfsync`` (persistent servers only) is Redis's fsync policy of the append-only file: ``everysec`` (the
+    default; a crash may lose the last second of writes) or ``always`` (every write is on disk before its reply).
+    The fault helpers (``kill``, ``pause``, ``resume``) let tests crash or stall the server; ``start()`` again
+    after ``kill()`` restarts it on the same port and data directory.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        port: int | None = None,
+        persistent: bool = False,
+        appendfsync: AppendFsync = "everysec",
+    ) -> None:
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.data_dir = data_dir
         self.persistent = persistent
+        self.appendfsync = appendfsync
         self._process: subprocess.Popen[bytes] | None = None
+        self._paused = False
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "server.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
 
     def start(self, timeout_s: float = 10.0) -> EmbeddedValkey:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        durability = ["--appendonly", "yes", "--appendfsync", "everysec"] if self.persistent else ["--appendonly", "no"]
+        durability = (
+            ["--appendonly", "yes", "--appendfsync", self.appendfsync] if self.persistent else ["--appendonly", "no"]
+        )
         argv = [
             server_binary(),
             "--port",
@@ -73,20 +108,21 @@ class EmbeddedValkey:
             "noeviction",
             *durability,
         ]
-        with open(self.data_dir / "server.log", "ab") as log:
+        with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent
             )
-        client = redis.Redis.from_url(self.url)
+        self._paused = False
+        client = redis.Redis.from_url(self.url, socket_timeout=2.0)
         deadline = time.monotonic() + timeout_s
         while True:
             try:
                 client.ping()
                 return self
-            except redis.ConnectionError:
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
                 if time.monotonic() > deadline or self._process.poll() is not None:
                     self.stop()
-                    raise RuntimeError(f"Valkey did not start; see {self.data_dir / 'server.log'}") from None
+                    raise RuntimeError(f"Valkey did not start; see {self.log_path}") from None
                 time.sleep(0.05)
             finally:
                 client.close()
@@ -96,6 +132,7 @@ class EmbeddedValkey:
         if self._process is None:
             return
         if self._process.poll() is None:
+            self.resume()  # a stopped process would not act on SIGTERM
             self._process.terminate()
             try:
                 self._process.wait(timeout=timeout_s)
@@ -103,3 +140,26 @@ class EmbeddedValkey:
                 self._process.kill()
                 self._process.wait()
         self._process = None
+
+    # --- faults (tests) ---------------------------------------------------------------------------------------
+    def kill(self) -> None:
+        """SIGKILL the server (a crash: no shutdown, no final flush) and reap it; ``start()`` brings it back."""
+        if self._process is None:
+            return
+        if self._process.poll() is None:
+            self._process.kill()
+            self._process.wait(timeout=10)
+        self._process = None
+        self._paused = False
+
+    def pause(self) -> None:
+        """SIGSTOP the server: connections stay open but nothing is answered until ``resume()``."""
+        if self._process is not None and self._process.poll() is None:
+            os.kill(self._process.pid, signal.SIGSTOP)
+            self._paused = True
+
+    def resume(self) -> None:
+        """SIGCONT a server stopped by ``pause()`` (no-op otherwise)."""
+        if self._paused and self._process is not None and self._process.poll() is None:
+            os.kill(self._process.pid, signal.SIGCONT)
+        self._paused = False

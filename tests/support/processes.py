@@ -1,7 +1,13 @@
-"""Running the real ``fusefleet`` services as child processes of a test, each with its own log file."""
+"""Running the real ``fusefleet`` services as child processes of a test, each with its own log file.
+
+Each service runs in a session of its own (signals reach its whole process group) and, on Linux, gets SIGTERM if
+the thread that started it dies, so a test run killed outright leaves no services behind. Start services from
+the main thread (or one that outlives them).
+"""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -11,6 +17,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+_PR_SET_PDEATHSIG = 1
+
+
+_LIBC = ctypes.CDLL(None) if sys.platform.startswith("linux") else None  # loaded here, not in a forked child
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec: no imports, no dlopen
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class Service:
@@ -39,6 +54,7 @@ class Service:
             stderr=subprocess.STDOUT,
             cwd=REPO_ROOT,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         return self
 

@@ -1,0 +1,195 @@
+"""A fleet of real ``fusefleet`` processes (api, scheduler, workers) under its own key prefix and queue.
+
+Shared by tests/integration (tiny demo model) and tests/chaos (placeholder runners, faults): ``Fleet`` holds the
+services plus helpers to talk to them; ``running_fleet`` starts one and always stops every process it started.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from shared.keys import RedisKeys
+from tests.support.processes import Service, wait_for
+from tests.support.redis_server import free_port
+
+TERMINAL = {"succeeded", "failed", "aborted"}
+
+
+def new_prefix(kind: str = "test") -> str:
+    """A key prefix (and queue name stem) no other test uses."""
+    return f"ff-{kind}-{uuid.uuid4().hex[:8]}"
+
+
+class Fleet:
+    """The running services plus helpers to talk to them.
+
+    ``services`` lists every process this fleet started (including later schedulers and workers); ``stop()``
+    stops all of them.
+    """
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        log_dir: Path,
+        redis_url: str,
+        prefix: str,
+        workers: int = 1,
+        *,
+        redis_socket_timeout_s: float | None = None,
+    ) -> None:
+        self.env = dict(env)
+        self.log_dir = log_dir
+        self.prefix = prefix
+        self.redis = redis.Redis.from_url(
+            redis_url, decode_responses=True, socket_timeout=redis_socket_timeout_s, socket_connect_timeout=5
+        )
+        self.keys = RedisKeys(prefix)
+        port = free_port()
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.services: list[Service] = []
+        self.api = self._register(Service.fusefleet("api", ["api", "--port", str(port)], self.env, log_dir))
+        self.scheduler = self.new_scheduler("scheduler")
+        self.workers = [self.new_worker(f"worker{i}") for i in range(workers)]
+        self.http = httpx.Client(base_url=self.base_url, timeout=30)
+
+    def _register(self, service: Service) -> Service:
+        self.services.append(service)
+        return service
+
+    def new_scheduler(self, name: str) -> Service:
+        """A scheduler process (not started)."""
+        return self._register(Service.fusefleet(name, ["scheduler"], self.env, self.log_dir))
+
+    def new_worker(self, name: str, **env: str) -> Service:
+        """A worker process named ``name@prefix`` (not started, not in ``workers``); ``env`` overrides."""
+        worker_env = {**self.env, "FUSEFLEET_WORKER_NAME": f"{name}@{self.prefix}", **env}
+        return self._register(Service.fusefleet(name, ["worker"], worker_env, self.log_dir))
+
+    def add_worker(self, name: str, timeout: float = 120, **env: str) -> Service:
+        """Start one more worker and wait until it announces itself."""
+        worker = self.new_worker(name, **env).start()
+        self.workers.append(worker)
+        node = worker.env["FUSEFLEET_WORKER_NAME"]
+        wait_for(
+            lambda: self.redis.zscore(self.keys.workers, node) is not None,
+            timeout,
+            f"worker {node} to beat (log: {worker.log_path})",
+        )
+        return worker
+
+    def start(self, timeout: float = 180) -> Fleet:
+        for worker in self.workers:
+            worker.start()
+        self.api.start()
+        self.scheduler.start()
+        wait_for(self._api_up, 60, f"the api (log: {self.api.log_path})")
+        wait_for(
+            lambda: self.redis.zcard(self.keys.workers) >= len(self.workers),
+            timeout,
+            f"workers (logs in {self.log_dir})",
+        )
+        return self
+
+    def worker_named(self, name: str) -> Service:
+        return next(w for w in self.workers if w.env["FUSEFLEET_WORKER_NAME"] == name)
+
+    def _api_up(self) -> bool:
+        try:
+            return self.http.get("/healthz").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self, timeout: float = 20.0) -> None:
+        self.http.close()
+        for service in self.services:
+            service.stop(timeout)
+        self.redis.close()
+
+    def logs_hint(self) -> str:
+        return "service logs: " + ", ".join(str(s.log_path) for s in self.services)
+
+    # --- API helpers ---------------------------------------------------------------------------------------
+    def submit(self, **params: Any) -> str:
+        body = {"prompt": "a red fox", "width": 64, "height": 64, "num_inference_steps": 4, **params}
+        response = self.http.post("/v1/requests", json=body)
+        assert response.status_code == 202, response.text
+        return str(response.json()["id"])
+
+    def submit_batch(self, bodies: list[dict[str, Any]]) -> list[str]:
+        """Submit ``bodies`` (at most 256) in one ``POST /v1/requests/batch``; their ids in order."""
+        response = self.http.post("/v1/requests/batch", json={"requests": bodies})
+        assert response.status_code == 202, response.text
+        return [str(rid) for rid in response.json()["ids"]]
+
+    def get(self, request_id: str) -> dict[str, Any]:
+        response = self.http.get(f"/v1/requests/{request_id}")
+        assert response.status_code == 200, response.text
+        return dict(response.json())
+
+    def wait_done(self, ids: list[str], timeout: float = 120) -> dict[str, dict[str, Any]]:
+        states: dict[str, dict[str, Any]] = {}
+
+        def all_done() -> bool:
+            for rid in ids:
+                if states.get(rid, {}).get("status") not in TERMINAL:
+                    states[rid] = self.get(rid)
+            return all(state["status"] in TERMINAL for state in states.values()) and len(states) == len(ids)
+
+        wait_for(all_done, timeout, f"{len(ids)} requests to finish (logs in {self.log_dir})", interval=0.1)
+        return states
+
+    def wait_running(self, request_id: str, min_step: int, timeout: float = 60) -> dict[str, Any]:
+        """Wait until the request reports step ``min_step``; fail at once if it ends instead."""
+
+        def progressed() -> dict[str, Any] | None:
+            state = self.get(request_id)
+            assert state["status"] not in TERMINAL, f"request ended before running: {state}"
+            return state if state["progress"]["step"] >= min_step else None
+
+        state = wait_for(progressed, timeout, f"request {request_id} to reach step {min_step}")
+        assert isinstance(state, dict)
+        return state
+
+    def image(self, request_id: str, index: int = 0) -> bytes:
+        response = self.http.get(f"/v1/requests/{request_id}/images/{index}")
+        assert response.status_code == 200, response.text
+        assert response.headers["content-type"] == "image/png"
+        return response.content
+
+
+def base_env(redis_url: str, prefix: str) -> dict[str, str]:
+    """Wiring every fleet needs: its Redis, its own key prefix and its own Celery queue."""
+    return {
+        "FUSEFLEET_REDIS_URL": redis_url,
+        "FUSEFLEET_KEY_PREFIX": prefix,
+        "FUSEFLEET_QUEUE_NAME": f"{prefix}.batches",
+    }
+
+
+@contextmanager
+def running_fleet(
+    redis_url: str,
+    log_dir: Path,
+    env: Mapping[str, str],
+    *,
+    prefix: str | None = None,
+    workers: int = 1,
+    redis_socket_timeout_s: float | None = None,
+    start_timeout: float = 180,
+    stop_timeout: float = 20.0,
+) -> Iterator[Fleet]:
+    """A started fleet under ``prefix`` (fresh by default); ``env`` is added to the wiring. Always stopped."""
+    prefix = prefix or new_prefix()
+    full_env = {**base_env(redis_url, prefix), **env}
+    fleet = Fleet(full_env, log_dir, redis_url, prefix, workers=workers, redis_socket_timeout_s=redis_socket_timeout_s)
+    try:
+        yield fleet.start(start_timeout)
+    finally:
+        fleet.stop(stop_timeout)
