@@ -48,7 +48,7 @@ class BatchOutcome:
     statuses: Statuses
 
 
-class RunnerOutputError(Exception):
+class RunnerError(Exception):
     """The runner's output cannot be mapped back onto the batch's requests."""
 
 
@@ -172,7 +172,7 @@ class BatchExecutor:
         images = self._runner.run(specs, self._step_callback(specs, token))
         if not isinstance(images, Sequence) or len(images) != len(specs):
             count = len(images) if isinstance(images, Sequence) else type(images).__name__
-            raise RunnerOutputError(f"runner returned {count} results for {len(specs)} requests")
+            raise RunnerError(f"runner returned {count} results for {len(specs)} requests")
         return list(images)
 
     def _store_results(

@@ -118,7 +118,7 @@ def test_output_that_maps_to_no_request_is_rerun_one_by_one(client: fakeredis.Fa
     # today's main: zip(strict=True) raised outside every handler and left all three `running` forever
     outcome = run(client, settings, ["short", "ok1", "ok2"], ScriptedRunner())
     assert outcome.statuses == {"short": "failed", "ok1": "succeeded", "ok2": "succeeded"}
-    assert error(client, settings, "short") == ("RunnerOutputError", "runner returned 0 results for 1 requests")
+    assert error(client, settings, "short") == ("RunnerError", "runner returned 0 results for 1 requests")
     assert in_flight(client, settings) == []
 
 
