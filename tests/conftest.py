@@ -7,6 +7,15 @@ from pathlib import Path
 import pytest
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--soak-count",
+        type=int,
+        default=None,
+        help="requests of the chaos soak test (tests/chaos/test_soak.py; or FUSEFLEET_SOAK_COUNT)",
+    )
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "integration" in Path(str(item.fspath)).parts:

@@ -40,12 +40,6 @@ CHAOS_ENV = {
 """Short timeouts so every recovery path runs within seconds; tests override what their scenario needs."""
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    # Registered when pytest starts from this folder (`pytest tests/chaos --soak-count 2000`); from the repo root
-    # use FUSEFLEET_SOAK_COUNT (a conftest below the root is not read before the command line is parsed).
-    parser.addoption("--soak-count", type=int, default=None, help="requests of the chaos soak test")
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
     outcome = yield
