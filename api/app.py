@@ -6,27 +6,20 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
-from fastapi import FastAPI, Request, status
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 from redis.exceptions import RedisError
 
+from api.body_limit import BodyLimit
+from api.openapi import serve_limits
+from api.outage import StoreUnavailable, store_unavailable_response
 from api.routes import health, requests
 from api.store import RequestStore
+from api.validation import validation_error_response
 from api.waiter import CompletionWaiter
 from shared.keys import RedisKeys
 from shared.redis_conn import async_client
 from shared.settings import Settings
-
-REDIS_DOWN_RETRY_AFTER_S = 5
-
-
-async def _redis_unavailable(request: Request, exc: Exception) -> JSONResponse:
-    """Any Redis failure inside a route: 503 with Retry-After instead of a bare 500."""
-    return JSONResponse(
-        {"detail": f"the request store (Redis) is unavailable: {type(exc).__name__}"},
-        status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
-        headers={"Retry-After": str(REDIS_DOWN_RETRY_AFTER_S)},
-    )
 
 
 def create_app(
@@ -39,6 +32,11 @@ def create_app(
 
     Clients passed in (tests inject fakeredis) are used as they are and left open; otherwise the lifespan
     creates a string and a binary client from ``settings.redis_url`` and closes them at shutdown.
+
+    Bad input is a 4xx, never a 5xx: 422 with every echoed value JSON-safe (``api.validation``), 413 past
+    ``max_body_bytes`` (``api.body_limit``). A Redis that is down, stalled or loading is a 503 with
+    ``Retry-After`` within ``redis_socket_timeout_s`` (``api.outage``). The served OpenAPI document states
+    this server's limits (``api.openapi``).
     """
     # (mypy without the pydantic plugin misses the positional Field defaults of Settings)
     settings = settings if settings is not None else Settings()
@@ -56,13 +54,14 @@ def create_app(
             owned.append(binary)
         keys = RedisKeys(settings.key_prefix)
         app.state.waiter = CompletionWaiter(text, keys.finished)
-        await app.state.waiter.start()
+        await app.state.waiter.start(timeout_s=settings.redis_socket_timeout_s)
         app.state.store = RequestStore(
             text,
             binary,
             keys,
             max_queue_len=settings.max_queue_len,
             result_ttl_s=settings.result_ttl_s,
+            call_timeout_s=settings.redis_socket_timeout_s,
         )
         try:
             yield
@@ -73,7 +72,11 @@ def create_app(
 
     app = FastAPI(title="fusefleet", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
-    app.add_exception_handler(RedisError, _redis_unavailable)
+    app.add_exception_handler(RequestValidationError, validation_error_response)
+    app.add_exception_handler(StoreUnavailable, store_unavailable_response)
+    app.add_exception_handler(RedisError, store_unavailable_response)  # a Redis call outside the store
+    app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes)
     app.include_router(requests.router)
     app.include_router(health.router)
+    serve_limits(app, settings)
     return app

@@ -43,10 +43,12 @@ def limit_errors(request: GenerateRequest, settings: Settings, loc: Loc = ("body
         text: str | None = getattr(request, field)
         if text is not None and len(text) > max_chars:
             errors.append(_too_long((*loc, field), text, max_chars, "max_prompt_chars"))
+    sizes_ok = True
     for field in ("width", "height"):
         side: int = getattr(request, field)
         if side > settings.max_image_side:
             errors.append(_too_large((*loc, field), side, settings.max_image_side, "max_image_side"))
+            sizes_ok = False
     if request.num_inference_steps > settings.max_inference_steps:
         errors.append(
             _too_large(
@@ -58,6 +60,9 @@ def limit_errors(request: GenerateRequest, settings: Settings, loc: Loc = ("body
         )
     if request.n > settings.max_images_per_request:
         errors.append(_too_large((*loc, "n"), request.n, settings.max_images_per_request, "max_images_per_request"))
+        sizes_ok = False
+    if sizes_ok:  # the budget is about the combination; an oversized field is reported once, by its own limit
+        errors += _pixel_budget_errors(request, settings, loc)
     if request.lora is not None:
         name = request.lora.name
         if settings.lora_dir is None or not (settings.lora_dir / name).is_dir():
@@ -71,3 +76,25 @@ def limit_errors(request: GenerateRequest, settings: Settings, loc: Loc = ("body
                 }
             )
     return errors
+
+
+def _pixel_budget_errors(request: GenerateRequest, settings: Settings, loc: Loc) -> list[ErrorDict]:
+    """The request alone exceeds the per-batch pixel budget: no batch could ever run it.
+
+    Named at ``width`` for a single image, at ``n`` otherwise (fewer images is then the likely fix).
+    """
+    pixels = request.n * request.width * request.height
+    limit = settings.max_batch_pixels
+    if pixels <= limit:
+        return []
+    field = "width" if request.n == 1 else "n"
+    return [
+        {
+            "type": "batch_pixels_exceeded",
+            "loc": (*loc, field),
+            "msg": f"n x width x height = {request.n} x {request.width} x {request.height} = {pixels} pixels exceeds "
+            f"this server's max_batch_pixels ({limit})",
+            "input": getattr(request, field),
+            "ctx": {"pixels": pixels, "max_batch_pixels": limit},
+        }
+    ]

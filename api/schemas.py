@@ -59,6 +59,15 @@ class GenerateRequest(BaseModel):
             raise PydanticCustomError("request_not_object", BODY_NOT_OBJECT)
         return data
 
+    @field_validator("width", "height", "num_inference_steps", "seed", "n", mode="before")
+    @classmethod
+    def _integral_number(cls, value: Any) -> Any:
+        """A JSON number with no fraction (``512.0``) is an integer (as JSON Schema has it); strings, booleans
+        and fractions are still refused by the strict integer fields."""
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        return value
+
     @field_validator("prompt", mode="before")
     @classmethod
     def _single_prompt(cls, value: Any) -> Any:
@@ -204,3 +213,9 @@ class RequestView(BaseModel):
 
 class Health(BaseModel):
     status: str
+
+
+class ErrorMessage(BaseModel):
+    """Every error answer except 422 (whose ``detail`` is a list of field errors): one readable ``detail``."""
+
+    detail: str

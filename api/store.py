@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Awaitable, Sequence
+from typing import TypeVar
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
+from api.outage import REDIS_FAILURES, StoreUnavailable
 from shared.contracts import RequestSpec, RequestState, RequestStatus
 from shared.keys import ABORT, SUBMIT, RedisKeys
 from shared.state import parse_state
+
+_T = TypeVar("_T")
 
 
 class RequestStore:
@@ -17,6 +21,9 @@ class RequestStore:
 
     ``redis`` decodes replies to ``str``; ``redis_binary`` returns ``bytes`` and is used for PNG images only.
     The scripts are registered here (no network); redis-py loads them on first use.
+
+    Every call ends within ``call_timeout_s`` (waiting for a pooled connection, connecting and every round trip
+    included) and raises ``StoreUnavailable`` when Redis fails or does not answer in time.
     """
 
     def __init__(
@@ -27,12 +34,14 @@ class RequestStore:
         *,
         max_queue_len: int,
         result_ttl_s: int,
+        call_timeout_s: float,
     ) -> None:
         self._redis = redis
         self._binary = redis_binary
         self._keys = keys
         self._max_queue_len = max_queue_len
         self._result_ttl_s = result_ttl_s
+        self._call_timeout_s = call_timeout_s
         self._submit = redis.register_script(SUBMIT)
         self._abort = redis.register_script(ABORT)
 
@@ -42,19 +51,19 @@ class RequestStore:
         args: list[str | int | float] = [self._max_queue_len]
         for spec in specs:
             args += [spec.id, spec.model_dump_json(), repr(spec.created_at)]
-        accepted = await self._submit(keys=keys, args=args)
+        accepted = await self._bounded(self._submit(keys=keys, args=args))
         return int(accepted) == 1
 
     async def get(self, request_id: str) -> RequestState | None:
         """The state of a request, or None when it is unknown (never submitted, or expired)."""
-        raw = await self._redis.hgetall(self._keys.request(request_id))
+        raw = await self._bounded(self._redis.hgetall(self._keys.request(request_id)))
         if "spec" not in raw or "status" not in raw:
             return None
         return parse_state({str(k): str(v) for k, v in raw.items()})
 
     async def image(self, request_id: str, index: int) -> bytes | None:
         """PNG bytes of image ``index`` of a request, or None while it does not exist."""
-        data = await self._binary.get(self._keys.image(request_id, index))
+        data = await self._bounded(self._binary.get(self._keys.image(request_id, index)))
         if data is None:
             return None
         return data if isinstance(data, bytes) else data.encode()
@@ -62,12 +71,20 @@ class RequestStore:
     async def abort(self, request_id: str, now: float) -> RequestStatus | None:
         """Abort a request; the status after the call (see ``shared.keys.ABORT``), or None when unknown."""
         key = self._keys.request(request_id)
-        status = await self._abort(keys=[key], args=[repr(now), self._result_ttl_s, self._keys.finished, request_id])
+        args: list[str | int] = [repr(now), self._result_ttl_s, self._keys.finished, request_id]
+        status = await self._bounded(self._abort(keys=[key], args=args))
         return RequestStatus(status) if status else None
 
     async def ping(self) -> bool:
-        """Whether Redis answers."""
+        """Whether Redis answers (within the call timeout)."""
         try:
-            return bool(await self._redis.ping())
-        except (RedisError, OSError):
+            return bool(await self._bounded(self._redis.ping()))
+        except StoreUnavailable:
             return False
+
+    async def _bounded(self, call: Awaitable[_T]) -> _T:
+        try:
+            async with asyncio.timeout(self._call_timeout_s):
+                return await call
+        except REDIS_FAILURES as exc:
+            raise StoreUnavailable(exc) from exc

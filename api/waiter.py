@@ -2,7 +2,8 @@
 
 One pub/sub subscription per API process listens on ``P:finished`` (published by the Lua scripts when a request
 reaches a terminal status) and resolves the futures of the requests waited on. A missed message (reconnect)
-costs nothing but latency: every wait is bounded and the route reads the state again afterwards.
+costs nothing but latency: every wait is bounded and the route reads the state again afterwards. While Redis is
+down the listener keeps resubscribing; long polls then simply last ``wait_s``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from redis.exceptions import RedisError
 
 log = logging.getLogger(__name__)
 RECONNECT_DELAY_S = 0.5
+START_TIMEOUT_S = 5.0
 
 
 class CompletionWaiter:
@@ -27,12 +29,14 @@ class CompletionWaiter:
         self._channel = channel
         self._waiters: dict[str, list[asyncio.Future[None]]] = defaultdict(list)
         self._task: asyncio.Task[None] | None = None
-        self._subscribed = asyncio.Event()
+        self._attempted = asyncio.Event()
 
-    async def start(self) -> None:
+    async def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Start listening; returns once the first subscription attempt succeeded or failed (at most
+        ``timeout_s``), so an API started while Redis is down serves 503s at once instead of waiting."""
         self._task = asyncio.create_task(self._listen(), name="fusefleet-completion-waiter")
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._subscribed.wait(), timeout=5)
+            await asyncio.wait_for(self._attempted.wait(), timeout=timeout_s)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -55,16 +59,28 @@ class CompletionWaiter:
                 del self._waiters[request_id]
 
     async def _listen(self) -> None:
+        lost = False  # warn once per outage, not at every retry
         while True:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(self._channel)
-                self._subscribed.set()
+                try:
+                    await pubsub.subscribe(self._channel)
+                finally:
+                    self._attempted.set()
+                if lost:
+                    log.info("completion channel subscribed again")
+                    lost = False
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
                         self._wake(str(message["data"]))
             except (RedisError, OSError) as exc:
-                log.warning("completion channel lost (%s); resubscribing", exc)
+                if not lost:
+                    log.warning(
+                        "completion channel lost (%s); resubscribing every %.1f s, long polls last wait_s meanwhile",
+                        exc,
+                        RECONNECT_DELAY_S,
+                    )
+                    lost = True
                 await asyncio.sleep(RECONNECT_DELAY_S)
             finally:
                 with contextlib.suppress(Exception):

@@ -8,18 +8,20 @@ import secrets
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 from fastapi.exceptions import RequestValidationError
 
 from api.deps import SettingsDep, StoreDep, WaiterDep
 from api.limits import ErrorDict, limit_errors
+from api.outage import retry_after_headers
+from api.responses import BAD_BODY, NOT_FOUND, QUEUE_FULL_OR_UNAVAILABLE, UNAVAILABLE
 from api.schemas import (
     AbortResult,
     Accepted,
     BatchAccepted,
     BatchRequest,
+    ErrorMessage,
     GenerateRequest,
     RequestView,
 )
@@ -29,11 +31,7 @@ from shared.settings import Settings
 
 router = APIRouter(prefix="/v1/requests", tags=["requests"])
 
-RETRY_AFTER_S = 5
 MAX_WAIT_S = 60.0
-Responses = dict[int | str, dict[str, Any]]
-_QUEUE_FULL: Responses = {503: {"description": "The queue is full; retry after Retry-After seconds."}}
-_NOT_FOUND: Responses = {404: {"description": "Unknown request id (never submitted, or expired)."}}
 
 
 def _specs(requests: Sequence[GenerateRequest], settings: Settings) -> list[RequestSpec]:
@@ -55,7 +53,7 @@ async def _submit(store: RequestStore, specs: list[RequestSpec]) -> None:
         raise HTTPException(
             status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
             detail="the request queue is full; retry later",
-            headers={"Retry-After": str(RETRY_AFTER_S)},
+            headers=retry_after_headers(),
         )
 
 
@@ -63,7 +61,7 @@ def _unknown(request_id: str) -> HTTPException:
     return HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no request {request_id!r} (unknown or expired)")
 
 
-@router.post("", status_code=status.HTTP_202_ACCEPTED, responses=_QUEUE_FULL)
+@router.post("", status_code=status.HTTP_202_ACCEPTED, responses={**BAD_BODY, **QUEUE_FULL_OR_UNAVAILABLE})
 async def submit_request(body: GenerateRequest, settings: SettingsDep, store: StoreDep) -> Accepted:
     """Queue one request; its id is polled with ``GET /v1/requests/{id}``."""
     errors = limit_errors(body, settings)
@@ -74,7 +72,7 @@ async def submit_request(body: GenerateRequest, settings: SettingsDep, store: St
     return Accepted(id=specs[0].id)
 
 
-@router.post("/batch", status_code=status.HTTP_202_ACCEPTED, responses=_QUEUE_FULL)
+@router.post("/batch", status_code=status.HTTP_202_ACCEPTED, responses={**BAD_BODY, **QUEUE_FULL_OR_UNAVAILABLE})
 async def submit_batch(body: BatchRequest, settings: SettingsDep, store: StoreDep) -> BatchAccepted:
     """Queue several independent requests at once (all or none); ids in submission order."""
     errors: list[ErrorDict] = []
@@ -87,7 +85,7 @@ async def submit_batch(body: BatchRequest, settings: SettingsDep, store: StoreDe
     return BatchAccepted(ids=[spec.id for spec in specs])
 
 
-@router.get("/{request_id}", responses=_NOT_FOUND)
+@router.get("/{request_id}", responses={**NOT_FOUND, **UNAVAILABLE})
 async def get_request(
     request_id: str,
     store: StoreDep,
@@ -99,17 +97,21 @@ async def get_request(
     """State, progress, parameters and (once succeeded) image URLs of a request.
 
     With ``wait_s`` the answer is held until the request reaches a terminal status or ``wait_s`` passes,
-    whichever comes first (no busy polling needed).
+    whichever comes first (no busy polling needed). The wait counts from the call, the first read included, and
+    each read is bounded by the store: the answer (503 when Redis fails) comes within ``wait_s`` +
+    ``redis_socket_timeout_s`` even when the completion channel is down.
     """
     if wait_s <= 0:
         state = await store.get(request_id)
     else:
+        wait_until = asyncio.get_running_loop().time() + wait_s
         finished = waiter.register(request_id)  # before reading: a finish in between still wakes us
         try:
             state = await store.get(request_id)
-            if state is not None and not state.status.terminal:
+            left_s = wait_until - asyncio.get_running_loop().time()
+            if state is not None and not state.status.terminal and left_s > 0:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(finished, timeout=wait_s)
+                    await asyncio.wait_for(finished, timeout=left_s)
                 state = await store.get(request_id)
         finally:
             waiter.discard(request_id, finished)
@@ -121,7 +123,11 @@ async def get_request(
 @router.get(
     "/{request_id}/images/{index}",
     response_class=Response,
-    responses={200: {"content": {"image/png": {}}}, 404: {"description": "The image does not exist (yet)."}},
+    responses={
+        200: {"content": {"image/png": {}}, "description": "The PNG."},
+        404: {"model": ErrorMessage, "description": "The image does not exist (yet)."},
+        **UNAVAILABLE,
+    },
 )
 async def get_image(request_id: str, store: StoreDep, index: int = Path(ge=0)) -> Response:
     """PNG bytes of image ``index`` of a succeeded request."""
@@ -136,7 +142,11 @@ async def get_image(request_id: str, store: StoreDep, index: int = Path(ge=0)) -
 
 @router.post(
     "/{request_id}/abort",
-    responses={**_NOT_FOUND, 409: {"description": "The request already finished (succeeded or failed)."}},
+    responses={
+        **NOT_FOUND,
+        409: {"model": ErrorMessage, "description": "The request already finished (succeeded or failed)."},
+        **UNAVAILABLE,
+    },
 )
 async def abort_request(request_id: str, store: StoreDep) -> AbortResult:
     """Abort a request (idempotent). Queued or scheduled: ``aborted`` at once; running: its worker stops it.

@@ -37,7 +37,8 @@ class Api:
     settings: Settings
 
 
-async def _api(settings: Settings) -> AsyncIterator[Api]:
+async def api_harness(settings: Settings) -> AsyncIterator[Api]:
+    """The app on fakeredis (with Lua), served in-process; also used by the other ``test_api_*`` modules."""
     server = fakeredis.FakeServer()
     redis = fakeredis.FakeAsyncRedis(server=server, decode_responses=True)
     binary = fakeredis.FakeAsyncRedis(server=server, decode_responses=False)
@@ -50,11 +51,11 @@ async def _api(settings: Settings) -> AsyncIterator[Api]:
     await binary.aclose()
 
 
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
+def unit_settings(tmp_path: Path, **overrides: Any) -> Settings:
+    """Small limits and a LoRA folder holding one adapter, ``style``; ``overrides`` win."""
     lora_dir = tmp_path / "loras"
-    (lora_dir / "style").mkdir(parents=True)
-    overrides: dict[str, Any] = {
+    (lora_dir / "style").mkdir(parents=True, exist_ok=True)
+    values: dict[str, Any] = {
         "key_prefix": "t",
         "model": None,  # explicit values win over FUSEFLEET_* variables of the environment
         "lora_dir": lora_dir,
@@ -63,13 +64,19 @@ def settings(tmp_path: Path) -> Settings:
         "max_images_per_request": 4,
         "max_prompt_chars": 100,
         "max_queue_len": 5,
+        **overrides,
     }
-    return Settings(**overrides)
+    return Settings(**values)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return unit_settings(tmp_path)
 
 
 @pytest.fixture
 async def api(settings: Settings) -> AsyncIterator[Api]:
-    async for harness in _api(settings):
+    async for harness in api_harness(settings):
         yield harness
 
 
@@ -233,13 +240,13 @@ async def test_settings_bound_message_names_the_limit(api: Api) -> None:
 
 
 async def test_lora_needs_a_lora_dir(settings: Settings) -> None:
-    async for api in _api(settings.model_copy(update={"lora_dir": None})):
+    async for api in api_harness(settings.model_copy(update={"lora_dir": None})):
         response = await api.http.post("/v1/requests", json={"prompt": "a cat", "lora": {"name": "style"}})
         assert _error_locs(response) == [["body", "lora", "name"]]
 
 
 async def test_model_name_from_settings(settings: Settings) -> None:
-    async for api in _api(settings.model_copy(update={"model": "org/sd"})):
+    async for api in api_harness(settings.model_copy(update={"model": "org/sd"})):
         request_id = await _submit(api)
         view = (await api.http.get(f"/v1/requests/{request_id}")).json()
         assert view["params"]["model"] == "org/sd"
@@ -398,9 +405,10 @@ async def test_long_poll_answers_when_the_request_finishes(api: Api) -> None:
 
     async def finish_soon() -> None:
         await anyio.sleep(0.2)
-        await api.redis.hset(api.keys.request(rid), "status", "running")
+        await api.redis.hset(api.keys.request(rid), mapping={"status": "running", "claim": "c1"})
         finish = api.redis.register_script(k.FINISH)
-        await finish(keys=[api.keys.request(rid)], args=["failed", 1.0, 60, "E", "boom", api.keys.finished, rid])
+        args: list[str | float] = ["failed", 1.0, 60, "E", "boom", api.keys.finished, rid, "c1"]
+        await finish(keys=[api.keys.request(rid)], args=args)
 
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(finish_soon)

@@ -1,0 +1,115 @@
+"""The served OpenAPI document is honest: it states this server's limits, LoRA adapters and error answers, and
+what it calls an integer is accepted as one."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api.app import create_app
+from shared.contracts import MAX_SEED, RequestSpec
+from shared.settings import Settings
+from tests.unit.test_api import Api, api_harness, unit_settings
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return unit_settings(tmp_path)
+
+
+@pytest.fixture
+async def api(settings: Settings) -> AsyncIterator[Api]:
+    async for harness in api_harness(settings):
+        yield harness
+
+
+def _request_schema(document: dict[str, Any]) -> dict[str, Any]:
+    schema: dict[str, Any] = document["components"]["schemas"]["GenerateRequest"]
+    return schema
+
+
+async def test_schema_states_this_servers_limits(api: Api) -> None:
+    document = (await api.http.get("/openapi.json")).json()
+    request = _request_schema(document)
+    props = request["properties"]
+    assert props["prompt"]["maxLength"] == 100
+    assert props["negative_prompt"]["anyOf"][0] == {"type": "string", "maxLength": 100}
+    assert props["width"]["maximum"] == props["height"]["maximum"] == 512
+    assert props["num_inference_steps"]["maximum"] == 50
+    assert props["n"]["maximum"] == 4
+    assert props["seed"]["anyOf"][0]["maximum"] == MAX_SEED  # exactly, not the float 2**63
+    assert f"max_batch_pixels ({api.settings.max_batch_pixels})" in request["description"]
+    # the plain models keep only the fixed bounds
+    assert "maximum" not in document["components"]["schemas"]["Params"]["properties"]["width"]
+
+
+def test_lora_adapters_are_listed_when_served(settings: Settings) -> None:
+    assert settings.lora_dir is not None
+    app = create_app(settings)
+    lora = _request_schema(app.openapi())["properties"]["lora"]
+    assert lora["anyOf"][0]["properties"]["name"]["enum"] == ["style"]
+    assert lora["anyOf"][1] == {"type": "null"}
+
+    (settings.lora_dir / "watercolor").mkdir()
+    (settings.lora_dir / ".cache").mkdir()  # not a valid adapter name
+    (settings.lora_dir / "notes.txt").write_text("not an adapter")
+    lora = _request_schema(app.openapi())["properties"]["lora"]
+    assert lora["anyOf"][0]["properties"]["name"]["enum"] == ["style", "watercolor"]
+
+
+@pytest.mark.parametrize("lora_dir", [None, "missing"])
+def test_without_adapters_lora_must_be_null(tmp_path: Path, lora_dir: str | None) -> None:
+    settings = unit_settings(tmp_path, lora_dir=tmp_path / lora_dir if lora_dir else None)
+    lora = _request_schema(create_app(settings).openapi())["properties"]["lora"]
+    assert lora["type"] == "null"
+
+
+def test_every_error_answer_is_documented(settings: Settings) -> None:
+    paths = create_app(settings).openapi()["paths"]
+    documented = {
+        (method.upper(), path): set(operation["responses"])
+        for path, item in paths.items()
+        for method, operation in item.items()
+    }
+    assert documented == {
+        ("POST", "/v1/requests"): {"202", "400", "413", "422", "503"},
+        ("POST", "/v1/requests/batch"): {"202", "400", "413", "422", "503"},
+        ("GET", "/v1/requests/{request_id}"): {"200", "404", "422", "503"},
+        ("GET", "/v1/requests/{request_id}/images/{index}"): {"200", "404", "422", "503"},
+        ("POST", "/v1/requests/{request_id}/abort"): {"200", "404", "409", "422", "503"},
+        ("GET", "/healthz"): {"200", "503"},
+    }
+    for (_, path), codes in documented.items():
+        method = "post" if path.endswith(("requests", "batch", "abort")) else "get"
+        unavailable = paths[path][method]["responses"]["503"]
+        assert "Retry-After" in unavailable["headers"], path
+        for code in codes - {"200", "202", "422"}:
+            assert paths[path][method]["responses"][code]["content"]["application/json"]["schema"], (path, code)
+
+
+@pytest.mark.parametrize(
+    ("field", "number"), [("width", 128.0), ("height", 128.0), ("num_inference_steps", 8.0), ("seed", 7.0), ("n", 2.0)]
+)
+async def test_integral_json_number_is_an_integer(api: Api, field: str, number: float) -> None:
+    response = await api.http.post("/v1/requests", json={"prompt": "a cat", field: number})
+    assert response.status_code == 202, response.text
+    raw = await api.redis.hgetall(api.keys.request(response.json()["id"]))
+    value = getattr(RequestSpec.model_validate_json(raw["spec"]), field)
+    assert value == int(number) and type(value) is int
+
+
+@pytest.mark.parametrize("value", [8.5, True, "8", 1e300, None])
+async def test_non_integers_stay_refused(api: Api, value: Any) -> None:
+    response = await api.http.post("/v1/requests", json={"prompt": "a cat", "width": value})
+    assert response.status_code == 422, response.text
+    assert [error["loc"] for error in response.json()["detail"]] == [["body", "width"]]
