@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from api.schemas import GenerateRequest
+from shared.compat import output_pixels
 from shared.settings import Settings
 
 Loc = tuple[str | int, ...]
@@ -83,7 +84,7 @@ def _pixel_budget_errors(request: GenerateRequest, settings: Settings, loc: Loc)
 
     Named at ``width`` for a single image, at ``n`` otherwise (fewer images is then the likely fix).
     """
-    pixels = request.n * request.width * request.height
+    pixels = output_pixels(request.n, request.width, request.height)
     limit = settings.max_batch_pixels
     if pixels <= limit:
         return []

@@ -46,10 +46,15 @@ def compat_key(spec: RequestSpec) -> CompatKey:
     )
 
 
-def pixel_cost(spec: RequestSpec) -> int:
+def output_pixels(n: int, width: int, height: int, num_frames: int | None = None) -> int:
     """What a request adds to a fused forward's memory: output pixels, ``n x width x height (x frames)``.
 
     The per-batch budget ``max_batch_pixels`` is a bound on the sum of these (the scheduler closes a batch
     before it exceeds it; the api refuses a request that alone exceeds it).
     """
-    return spec.n * spec.width * spec.height * (spec.num_frames or 1)
+    return n * width * height * (num_frames or 1)
+
+
+def pixel_cost(spec: RequestSpec) -> int:
+    """``output_pixels`` of a stored request."""
+    return output_pixels(spec.n, spec.width, spec.height, spec.num_frames)
