@@ -13,7 +13,8 @@ key                             type    contents
                                         the run that may finish it), *_at timestamps; TTL once terminal
 ``P:img:{id}:{k}``              string  PNG bytes of image k of a request (TTL ``result_ttl_s``)
 ``P:batch:{id}``                hash    ids (space separated), created_at, attempts (claims that ran something),
-                                        published_ms, claimed_ms (Redis server time); TTL once out of flight
+                                        seq, published_seq, claimed_seq (order of publications and claims),
+                                        published_ms (Redis server time); TTL once out of flight
 ``P:batch:{id}:lock``           string  claim token of the run holding the batch (TTL, renewed by heartbeats)
 ``P:inflight``                  zset    batches with unfinished requests, scored by first publish time (ms)
 ``P:workers``                   zset    live worker node names, scored by last heartbeat (ms)

@@ -31,8 +31,7 @@ end
 local attempts = tonumber(redis.call('HGET', KEYS[2], 'attempts') or '0')
 if #runnable > 0 then
   attempts = redis.call('HINCRBY', KEYS[2], 'attempts', 1)
-  local t = redis.call('TIME')
-  redis.call('HSET', KEYS[2], 'claimed_ms', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  redis.call('HSET', KEYS[2], 'claimed_seq', redis.call('HINCRBY', KEYS[2], 'seq', 1))
 end
 for _, i in ipairs(runnable) do
   if attempts > tonumber(ARGV[6]) then

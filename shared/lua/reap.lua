@@ -1,11 +1,12 @@
 -- The reaper: look at every batch in flight that no run holds (no lock) and decide, atomically:
 --   * none of its requests is unfinished -> take it out of flight (its hash expires);
---   * it was claimed since it was last published -> its run ended without finishing it (worker died, lost
---     Redis, or hit an error it could not report): publish it again now;
+--   * it was claimed since it was last published (claims and publications are numbered by the batch's ``seq``)
+--     -> its run ended without finishing it (worker died, lost Redis, or hit an error it could not report):
+--     publish it again now;
 --   * it was published and not claimed since, for longer than the claim timeout, and no copy of its message
 --     waits in the broker queue -> the message was lost: publish it again.
--- Each decision to publish stamps published_ms, so a batch is republished once per claim or per timeout.
--- Times are Redis server time (ms), so the clocks of scheduler and worker hosts do not matter.
+-- Each decision to publish stamps published_seq and published_ms, so a batch is republished once per claim or
+-- per timeout. Times are Redis server time (ms), so the clocks of scheduler and worker hosts do not matter.
 -- KEYS[1] inflight zset, KEYS[2] broker queue (list of Celery messages).
 -- ARGV[1] key prefix, ARGV[2] claim timeout (ms), ARGV[3] ttl of a finished batch hash (s).
 -- Returns {ids to publish again, number of batches taken out of flight}.
@@ -16,7 +17,7 @@ local removed = 0
 for _, batch_id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   local batch = ARGV[1] .. ':batch:' .. batch_id
   if redis.call('EXISTS', batch .. ':lock') == 0 then
-    local st = redis.call('HMGET', batch, 'ids', 'claimed_ms', 'published_ms')
+    local st = redis.call('HMGET', batch, 'ids', 'claimed_seq', 'published_seq', 'published_ms')
     local live = false
     for id in string.gmatch(st[1] or '', '%S+') do
       local req = redis.call('HMGET', ARGV[1] .. ':req:' .. id, 'status', 'batch_id')
@@ -27,11 +28,9 @@ for _, batch_id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
       redis.call('EXPIRE', batch, ARGV[3])
       removed = removed + 1
     else
-      local claimed = tonumber(st[2] or '0')
-      local published = tonumber(st[3] or '0')
-      if claimed >= published then
+      if tonumber(st[2] or '0') > tonumber(st[3] or '0') then
         table.insert(republish, batch_id)
-      elseif now - published > tonumber(ARGV[2]) then
+      elseif now - tonumber(st[4] or '0') > tonumber(ARGV[2]) then
         table.insert(overdue, batch_id)
       end
     end
@@ -48,6 +47,7 @@ if #overdue > 0 then
   end
 end
 for _, batch_id in ipairs(republish) do
-  redis.call('HSET', ARGV[1] .. ':batch:' .. batch_id, 'published_ms', now)
+  local batch = ARGV[1] .. ':batch:' .. batch_id
+  redis.call('HSET', batch, 'published_ms', now, 'published_seq', redis.call('HINCRBY', batch, 'seq', 1))
 end
 return {republish, removed}

@@ -21,6 +21,6 @@ end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[2], 'ids', table.concat(joined, ' '), 'created_at', ARGV[3], 'attempts', 0,
-           'published_ms', now_ms)
+           'published_ms', now_ms, 'seq', 1, 'published_seq', 1)
 redis.call('ZADD', KEYS[3], now_ms, ARGV[2])
 return joined
