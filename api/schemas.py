@@ -10,10 +10,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from shared.contracts import MAX_SEED, LoraRef, RequestSpec, RequestState, RequestStatus
+from shared.contracts import MAX_SEED, LoraRef, RequestSpec, RequestState, RequestStatus, Task
 
 DEFAULT_SIDE = 64  # the built-in demo model's native size
 DEFAULT_STEPS = 4  # enough for the demo model; real models usually want 20-50
@@ -29,8 +29,16 @@ BODY_NOT_OBJECT = (
 )
 
 
+DEFAULT_STRENGTH = 0.8
+IMAGE_FIELD_NEEDS_IMAGE = "{field} needs an input image: set image (base64 PNG, JPEG or WebP, or a data: URL)"
+
+
 class GenerateRequest(BaseModel):
-    """One text-to-image request: ``n`` images for one prompt. Unknown fields are refused."""
+    """One request: ``n`` images for one prompt, from text alone or conditioned on an input image (and a mask).
+
+    The task follows from the inputs: no ``image`` = text-to-image; ``image`` = image-to-image; ``image`` and
+    ``mask_image`` = inpainting. Unknown fields are refused.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -51,6 +59,21 @@ class GenerateRequest(BaseModel):
     )
     n: int = Field(1, ge=1, strict=True, description="Images generated for this prompt.")
     lora: LoraRef | None = Field(None, description="A LoRA adapter of the fleet's LoRA folder, by name.")
+    image: str | None = Field(
+        None,
+        description="Input image (image-to-image, inpainting): base64 PNG, JPEG or WebP, or a data: URL. It is "
+        "resized to width x height when its size differs.",
+    )
+    mask_image: str | None = Field(
+        None, description="Inpainting mask, same encodings (white = repaint, black = keep); needs image."
+    )
+    strength: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description=f"Image tasks: how much of the input image is replaced (default {DEFAULT_STRENGTH}); needs image.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -75,6 +98,19 @@ class GenerateRequest(BaseModel):
             raise PydanticCustomError("prompt_not_string", PROMPT_NOT_STRING)
         return value
 
+    @field_validator("mask_image", "strength", mode="after")
+    @classmethod
+    def _needs_image(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and info.data.get("image") is None:
+            raise PydanticCustomError("image_required", IMAGE_FIELD_NEEDS_IMAGE, {"field": info.field_name})
+        return value
+
+    @property
+    def task(self) -> Task:
+        if self.image is None:
+            return Task.TEXT_TO_IMAGE
+        return Task.INPAINT if self.mask_image is not None else Task.IMAGE_TO_IMAGE
+
     def to_spec(self, *, request_id: str, model: str, seed: int, created_at: float) -> RequestSpec:
         """The stored spec of this request, with the seed it will run with."""
         return RequestSpec(
@@ -91,6 +127,8 @@ class GenerateRequest(BaseModel):
             num_frames=None,
             n=self.n,
             lora=self.lora,
+            task=self.task,
+            strength=(self.strength or DEFAULT_STRENGTH) if self.task.needs_image else None,
             created_at=created_at,
         )
 
@@ -147,6 +185,8 @@ class Params(BaseModel):
     seed: int
     n: int
     lora: LoraRef | None
+    task: Task
+    strength: float | None
 
 
 def _utc(timestamp: float | None) -> datetime | None:
@@ -207,6 +247,8 @@ class RequestView(BaseModel):
                 seed=spec.seed,
                 n=spec.n,
                 lora=spec.lora,
+                task=spec.task,
+                strength=spec.strength,
             ),
         )
 

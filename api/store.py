@@ -8,10 +8,11 @@ from typing import TypeVar
 
 import redis.asyncio as aioredis
 
+from api.input_images import StoredInputs
 from api.outage import REDIS_FAILURES, StoreUnavailable
 from shared.contracts import RequestSpec, RequestState, RequestStatus
 from shared.keys import ABORT, SUBMIT, RedisKeys
-from shared.state import parse_state
+from shared.state import STATE_FIELDS, parse_state
 
 _T = TypeVar("_T")
 
@@ -45,18 +46,24 @@ class RequestStore:
         self._submit = redis.register_script(SUBMIT)
         self._abort = redis.register_script(ABORT)
 
-    async def submit(self, specs: Sequence[RequestSpec]) -> bool:
-        """Queue all ``specs`` in one atomic step; False (nothing queued) when the queue would overflow."""
+    async def submit(
+        self, specs: Sequence[RequestSpec], inputs: Sequence[StoredInputs | None] | None = None
+    ) -> bool:
+        """Queue all ``specs`` (with their input images, ``inputs[i]`` for ``specs[i]``) in one atomic step; False
+        (nothing queued) when the queue would overflow."""
         keys = [self._keys.requests, *(self._keys.request(spec.id) for spec in specs)]
-        args: list[str | int | float] = [self._max_queue_len]
-        for spec in specs:
-            args += [spec.id, spec.model_dump_json(), repr(spec.created_at)]
+        args: list[str | bytes | int | float] = [self._max_queue_len]
+        for spec, stored in zip(specs, inputs or [None] * len(specs), strict=True):
+            image = stored.image if stored else b""
+            mask = stored.mask if stored and stored.mask else b""
+            args += [spec.id, spec.model_dump_json(), repr(spec.created_at), image, mask]
         accepted = await self._bounded(self._submit(keys=keys, args=args))
         return int(accepted) == 1
 
     async def get(self, request_id: str) -> RequestState | None:
         """The state of a request, or None when it is unknown (never submitted, or expired)."""
-        raw = await self._bounded(self._redis.hgetall(self._keys.request(request_id)))
+        values = await self._bounded(self._redis.hmget(self._keys.request(request_id), STATE_FIELDS))
+        raw = {field: value for field, value in zip(STATE_FIELDS, values, strict=True) if value is not None}
         if "spec" not in raw or "status" not in raw:
             return None
         return parse_state({str(k): str(v) for k, v in raw.items()})

@@ -45,7 +45,7 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
     state = _ProcessState()
 
     def init_process(**_: Any) -> None:
-        store = WorkerStore(sync_client(settings), settings)
+        store = WorkerStore(sync_client(settings), settings, binary=sync_client(settings, binary=True))
         runner = load_runner(settings)
         state.heartbeat = Heartbeat(store, worker_name, settings.worker_heartbeat_s)
         state.executor = BatchExecutor(

@@ -16,21 +16,22 @@ Failure handling, from the narrowest to the widest (``docs/reliability.md`` has 
 
 from __future__ import annotations
 
+import io
 import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from celery.exceptions import SoftTimeLimitExceeded
 from PIL import Image
 
 from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.images import to_png
-from gpu_worker.runner import BatchRunner, StepCallback
+from gpu_worker.runner import BatchRunner, ConditionedRunner, InputImages, StepCallback, runner_tasks
 from gpu_worker.store import Claimed, Locked, RowSignal, WorkerStore
-from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus
+from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus, Task
 from shared.retry import TRANSIENT_ERRORS, call_with_retry, is_transient
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,28 @@ class BatchOutcome:
 
 class RunnerError(Exception):
     """The runner's output cannot be mapped back onto the batch's requests."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """One claimed run of a batch: its claim token and the decoded inputs of its image-conditioned requests."""
+
+    token: str
+    inputs: dict[str, InputImages]
+
+
+def decode_inputs(spec: RequestSpec, image: bytes | None, mask: bytes | None) -> InputImages:
+    """The stored input image (and mask) of ``spec``, decoded; ValueError says what is wrong."""
+    if image is None:
+        raise ValueError("its input image is not stored (expired or never written)")
+    if spec.task is Task.INPAINT and mask is None:
+        raise ValueError("inpainting needs a mask, and none is stored")
+    try:
+        decoded = Image.open(io.BytesIO(image)).convert("RGB")
+        decoded_mask = Image.open(io.BytesIO(mask)).convert("L") if spec.task is Task.INPAINT and mask else None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"its stored input image cannot be decoded: {type(exc).__name__}: {exc}") from None
+    return InputImages(image=decoded, mask=decoded_mask)
 
 
 def error_info(exc: BaseException) -> ErrorInfo:
@@ -122,19 +145,46 @@ class BatchExecutor:
         return call_with_retry(call, what=what, give_up_after_s=self._outage_retry_s)
 
     def _run_claimed(self, claim: Claimed) -> Statuses:
-        specs = claim.specs
+        statuses, run, specs = self._prepare(claim)
         if not specs:
-            return {}
+            return statuses
         if self._runner.fused:
-            return self._run_group(specs, claim.token)
-        return self._run_each(specs, claim.token)
+            return {**statuses, **self._run_group(specs, run)}
+        return {**statuses, **self._run_each(specs, run)}
 
-    def _run_group(self, specs: Sequence[RequestSpec], token: str) -> Statuses:
+    def _prepare(self, claim: Claimed) -> tuple[Statuses, _Run, list[RequestSpec]]:
+        """Fail what this runner cannot run (a task it does not do, an input that cannot be read); decode the
+        inputs of the rest. Returns the statuses of those failed, the run, and the specs left to run."""
+        supported = runner_tasks(self._runner)
+        errors: dict[str, ErrorInfo] = {}
+        for spec in claim.specs:
+            if spec.task not in supported:
+                does = ", ".join(sorted(task.value for task in supported))
+                message = f"this fleet's runner ({type(self._runner).__name__}) does not do {spec.task}; it does {does}"
+                errors[spec.id] = ErrorInfo(type="UnsupportedTask", message=message)
+        conditioned = [spec for spec in claim.specs if spec.task.needs_image and spec.id not in errors]
+        inputs: dict[str, InputImages] = {}
+        if conditioned:
+            ids = [spec.id for spec in conditioned]
+            stored = self._redis(lambda: self._store.input_images(ids), "reading input images")
+            for spec in conditioned:
+                try:
+                    inputs[spec.id] = decode_inputs(spec, *stored[spec.id])
+                except ValueError as exc:
+                    errors[spec.id] = ErrorInfo(type="InvalidInput", message=str(exc))
+        statuses: Statuses = {}
+        if errors:
+            log.warning("%d requests cannot run here: %s", len(errors), errors)
+            statuses = self._redis(lambda: self._store.finish_many({}, errors, claim.token), "failing requests")
+        run = _Run(token=claim.token, inputs=inputs)
+        return statuses, run, [spec for spec in claim.specs if spec.id not in errors]
+
+    def _run_group(self, specs: Sequence[RequestSpec], run: _Run) -> Statuses:
         """One fused forward; on failure split (out of memory) or fall back to one by one (anything else)."""
         if len(specs) == 1:
-            return self._run_each(specs, token)
+            return self._run_each(specs, run)
         try:
-            images = self._forward(specs, token)
+            images = self._forward(specs, run)
         except SoftTimeLimitExceeded:
             raise
         except Exception as exc:
@@ -142,16 +192,16 @@ class BatchExecutor:
                 self._release_memory()
                 half = (len(specs) + 1) // 2
                 log.warning("out of memory with %d requests; splitting them in two", len(specs))
-                return {**self._run_group(specs[:half], token), **self._run_group(specs[half:], token)}
+                return {**self._run_group(specs[:half], run), **self._run_group(specs[half:], run)}
             log.exception("fused forward of %d requests failed; re-running them one by one", len(specs))
-            return self._run_each(specs, token)
-        return self._store_results(specs, images, token)
+            return self._run_each(specs, run)
+        return self._store_results(specs, images, run.token)
 
-    def _run_each(self, specs: Sequence[RequestSpec], token: str) -> Statuses:
+    def _run_each(self, specs: Sequence[RequestSpec], run: _Run) -> Statuses:
         statuses: Statuses = {}
         for spec in specs:
             try:
-                images = self._forward([spec], token)
+                images = self._forward([spec], run)
             except SoftTimeLimitExceeded:
                 raise
             except Exception as exc:
@@ -160,16 +210,21 @@ class BatchExecutor:
                     self._release_memory()
                     error = ErrorInfo(type="OutOfMemory", message=f"does not fit in memory alone: {error.message}")
                 log.warning("request %s failed: %s: %s", spec.id, error.type, error.message)
-                statuses.update(self._fail(spec.id, error, token))
+                statuses.update(self._fail(spec.id, error, run.token))
                 continue
-            statuses.update(self._store_results([spec], images, token))
+            statuses.update(self._store_results([spec], images, run.token))
         return statuses
 
     def _fail(self, request_id: str, error: ErrorInfo, token: str) -> Statuses:
         return self._redis(lambda: self._store.finish_many({}, {request_id: error}, token), "failing a request")
 
-    def _forward(self, specs: Sequence[RequestSpec], token: str) -> list[list[Image.Image]]:
-        images = self._runner.run(specs, self._step_callback(specs, token))
+    def _forward(self, specs: Sequence[RequestSpec], run: _Run) -> list[list[Image.Image]]:
+        on_step = self._step_callback(specs, run.token)
+        if specs[0].task.needs_image:  # one key per batch: every spec has this task
+            runner = cast(ConditionedRunner, self._runner)  # it lists the task (checked in _prepare)
+            images = runner.run(specs, on_step, inputs={spec.id: run.inputs[spec.id] for spec in specs})
+        else:
+            images = self._runner.run(specs, on_step)
         if not isinstance(images, Sequence) or len(images) != len(specs):
             count = len(images) if isinstance(images, Sequence) else type(images).__name__
             raise RunnerError(f"runner returned {count} results for {len(specs)} requests")

@@ -3,21 +3,44 @@
 A runner is loaded by import path (``FUSEFLEET_RUNNER=module:Class``), constructed once per worker process with
 the settings, and then called once per batch (fused) or once per request (not fused). Custom pipelines and test
 runners plug in here without touching the worker.
+
+Image-conditioned tasks are a capability: a runner that can do them lists them in ``tasks`` and accepts the
+``inputs`` keyword of ``run`` (each request's input image and mask). A runner without ``tasks`` does text-to-image
+only; the worker fails requests for a task its runner does not list, with a clear error, and never calls it.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from PIL import Image
 
-from shared.contracts import RequestSpec
+from shared.contracts import RequestSpec, Task
 from shared.settings import Settings
 
 StepCallback = Callable[[int, int], bool]
 """Called after denoising step ``step`` of ``total`` (1-based); returns True when the forward should stop."""
+
+
+TEXT_ONLY: frozenset[Task] = frozenset({Task.TEXT_TO_IMAGE})
+
+
+@dataclass(frozen=True, slots=True)
+class InputImages:
+    """What an image-conditioned request is conditioned on, decoded: RGB image and, for inpainting, an 8-bit mask
+    (white = repaint), both already of the request's output size."""
+
+    image: Image.Image
+    mask: Image.Image | None = None
+
+
+def runner_tasks(runner: object) -> frozenset[Task]:
+    """The tasks ``runner`` declares (``tasks``), text-to-image only when it declares none."""
+    tasks: frozenset[Task] | None = getattr(runner, "tasks", None)
+    return frozenset(tasks) if tasks is not None else TEXT_ONLY
 
 
 @runtime_checkable
@@ -32,9 +55,19 @@ class BatchRunner(Protocol):
     def run(self, specs: Sequence[RequestSpec], on_step: StepCallback) -> list[list[Image.Image]]:
         """Run ``specs`` (all sharing one compatibility key) and return ``spec.n`` images per spec, in order.
 
-        Raises whatever the pipeline raises; the worker then isolates the failing request.
+        Raises whatever the pipeline raises; the worker then isolates the failing request. A runner that lists
+        image tasks in ``tasks`` is called as ``run(specs, on_step, inputs=...)`` for them, with ``inputs`` mapping
+        each request id to its ``InputImages``.
         """
         ...
+
+
+class ConditionedRunner(Protocol):
+    """The ``run`` of a runner that lists image tasks in ``tasks``."""
+
+    def run(
+        self, specs: Sequence[RequestSpec], on_step: StepCallback, inputs: Mapping[str, InputImages] | None = None
+    ) -> list[list[Image.Image]]: ...
 
 
 def load_runner(settings: Settings) -> BatchRunner:

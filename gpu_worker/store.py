@@ -56,8 +56,11 @@ def _status(reply: str | bytes) -> RequestStatus | None:
 class WorkerStore:
     """Redis operations of one worker process."""
 
-    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+    def __init__(self, client: redis.Redis, settings: Settings, *, binary: redis.Redis | None = None) -> None:
+        """``client`` decodes replies to ``str``; ``binary`` (bytes replies) reads input images, and must be given
+        to run image-conditioned requests."""
         self._redis = client
+        self._binary = binary
         self._settings = settings
         self.keys = k.RedisKeys(settings.key_prefix)
         self._claim = client.register_script(k.CLAIM)
@@ -138,6 +141,15 @@ class WorkerStore:
             *pngs,
         ]
         return keys, args
+
+    def input_images(self, request_ids: Sequence[str]) -> dict[str, tuple[bytes | None, bytes | None]]:
+        """The stored (input image, input mask) PNG bytes of each request (None where absent), one round trip."""
+        if self._binary is None:
+            raise RuntimeError("this WorkerStore has no binary Redis client to read input images with")
+        pipe = self._binary.pipeline(transaction=False)
+        for request_id in request_ids:
+            pipe.hmget(self.keys.request(request_id), ["input_image", "input_mask"])
+        return {rid: (image, mask) for rid, (image, mask) in zip(request_ids, pipe.execute(), strict=True)}
 
     def batch_done(self, batch_id: str, token: str) -> bool:
         """Release this run's hold on the batch; True when the batch left flight (nothing of it unfinished)."""

@@ -1,15 +1,17 @@
 """The compatibility key: requests with equal keys may share one fused pipeline forward.
 
 The key holds every field that must be a scalar for the whole pipeline call (shape, steps, guidance, output count,
-LoRA identity) and the presence of a negative prompt. Prompt text, negative-prompt text and seed are per row and
-may differ inside a batch.
+LoRA identity, task and strength) and the presence of a negative prompt. The task says whether the call is
+text-to-image, image-to-image or inpainting (a mask is present exactly for inpainting). Prompt text,
+negative-prompt text, seed and the input image and mask themselves are per row and may differ inside a batch (the
+api resizes every input image to the request's output size, so images of one batch have one size).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.contracts import RequestSpec
+from shared.contracts import RequestSpec, Task
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +29,8 @@ class CompatKey:
     lora_name: str | None
     lora_scale: float | None
     has_negative_prompt: bool
+    task: Task
+    strength: float | None
 
 
 def compat_key(spec: RequestSpec) -> CompatKey:
@@ -43,6 +47,8 @@ def compat_key(spec: RequestSpec) -> CompatKey:
         lora_name=spec.lora.name if spec.lora else None,
         lora_scale=spec.lora.scale if spec.lora else None,
         has_negative_prompt=spec.negative_prompt is not None,
+        task=spec.task,
+        strength=spec.strength,
     )
 
 

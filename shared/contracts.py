@@ -1,7 +1,8 @@
 """Frozen pydantic models that cross a service boundary (API -> stream -> scheduler -> Celery -> worker).
 
-Messages carry ids and parameters, never image bytes. Every model is frozen and forbids unknown fields, so a
-message produced by one version and read by another fails loudly instead of silently dropping data.
+Messages carry ids and parameters, never image bytes (an image-conditioned request's input image and mask are
+stored once, in its request hash, and read by the worker that runs it). Every model is frozen and forbids unknown
+fields, so a message produced by one version and read by another fails loudly instead of silently dropping data.
 """
 
 from __future__ import annotations
@@ -37,6 +38,18 @@ class RequestStatus(StrEnum):
 TERMINAL_STATUSES = frozenset({RequestStatus.SUCCEEDED, RequestStatus.FAILED, RequestStatus.ABORTED})
 
 
+class Task(StrEnum):
+    """What a request asks of the pipeline; derived from the inputs it carries (an image, and a mask)."""
+
+    TEXT_TO_IMAGE = "text-to-image"
+    IMAGE_TO_IMAGE = "image-to-image"
+    INPAINT = "inpaint"
+
+    @property
+    def needs_image(self) -> bool:
+        return self is not Task.TEXT_TO_IMAGE
+
+
 class LoraRef(Frozen):
     """One LoRA adapter (a sub-folder of the LoRA folder) applied at ``scale``."""
 
@@ -60,6 +73,10 @@ class RequestSpec(Frozen):
     num_frames: int | None = None
     n: int = 1
     lora: LoraRef | None = None
+    task: Task = Task.TEXT_TO_IMAGE
+    strength: float | None = Field(
+        None, description="Image tasks: how much of the input image is replaced (0 < strength <= 1)."
+    )
     created_at: float
 
 

@@ -121,9 +121,20 @@ class Settings(BaseSettings):
     max_images_per_request: int = Field(8, ge=1, description="Largest accepted n (images for one prompt).")
     max_prompt_chars: int = Field(4000, ge=1, description="Longest accepted prompt or negative prompt.")
     max_body_bytes: int = Field(
-        8 * 1024 * 1024,
+        32 * 1024 * 1024,
         ge=1024,
         description="Largest accepted HTTP request body; larger ones get 413.",
+    )
+    max_input_image_bytes: int = Field(
+        10 * 1024 * 1024,
+        ge=1024,
+        description="Largest accepted input image or mask (decoded bytes, before base64); larger ones get 422.",
+    )
+    max_input_image_pixels: int = Field(
+        4096 * 4096,
+        ge=64,
+        description="Largest accepted input image or mask in pixels (width x height as stored in the file): bounds "
+        "the memory of decoding one. It is then resized to the request's width x height.",
     )
     max_queue_len: int = Field(
         100_000,

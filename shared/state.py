@@ -17,6 +17,24 @@ def _int(raw: Mapping[str, str], field: str, default: int = 0) -> int:
     return int(value) if value not in (None, "") else default
 
 
+STATE_FIELDS: tuple[str, ...] = (
+    "spec",
+    "status",
+    "batch_id",
+    "batch_size",
+    "step",
+    "total",
+    "error_type",
+    "error_message",
+    "images",
+    "worker",
+    "scheduled_at",
+    "started_at",
+    "finished_at",
+)
+"""The hash fields ``parse_state`` reads: fetch these (HMGET), never the whole hash, which may hold input images."""
+
+
 def parse_state(raw: Mapping[str, str]) -> RequestState:
     """The state stored in a request hash; ``raw`` must hold at least ``spec`` and ``status``."""
     error = None

@@ -4,17 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import time
-import uuid
-from collections.abc import Sequence
 
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
-from fastapi.exceptions import RequestValidationError
 
 from api.deps import SettingsDep, StoreDep, WaiterDep
-from api.limits import ErrorDict, limit_errors
-from api.outage import retry_after_headers
 from api.responses import BAD_BODY, NOT_FOUND, QUEUE_FULL_OR_UNAVAILABLE, UNAVAILABLE
 from api.schemas import (
     AbortResult,
@@ -25,36 +19,12 @@ from api.schemas import (
     GenerateRequest,
     RequestView,
 )
-from api.store import RequestStore
-from shared.contracts import MAX_SEED, RequestSpec, RequestStatus
-from shared.settings import Settings
+from api.submission import accept
+from shared.contracts import RequestStatus
 
 router = APIRouter(prefix="/v1/requests", tags=["requests"])
 
 MAX_WAIT_S = 60.0
-
-
-def _specs(requests: Sequence[GenerateRequest], settings: Settings) -> list[RequestSpec]:
-    model = settings.model or "demo"
-    now = time.time()
-    return [
-        req.to_spec(
-            request_id=uuid.uuid4().hex,
-            model=model,
-            seed=req.seed if req.seed is not None else secrets.randbelow(MAX_SEED + 1),
-            created_at=now,
-        )
-        for req in requests
-    ]
-
-
-async def _submit(store: RequestStore, specs: list[RequestSpec]) -> None:
-    if not await store.submit(specs):
-        raise HTTPException(
-            status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
-            detail="the request queue is full; retry later",
-            headers=retry_after_headers(),
-        )
 
 
 def _unknown(request_id: str) -> HTTPException:
@@ -64,24 +34,15 @@ def _unknown(request_id: str) -> HTTPException:
 @router.post("", status_code=status.HTTP_202_ACCEPTED, responses={**BAD_BODY, **QUEUE_FULL_OR_UNAVAILABLE})
 async def submit_request(body: GenerateRequest, settings: SettingsDep, store: StoreDep) -> Accepted:
     """Queue one request; its id is polled with ``GET /v1/requests/{id}``."""
-    errors = limit_errors(body, settings)
-    if errors:
-        raise RequestValidationError(errors)
-    specs = _specs([body], settings)
-    await _submit(store, specs)
-    return Accepted(id=specs[0].id)
+    (spec,) = await accept([body], settings, store, [("body",)])
+    return Accepted(id=spec.id)
 
 
 @router.post("/batch", status_code=status.HTTP_202_ACCEPTED, responses={**BAD_BODY, **QUEUE_FULL_OR_UNAVAILABLE})
 async def submit_batch(body: BatchRequest, settings: SettingsDep, store: StoreDep) -> BatchAccepted:
     """Queue several independent requests at once (all or none); ids in submission order."""
-    errors: list[ErrorDict] = []
-    for i, req in enumerate(body.requests):
-        errors += limit_errors(req, settings, ("body", "requests", i))
-    if errors:
-        raise RequestValidationError(errors)
-    specs = _specs(body.requests, settings)
-    await _submit(store, specs)
+    locs = [("body", "requests", i) for i in range(len(body.requests))]
+    specs = await accept(body.requests, settings, store, locs)
     return BatchAccepted(ids=[spec.id for spec in specs])
 
 

@@ -245,9 +245,18 @@ async def test_loading_redis_is_503(tmp_path: Path, method: str, path: str, body
         assert (health.status_code, health.json()) == (503, {"status": "unavailable"})
 
 
+def _array(values: list[str | None]) -> bytes:
+    """A RESP3 array of bulk strings (None = RESP3 null), as HMGET answers."""
+    out = [b"*%d\r\n" % len(values)]
+    for value in values:
+        out.append(b"_\r\n" if value is None else b"$%d\r\n%s\r\n" % (len(value.encode()), value.encode()))
+    return b"".join(out)
+
+
 def _queued_request(command: list[bytes]) -> bytes | None:
-    if _name(command) == "HGETALL":
-        return _map({"spec": SPEC.model_dump_json(), "status": "queued", "created_at": "1.0"})
+    if _name(command) == "HMGET":
+        state = {"spec": SPEC.model_dump_json(), "status": "queued", "created_at": "1.0"}
+        return _array([state.get(field.decode()) for field in command[2:]])
     if _name(command) == "SUBSCRIBE":
         return b"-ERR pub/sub is broken here\r\n"  # the completion waiter never gets a subscription
     return PONG if _name(command) == "PING" else OK
@@ -268,7 +277,7 @@ async def test_long_poll_ends_within_wait_s_plus_socket_timeout_when_redis_stall
         nonlocal reads
         if _name(command) == "SUBSCRIBE":
             return None  # the waiter hangs on a dead channel
-        if _name(command) == "HGETALL":
+        if _name(command) == "HMGET":
             reads += 1
             return _queued_request(command) if reads == 1 else None
         return PONG if _name(command) == "PING" else OK

@@ -24,6 +24,8 @@ BASE: dict[str, Any] = {
     "num_frames": None,
     "n": 1,
     "lora": None,
+    "task": "text-to-image",
+    "strength": None,
     "created_at": 1000.0,
 }
 
@@ -42,6 +44,8 @@ KEYED_FIELDS = frozenset(
         "n",
         "lora",
         "negative_prompt",
+        "task",
+        "strength",
     }
 )
 PER_ROW_FIELDS = frozenset({"id", "prompt", "negative_prompt", "seed", "created_at"})
@@ -71,6 +75,12 @@ DIFFERENT: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "lora_vs_none": ({}, {"lora": LoraRef(name="style-a", scale=1.0)}),
     "negative_prompt_presence": ({}, {"negative_prompt": "blurry"}),
     "empty_negative_prompt_presence": ({}, {"negative_prompt": ""}),
+    "task": ({}, {"task": "image-to-image", "strength": 0.8}),
+    "inpaint_vs_image_to_image": (
+        {"task": "image-to-image", "strength": 0.8},
+        {"task": "inpaint", "strength": 0.8},
+    ),
+    "strength": ({"task": "image-to-image", "strength": 0.8}, {"strength": 0.5}),
 }
 
 # (base overrides, changed overrides): the two specs must land in the same bucket.

@@ -39,7 +39,7 @@ def submit(client: fakeredis.FakeRedis, keys: k.RedisKeys, *ids: str, max_len: i
             guidance_scale=5.0,
             created_at=time.time(),
         )
-        args += [rid, spec.model_dump_json(), spec.created_at]
+        args += [rid, spec.model_dump_json(), spec.created_at, "", ""]
     script = client.register_script(k.SUBMIT)
     return int(script(keys=[keys.requests, *(keys.request(r) for r in ids)], args=args))
 
