@@ -1,17 +1,22 @@
-"""The default runner: one diffusers text-to-image pipeline, loaded once, called once per fused batch.
+"""The default runner: one diffusers pipeline, loaded once, called once per fused batch.
 
-All specs of a batch share one compatibility key (size, steps, guidance, n, LoRA, negative-prompt presence),
-so the batch maps onto a single pipeline call: prompts and negative prompts become lists, and every output
-image gets its own generator seeded ``spec.seed + k``, which makes each row equal (to float rounding) to a
-solo run.
+All specs of a batch share one compatibility key (size, steps, guidance, n, LoRA, negative-prompt presence, task,
+strength), so the batch maps onto a single pipeline call: prompts, negative prompts, input images and masks become
+lists, and every output image gets its own generator seeded ``spec.seed + k``, which makes each row equal (to
+float rounding) to a solo run.
+
+Image-to-image and inpainting run on the same loaded weights: their pipelines are derived with diffusers'
+``from_pipe`` (which shares every component, so no second copy is in memory). A family without such a pipeline
+simply does not list the task in ``tasks``.
 """
 
 from __future__ import annotations
 
 import gc
 import inspect
+import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -19,8 +24,8 @@ from PIL import Image
 
 from gpu_worker.demo_model import ensure_demo_model
 from gpu_worker.lora import LoraActivator
-from gpu_worker.runner import StepCallback
-from shared.contracts import RequestSpec
+from gpu_worker.runner import InputImages, StepCallback
+from shared.contracts import RequestSpec, Task
 from shared.settings import Settings
 
 FUSED_PIPELINE_CLASSES: frozenset[str] = frozenset(
@@ -35,6 +40,14 @@ FUSED_PIPELINE_CLASSES: frozenset[str] = frozenset(
     }
 )
 """Text-to-image pipeline classes known to take a prompt list and one generator per output image."""
+
+DERIVED_PIPELINES: dict[Task, str] = {
+    Task.IMAGE_TO_IMAGE: "AutoPipelineForImage2Image",
+    Task.INPAINT: "AutoPipelineForInpainting",
+}
+"""The diffusers auto-pipeline that derives each image task's pipeline from the loaded one (``from_pipe``)."""
+
+log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -66,7 +79,17 @@ def check_batch(specs: Sequence[RequestSpec]) -> RequestSpec:
     if not specs:
         raise ValueError("empty batch")
     head = specs[0]
-    fields = ("width", "height", "num_inference_steps", "guidance_scale", "guidance_rescale", "n", "lora")
+    fields = (
+        "width",
+        "height",
+        "num_inference_steps",
+        "guidance_scale",
+        "guidance_rescale",
+        "n",
+        "lora",
+        "task",
+        "strength",
+    )
     for spec in specs[1:]:
         for field in fields:
             if getattr(spec, field) != getattr(head, field):
@@ -101,7 +124,32 @@ class DiffusersRunner:
         pipe.set_progress_bar_config(disable=True)
         self.pipe: Any = pipe.to(self.device)
         self.loras = LoraActivator(self.pipe, settings.lora_dir)
-        self._call_params = frozenset(inspect.signature(self.pipe.__call__).parameters)
+        self._pipes: dict[Task, Any] = {Task.TEXT_TO_IMAGE: self.pipe, **self._derived_pipelines()}
+        self._call_params = {
+            task: frozenset(inspect.signature(derived.__call__).parameters) for task, derived in self._pipes.items()
+        }
+
+    def _derived_pipelines(self) -> dict[Task, Any]:
+        """The image-task pipelines of the loaded family, sharing its components."""
+        import diffusers
+
+        derived: dict[Task, Any] = {}
+        for task, auto_name in DERIVED_PIPELINES.items():
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    pipeline = getattr(diffusers, auto_name).from_pipe(self.pipe)
+            except Exception as exc:  # noqa: BLE001 - the family has no such pipeline: the task is not offered
+                log.info("%s: no %s pipeline (%s: %s)", type(self.pipe).__name__, task, type(exc).__name__, exc)
+                continue
+            pipeline.set_progress_bar_config(disable=True)
+            derived[task] = pipeline
+        return derived
+
+    @property
+    def tasks(self) -> frozenset[Task]:
+        """Text-to-image, plus image-to-image and inpainting where the family has those pipelines."""
+        return frozenset(self._pipes)
 
     @property
     def fused(self) -> bool:
@@ -116,12 +164,21 @@ class DiffusersRunner:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def _accepts(self, name: str) -> bool:
-        return name in self._call_params
+    def run(
+        self,
+        specs: Sequence[RequestSpec],
+        on_step: StepCallback,
+        inputs: Mapping[str, InputImages] | None = None,
+    ) -> list[list[Image.Image]]:
+        """Run ``specs`` in one pipeline call and return ``spec.n`` PIL images per spec, in order.
 
-    def run(self, specs: Sequence[RequestSpec], on_step: StepCallback) -> list[list[Image.Image]]:
-        """Run ``specs`` in one pipeline call and return ``spec.n`` PIL images per spec, in order."""
+        Image tasks take each request's input image (and mask) from ``inputs``, already of the output size.
+        """
         head = check_batch(specs)
+        if head.task not in self._pipes:
+            raise ValueError(f"{type(self.pipe).__name__} has no {head.task} pipeline")
+        pipe = self._pipes[head.task]
+        accepts = self._call_params[head.task]
         steps = head.num_inference_steps
         self.loras.activate(head.lora)
 
@@ -129,26 +186,34 @@ class DiffusersRunner:
             "prompt": [spec.prompt for spec in specs],
             "generator": make_generators(specs, self.device),
             "num_images_per_prompt": head.n,
-            "width": head.width,
-            "height": head.height,
             "num_inference_steps": steps,
             "guidance_scale": head.guidance_scale,
             "output_type": "pil",
         }
+        if "width" in accepts:  # image-to-image pipelines take the size of their input image
+            kwargs.update(width=head.width, height=head.height)
         if head.negative_prompt is not None:
             kwargs["negative_prompt"] = [spec.negative_prompt for spec in specs]
-        if head.guidance_rescale and self._accepts("guidance_rescale"):
+        if head.guidance_rescale and "guidance_rescale" in accepts:
             kwargs["guidance_rescale"] = head.guidance_rescale
+        if head.task.needs_image:
+            if inputs is None:
+                raise ValueError(f"{head.task} needs the requests' input images")
+            kwargs["image"] = [inputs[spec.id].image for spec in specs]
+            kwargs["strength"] = head.strength
+            if head.task is Task.INPAINT:
+                kwargs["mask_image"] = [inputs[spec.id].mask for spec in specs]
 
         def step_end(pipe: Any, step: int, timestep: Any, callback_kwargs: dict[str, Any]) -> dict[str, Any]:
-            if on_step(step + 1, steps):
+            # image tasks denoise only the last `strength` part of the schedule: report the steps really run
+            if on_step(step + 1, getattr(pipe, "_num_timesteps", None) or steps):
                 pipe._interrupt = True
             return callback_kwargs
 
-        if self._accepts("callback_on_step_end"):
+        if "callback_on_step_end" in accepts:
             kwargs["callback_on_step_end"] = step_end
-        images: list[Image.Image] = list(self.pipe(**kwargs).images)
-        if not self._accepts("callback_on_step_end"):
+        images: list[Image.Image] = list(pipe(**kwargs).images)
+        if "callback_on_step_end" not in accepts:
             on_step(steps, steps)
 
         expected = len(specs) * head.n

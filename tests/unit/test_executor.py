@@ -257,3 +257,20 @@ def test_an_unreadable_entry_fails_with_a_ttl_and_wakes_waiters(
     client.hset(store.keys.request("b"), "status", "succeeded")
     store.fail_unreadable("b", "late")  # never moves a finished request back
     assert client.hget(store.keys.request("b"), "status") == "succeeded"
+
+
+def test_a_task_the_runner_does_not_do_fails_clearly(client: fakeredis.FakeRedis, settings: Settings) -> None:
+    """ScriptedRunner declares no ``tasks``: text-to-image only. An image-to-image request fails, saying so,
+    and the runner is never called for it."""
+    keys = SchedulerStore(client, settings).keys
+    batch = scheduled_batch(client, settings, ["img"])
+    spec = RequestSpec.model_validate_json(client.hget(keys.request("img"), "spec"))
+    client.hset(keys.request("img"), "spec", spec.model_copy(update={"task": "image-to-image"}).model_dump_json())
+    runner = ScriptedRunner()
+    outcome = BatchExecutor(WorkerStore(client, settings), runner, "w1", None).execute(batch)
+    assert isinstance(outcome, BatchOutcome) and outcome.statuses == {"img": RequestStatus.FAILED}
+    kind, message = error(client, settings, "img")
+    assert kind == "UnsupportedTask"
+    assert message == "this fleet's runner (ScriptedRunner) does not do image-to-image; it does text-to-image"
+    assert runner.forwards == []
+    assert in_flight(client, settings) == []
