@@ -100,6 +100,64 @@ def settings(
     typer.echo(render_markdown_table() if markdown else render_env_example(), nl=False)
 
 
+@cli.command()
+def generate(
+    prompts: Annotated[list[str], typer.Argument(help="One or more prompts; each is its own request.")],
+    n: Annotated[int | None, typer.Option("-n", "--num-images", min=1, help="Images per prompt.")] = None,
+    size: Annotated[str | None, typer.Option("--size", help="WIDTHxHEIGHT, e.g. 512x512.")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", min=1, help="Denoising steps.")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", min=0, help="Seed of every request (default: random).")] = None,
+    guidance: Annotated[float | None, typer.Option("--guidance", help="Guidance scale.")] = None,
+    negative: Annotated[str | None, typer.Option("--negative", help="Negative prompt of every request.")] = None,
+    lora: Annotated[str | None, typer.Option("--lora", help="LoRA adapter of the fleet, by name.")] = None,
+    lora_scale: Annotated[float | None, typer.Option("--lora-scale", help="Scale of --lora.")] = None,
+    image: Annotated[
+        Path | None, typer.Option("--image", help="Input image (PNG, JPEG, WebP) for image-to-image.")
+    ] = None,
+    mask: Annotated[
+        Path | None, typer.Option("--mask", help="Inpainting mask (white = repaint); needs --image.")
+    ] = None,
+    strength: Annotated[
+        float | None, typer.Option("--strength", help="How much of --image is replaced (0 < s <= 1).")
+    ] = None,
+    out: Annotated[Path, typer.Option("-o", "--out", help="Folder of the PNGs (created).")] = Path("."),
+    prefix: Annotated[
+        str | None, typer.Option("--prefix", help="Name files <prefix>-<prompt#>-<k>.png instead of <id>-<k>.png.")
+    ] = None,
+    url: Annotated[
+        str | None, typer.Option("--url", envvar="FUSEFLEET_URL", help="The api (default http://127.0.0.1:8000).")
+    ] = None,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="Give up waiting after this many seconds.")] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bars on stderr.")] = True,
+) -> None:
+    """Generate images on a running fleet: each prompt is its own request, all submitted together.
+
+    Writes OUT/<id>-<k>.png and prints one line per file; exits 1 when any request failed or was refused.
+    """
+    from fusefleet.client_cli import GenerateOptions, run_generate
+
+    options = GenerateOptions(
+        prompts=prompts,
+        out=out,
+        url=url,
+        n=n,
+        size=size,
+        steps=steps,
+        seed=seed,
+        guidance=guidance,
+        negative=negative,
+        lora=lora,
+        lora_scale=lora_scale,
+        image=image,
+        mask=mask,
+        strength=strength,
+        prefix=prefix,
+        timeout=timeout,
+        progress=progress,
+    )
+    raise typer.Exit(run_generate(options))
+
+
 def main() -> None:
     cli()
 
