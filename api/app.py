@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from redis.exceptions import RedisError
 
 from api.body_limit import BodyLimit
+from api.openai import install as install_openai
 from api.openapi import serve_limits
 from api.outage import StoreUnavailable, store_unavailable_response
 from api.routes import health, requests
@@ -78,5 +79,6 @@ def create_app(
     app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes)
     app.include_router(requests.router)
     app.include_router(health.router)
+    install_openai(app)  # OpenAI Images API: its routes, errors in OpenAI's shape (api/openai/)
     serve_limits(app, settings)
     return app

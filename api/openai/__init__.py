@@ -1,0 +1,22 @@
+"""The OpenAI Images API on the api process, beside the native one (as vLLM-Omni, SGLang and Dynamo serve diffusion).
+
+``POST /v1/images/generations``, ``POST /v1/images/edits``, ``GET /v1/models`` and ``GET /v1/models/{id}``: each
+image call is one ordinary, batchable fleet request (visible under ``/v1/requests/{id}``), answered in OpenAI's
+shapes. These routes are left out of the served OpenAPI document (OpenAI's own specification describes them;
+docs/api.md says what differs). ``install`` adds them to an app.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from api.openai import images, models
+from api.openai.errors import OpenAIBodyLimitShape
+
+
+def install(app: FastAPI) -> None:
+    """Add the OpenAI routes to ``app``. Call it after the body-limit middleware is added: its 413 is then
+    answered in OpenAI's shape on the OpenAI paths."""
+    app.include_router(images.router)
+    app.include_router(models.router)
+    app.add_middleware(OpenAIBodyLimitShape)

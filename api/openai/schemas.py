@@ -1,0 +1,260 @@
+"""Bodies of the OpenAI Images API and their translation into one native ``GenerateRequest``.
+
+A call's native fields are validated by ``GenerateRequest`` itself and its limits by the shared submission path
+(``api.submission.accept``): one set of bounds for both APIs. Here live only what OpenAI adds:
+
+- ``size`` ``"WIDTHxHEIGHT"`` (``"auto"`` or absent: the native default, the demo model's 64x64), each side a
+  multiple of 8 between 8 and the fleet's ``max_image_side``;
+- ``model``: the fleet's model id (``GET /v1/models``) or absent;
+- ``response_format`` ``b64_json`` (default) or ``url``; ``user`` / ``safety_identifier``: accepted and ignored;
+- OpenAI parameters this server does not implement but clients commonly send (``UNSUPPORTED``): their default or
+  harmless values are accepted, any other value is a 400 naming the parameter.
+
+Extensions beyond OpenAI's parameters, with the native meaning and bounds: ``negative_prompt``,
+``num_inference_steps``, ``guidance_scale``, ``seed``, ``lora`` (``{"name", "scale"}``; in a multipart form
+``lora[name]`` and ``lora[scale]``, as the ``openai`` client sends a nested ``extra_body``), and ``strength`` for
+edits. Unknown parameters are refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from fastapi import UploadFile, status
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from api.openai.errors import OpenAIError, invalid_request, model_not_found
+from api.schemas import DEFAULT_SIDE, GenerateRequest
+from shared.settings import Settings
+
+ResponseFormat = Literal["b64_json", "url"]
+AUTO_SIZE = "auto"
+SIDE_MULTIPLE = 8
+_SIZE = re.compile(r"(\d{1,6})x(\d{1,6})")
+
+
+class Unsupported(BaseModel):
+    """An OpenAI parameter this server does not implement: the values it accepts (as sent, lower case) and why
+    others are refused."""
+
+    model_config = ConfigDict(frozen=True)
+
+    accepted: frozenset[str]
+    reason: str
+
+
+UNSUPPORTED: Mapping[str, Unsupported] = {
+    "quality": Unsupported(
+        accepted=frozenset({"auto", "standard"}), reason="set num_inference_steps to trade quality for speed"
+    ),
+    "style": Unsupported(accepted=frozenset({"vivid"}), reason="describe the style in the prompt"),
+    "background": Unsupported(accepted=frozenset({"auto", "opaque"}), reason="images are opaque PNGs"),
+    "moderation": Unsupported(accepted=frozenset({"auto", "low"}), reason="this server does not moderate"),
+    "output_format": Unsupported(accepted=frozenset({"png"}), reason="images are PNG"),
+    "output_compression": Unsupported(accepted=frozenset({"100"}), reason="PNG is lossless"),
+    "stream": Unsupported(
+        accepted=frozenset({"false"}), reason="answers are not streamed (GET /v1/requests/{id} reports progress)"
+    ),
+    "partial_images": Unsupported(accepted=frozenset({"0"}), reason="answers are not streamed"),
+    "input_fidelity": Unsupported(accepted=frozenset({"low"}), reason="strength sets how much of the image changes"),
+}
+
+
+def model_id(settings: Settings) -> str:
+    """The id of the one model this fleet serves (as the native API stores it in each request)."""
+    return settings.model or "demo"
+
+
+def _token(value: Any) -> str:
+    """A sent value as the lower-case text ``UNSUPPORTED`` lists: JSON ``false`` and form ``"false"`` alike."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value).strip().lower()
+
+
+class OpenAIImageParams(BaseModel):
+    """What generations and edits share; unknown parameters are refused (400 ``unknown_parameter``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(None, description="The fleet's model id (GET /v1/models); omit it for that one.")
+    size: str | None = Field(None, description="'WIDTHxHEIGHT', each side a multiple of 8; 'auto' = 64x64.")
+    response_format: ResponseFormat | None = Field(None, description="b64_json (default) or url.")
+    user: str | None = Field(None, description="Accepted and ignored.")
+    safety_identifier: str | None = Field(None, description="Accepted and ignored.")
+    quality: Any = None
+    background: Any = None
+    moderation: Any = None
+    output_format: Any = None
+    output_compression: Any = None
+    stream: Any = None
+    partial_images: Any = None
+
+    @property
+    def answer_format(self) -> ResponseFormat:
+        return self.response_format or "b64_json"
+
+    def check(self, settings: Settings) -> None:
+        """Raise the OpenAI error of the served model or an unsupported value; the native fields come next."""
+        if self.model is not None and self.model != model_id(settings):
+            raise model_not_found(self.model)
+        for param, rule in UNSUPPORTED.items():
+            value = getattr(self, param, None)
+            if value is not None and _token(value) not in rule.accepted:
+                accepted = ", ".join(sorted(rule.accepted))
+                raise OpenAIError(
+                    status.HTTP_400_BAD_REQUEST,
+                    f"Unsupported value for '{param}': {value!r}. This server accepts only {accepted} ({rule.reason}).",
+                    param=param,
+                    code="unsupported_value",
+                )
+
+    def size_fields(self, settings: Settings) -> dict[str, int]:
+        """``width`` and ``height`` of ``size``; an OpenAI 400 naming ``size`` when it is not a usable size."""
+        if self.size is None or self.size.strip().lower() == AUTO_SIZE:
+            return {"width": DEFAULT_SIDE, "height": DEFAULT_SIDE}
+        limit = settings.max_image_side
+        match = _SIZE.fullmatch(self.size.strip())
+        sides = [int(side) for side in match.groups()] if match else []
+        if not sides or any(side < SIDE_MULTIPLE or side > limit or side % SIDE_MULTIPLE for side in sides):
+            raise OpenAIError(
+                status.HTTP_400_BAD_REQUEST,
+                f"Invalid value for 'size': {self.size!r}. Use 'WIDTHxHEIGHT' (or 'auto' = "
+                f"{DEFAULT_SIDE}x{DEFAULT_SIDE}) with each side a multiple of {SIDE_MULTIPLE} between "
+                f"{SIDE_MULTIPLE} and {limit} (this server's max_image_side).",
+                param="size",
+                code="invalid_value",
+            )
+        return {"width": sides[0], "height": sides[1]}
+
+
+def native_request(fields: Mapping[str, Any]) -> GenerateRequest:
+    """The native request of ``fields`` (absent = native default), or an OpenAI 400 naming the parameter."""
+    try:
+        return GenerateRequest.model_validate(dict(fields))
+    except ValidationError as exc:
+        errors = [{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]
+        raise invalid_request(errors) from None
+
+
+def _present(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The values that were given: JSON ``null`` (or an absent form field) means the default, as at OpenAI."""
+    return {name: value for name, value in values.items() if value is not None}
+
+
+class ImageGenerationRequest(OpenAIImageParams):
+    """``POST /v1/images/generations`` (JSON). The native fields are passed on as sent and validated natively."""
+
+    prompt: Any = Field(description="The text prompt (one string).")
+    n: Any = Field(None, description="Images for this prompt, 1 to the server's max_images_per_request.")
+    style: Any = None
+    negative_prompt: Any = None
+    num_inference_steps: Any = None
+    guidance_scale: Any = None
+    seed: Any = None
+    lora: Any = Field(None, description='{"name": adapter, "scale": float} from the fleet\'s LoRA folder.')
+
+    def native(self, settings: Settings) -> GenerateRequest:
+        self.check(settings)
+        values = {
+            "prompt": self.prompt,
+            "n": self.n,
+            "negative_prompt": self.negative_prompt,
+            "num_inference_steps": self.num_inference_steps,
+            "guidance_scale": self.guidance_scale,
+            "seed": self.seed,
+            "lora": self.lora,
+        }
+        return native_request({**_present(values), **self.size_fields(settings)})
+
+
+class ImageEditForm(OpenAIImageParams):
+    """``POST /v1/images/edits`` (multipart/form-data): one ``image`` file (``image[]`` with one file is the
+    same), an optional ``mask`` file (white = repaint), and the generation's parameters as form fields."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    prompt: str = Field(description="The text prompt.")
+    image: UploadFile | None = None
+    image_list: list[UploadFile] | None = Field(None, alias="image[]")
+    mask: UploadFile | None = None
+    n: int | None = None
+    negative_prompt: str | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    seed: int | None = None
+    strength: float | None = Field(None, description="How much of the image is replaced, 0 < strength <= 1.")
+    lora_name: str | None = Field(None, alias="lora[name]")
+    lora_scale: float | None = Field(None, alias="lora[scale]")
+    input_fidelity: Any = None
+
+    def _image_file(self) -> UploadFile:
+        files = [*([self.image] if self.image is not None else []), *(self.image_list or [])]
+        if not files:
+            raise OpenAIError(
+                status.HTTP_400_BAD_REQUEST,
+                "Missing required parameter: 'image'.",
+                param="image",
+                code="missing_required_parameter",
+            )
+        if len(files) > 1:
+            raise OpenAIError(
+                status.HTTP_400_BAD_REQUEST,
+                f"Invalid value for 'image': {len(files)} images; this server edits one image per request.",
+                param="image",
+                code="invalid_value",
+            )
+        return files[0]
+
+    async def native(self, settings: Settings) -> GenerateRequest:
+        """The native image-conditioned request: the uploads as base64 ``image`` and ``mask_image``."""
+        self.check(settings)
+        image = await self._image_file().read()
+        mask = await self.mask.read() if self.mask is not None else None
+        lora: dict[str, Any] | None = None
+        if self.lora_name is not None or self.lora_scale is not None:
+            lora = _present({"name": self.lora_name, "scale": self.lora_scale})
+        values = {
+            "prompt": self.prompt,
+            "image": base64.b64encode(image).decode(),
+            "mask_image": base64.b64encode(mask).decode() if mask is not None else None,
+            "strength": self.strength,
+            "n": self.n,
+            "negative_prompt": self.negative_prompt,
+            "num_inference_steps": self.num_inference_steps,
+            "guidance_scale": self.guidance_scale,
+            "seed": self.seed,
+            "lora": lora,
+        }
+        return native_request({**_present(values), **self.size_fields(settings)})
+
+
+class ImageObject(BaseModel):
+    """One generated image: ``b64_json`` (PNG bytes, base64) or ``url`` (absolute, the native image URL)."""
+
+    b64_json: str | None = None
+    url: str | None = None
+
+
+class ImagesResponse(BaseModel):
+    """OpenAI's answer: ``created`` (unix seconds) and one entry per image, in order."""
+
+    created: int
+    data: list[ImageObject]
+
+
+class ModelObject(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "fusefleet"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelObject]
