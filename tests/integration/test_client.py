@@ -141,22 +141,34 @@ def test_cli_generate_reports_failures_and_exits_1(fleet: Fleet, tmp_path: Path)
 
 
 @needs_image_fields
-def test_image_to_image_through_the_client_and_the_cli(fleet: Fleet, tmp_path: Path) -> None:
-    source = tmp_path / "in.png"
+def test_image_to_image_and_inpainting_through_the_client_and_the_cli(fleet: Fleet, tmp_path: Path) -> None:
+    source, mask = tmp_path / "in.png", tmp_path / "mask.webp"
     Image.new("RGB", (64, 64), (20, 120, 220)).save(source)
+    Image.new("L", (32, 32), 255).save(mask)  # another size and format: the api converts and resizes it
     with Client(fleet.base_url) as client:
         request = GenerateRequest.model_validate(
             {"prompt": "a watercolour fox", "image": encode_image(source), "strength": 0.6, "seed": 4}
         )
         [result] = client.generate([request], timeout=120)
-    assert result.id is not None and result.view is not None, result.error
-    assert (result.view.params.task, result.view.params.strength) == ("image-to-image", 0.6)
-    done = _cli(fleet, "a fox", "--image", str(source), "--strength", "0.7", "--steps", "4", "-o", str(tmp_path))
-    if result.error is not None and result.error.type == "UnsupportedTask":
-        # the api took the image; this fleet's runner cannot use it: reported per request, readably
-        assert done.returncode == 1 and "UnsupportedTask" in done.stderr and "Traceback" not in done.stderr
-        pytest.skip(f"the fleet's runner does no image-to-image: {result.error.message}")
     assert result.ok, (result.error, fleet.logs_hint())
+    assert result.view is not None
+    assert (result.view.params.task, result.view.params.strength) == ("image-to-image", 0.6)
     assert [_size(png) for png in result.images] == [(64, 64)]
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert len(done.stdout.split()) == 1
+
+    done = _cli(
+        fleet,
+        "a fox",
+        "--image",
+        str(source),
+        "--mask",
+        str(mask),
+        "--strength",
+        "0.7",
+        "--prefix",
+        "fox",
+        "-o",
+        str(tmp_path / "out"),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr + fleet.logs_hint()
+    assert done.stdout.split() == [str(tmp_path / "out" / "fox-0-0.png")]
+    assert _size((tmp_path / "out" / "fox-0-0.png").read_bytes()) == (64, 64)
