@@ -31,6 +31,15 @@ BODY_NOT_OBJECT = (
 
 DEFAULT_STRENGTH = 0.8
 IMAGE_FIELD_NEEDS_IMAGE = "{field} needs an input image: set image (base64 PNG, JPEG or WebP, or a data: URL)"
+IMAGE_OPTIONS = ("mask_image", "strength")
+
+
+def _needs_image(field: str) -> dict[str, Any]:
+    """JSON Schema for "a non-null ``field`` requires a non-null ``image``" (what ``_needs_image`` checks)."""
+    return {
+        "if": {"required": [field], "properties": {field: {"not": {"type": "null"}}}},
+        "then": {"required": ["image"], "properties": {"image": {"type": "string"}}},
+    }
 
 
 class GenerateRequest(BaseModel):
@@ -40,7 +49,7 @@ class GenerateRequest(BaseModel):
     ``mask_image`` = inpainting. Unknown fields are refused.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"allOf": [_needs_image(f) for f in IMAGE_OPTIONS]})
 
     prompt: str = Field(min_length=1, description="The text prompt (one string; one prompt per request).")
     negative_prompt: str | None = Field(None, description="What the image should not show.")
