@@ -19,6 +19,8 @@ from redis.exceptions import RedisError
 log = logging.getLogger(__name__)
 RECONNECT_DELAY_S = 0.5
 START_TIMEOUT_S = 5.0
+SUBSCRIBE_TIMEOUT_S = 5.0  # a stalled Redis must not hold the subscription attempt forever
+STOP_TIMEOUT_S = 2.0  # redis-py can swallow a cancellation while it waits on a stalled socket: never wait longer
 
 
 class CompletionWaiter:
@@ -39,10 +41,12 @@ class CompletionWaiter:
             await asyncio.wait_for(self._attempted.wait(), timeout=timeout_s)
 
     async def stop(self) -> None:
+        """Stop listening; returns within ``STOP_TIMEOUT_S`` even when the listener is stuck on a stalled Redis."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            done, _ = await asyncio.wait({self._task}, timeout=STOP_TIMEOUT_S)
+            if not done:
+                log.warning("completion listener did not stop within %.1f s; leaving it behind", STOP_TIMEOUT_S)
 
     def register(self, request_id: str) -> asyncio.Future[None]:
         """A future resolved when ``request_id`` finishes; register before reading the state (no lost wake-up)."""
@@ -64,7 +68,7 @@ class CompletionWaiter:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
                 try:
-                    await pubsub.subscribe(self._channel)
+                    await asyncio.wait_for(pubsub.subscribe(self._channel), timeout=SUBSCRIBE_TIMEOUT_S)
                 finally:
                     self._attempted.set()
                 if lost:
@@ -73,7 +77,7 @@ class CompletionWaiter:
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
                         self._wake(str(message["data"]))
-            except (RedisError, OSError) as exc:
+            except (RedisError, OSError, TimeoutError) as exc:
                 if not lost:
                     log.warning(
                         "completion channel lost (%s); resubscribing every %.1f s, long polls last wait_s meanwhile",
@@ -84,7 +88,7 @@ class CompletionWaiter:
                 await asyncio.sleep(RECONNECT_DELAY_S)
             finally:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await asyncio.wait_for(pubsub.aclose(), timeout=STOP_TIMEOUT_S)  # type: ignore[no-untyped-call]
 
     def _wake(self, request_id: str) -> None:
         for future in self._waiters.pop(request_id, []):

@@ -11,7 +11,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from api.body_limit import BodyLimit, BodyTooLarge
 from shared.settings import Settings
-from tests.unit.test_api import Api, api_harness, unit_settings
+from tests.support.api import Api, unit_settings
 
 pytestmark = pytest.mark.anyio
 
@@ -21,19 +21,8 @@ DETAIL = f"request body exceeds this server's max_body_bytes ({LIMIT} bytes)"
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return unit_settings(tmp_path, max_body_bytes=LIMIT, max_prompt_chars=4000)
-
-
-@pytest.fixture
-async def api(settings: Settings) -> AsyncIterator[Api]:
-    async for harness in api_harness(settings):
-        yield harness
 
 
 def _body(size: int) -> bytes:

@@ -16,14 +16,9 @@ import pytest
 from PIL import Image
 
 from shared.contracts import RequestSpec, Task
-from tests.unit.test_api import Api, api_harness, unit_settings
+from tests.support.api import Api, api_harness, unit_settings
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ and the per-batch pixel budget (``max_batch_pixels``) refused at submission."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ import pytest
 
 from api.validation import CUT, MAX_DEPTH, json_safe
 from shared.settings import Settings
-from tests.unit.test_api import Api, api_harness, unit_settings
+from tests.support.api import Api, unit_settings
 
 pytestmark = pytest.mark.anyio
 
@@ -22,20 +21,9 @@ JSON = {"content-type": "application/json"}
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     # 64 x 64 x 4 images: a 256 x 256 image alone, or three 64 x 128 ones, exceed the budget
     return unit_settings(tmp_path, max_batch_pixels=64 * 64 * 4)
-
-
-@pytest.fixture
-async def api(settings: Settings) -> AsyncIterator[Api]:
-    async for harness in api_harness(settings):
-        yield harness
 
 
 def _strict_json(response: httpx.Response) -> Any:

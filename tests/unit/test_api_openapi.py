@@ -3,7 +3,6 @@ what it calls an integer is accepted as one."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -12,25 +11,9 @@ import pytest
 from api.app import create_app
 from shared.contracts import MAX_SEED, RequestSpec
 from shared.settings import Settings
-from tests.unit.test_api import Api, api_harness, unit_settings
+from tests.support.api import Api, unit_settings
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return unit_settings(tmp_path)
-
-
-@pytest.fixture
-async def api(settings: Settings) -> AsyncIterator[Api]:
-    async for harness in api_harness(settings):
-        yield harness
 
 
 def _request_schema(document: dict[str, Any]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from redis import exceptions as redis_errors
 from api.app import create_app
 from api.schemas import GenerateRequest
 from shared.settings import Settings
-from tests.unit.test_api import Api, api_harness, unit_settings
+from tests.support.api import Api, api_harness, unit_settings
 
 pytestmark = pytest.mark.anyio
 
@@ -40,11 +40,6 @@ ROUTES = [
     pytest.param("GET", "/v1/requests/r1/images/0", None, id="image"),
     pytest.param("POST", "/v1/requests/r1/abort", None, id="abort"),
 ]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 def _settings(tmp_path: Path, redis_url: str) -> Settings:

@@ -52,7 +52,6 @@ from shared.contracts import RequestSpec
 from shared.keys import RedisKeys
 from shared.settings import Settings
 from tests.support.redis_server import free_port
-from tests.unit.test_api import unit_settings
 
 pytestmark = pytest.mark.anyio
 
@@ -61,11 +60,6 @@ HAS_IMAGE_FIELDS = "image" in GenerateRequest.model_fields
 needs_image_fields = pytest.mark.skipif(
     not HAS_IMAGE_FIELDS, reason="GenerateRequest has no image fields yet (image-conditioned requests)"
 )
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 def png(width: int = 8, height: int = 8, color: tuple[int, int, int] = (200, 30, 30), fmt: str = "PNG") -> bytes:
@@ -182,11 +176,6 @@ def sync_served(settings: Settings, **client_options: Any) -> Iterator[SyncServe
                 yield SyncServed(client, fleet, portal)
         portal.call(fleet.redis.aclose)
         portal.call(fleet.binary.aclose)
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return unit_settings(tmp_path)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from gpu_worker.runner import StepCallback
 from gpu_worker.store import WorkerStore
 from scheduler.lease import Lease
 from scheduler.store import SchedulerStore
-from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus
+from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus, Task
 from shared.settings import Settings
 from tests.unit.test_scripts import submit
 
@@ -265,7 +265,7 @@ def test_a_task_the_runner_does_not_do_fails_clearly(client: fakeredis.FakeRedis
     keys = SchedulerStore(client, settings).keys
     batch = scheduled_batch(client, settings, ["img"])
     spec = RequestSpec.model_validate_json(client.hget(keys.request("img"), "spec"))
-    client.hset(keys.request("img"), "spec", spec.model_copy(update={"task": "image-to-image"}).model_dump_json())
+    client.hset(keys.request("img"), "spec", spec.model_copy(update={"task": Task.IMAGE_TO_IMAGE}).model_dump_json())
     runner = ScriptedRunner()
     outcome = BatchExecutor(WorkerStore(client, settings), runner, "w1", None).execute(batch)
     assert isinstance(outcome, BatchOutcome) and outcome.statuses == {"img": RequestStatus.FAILED}

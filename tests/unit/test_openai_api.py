@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,7 +22,7 @@ from api.schemas import GenerateRequest
 from shared import keys as k
 from shared.contracts import RequestSpec
 from shared.settings import Settings
-from tests.unit.test_api import Api, api_harness, unit_settings
+from tests.support.api import Api, api_harness, unit_settings
 
 pytestmark = pytest.mark.anyio
 
@@ -32,22 +32,6 @@ JSON = {"content-type": "application/json"}
 needs_image_requests = pytest.mark.skipif(
     "image" not in GenerateRequest.model_fields, reason="the core's image-conditioned requests have not landed"
 )
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return unit_settings(tmp_path)
-
-
-@pytest.fixture
-async def api(settings: Settings) -> AsyncIterator[Api]:
-    async for harness in api_harness(settings):
-        yield harness
 
 
 # --- a fake worker ---------------------------------------------------------------------------------------------
