@@ -68,6 +68,7 @@ class WorkerStore:
         self._finish = client.register_script(k.FINISH)
         self._batch_done = client.register_script(k.BATCH_DONE)
         self._renew = client.register_script(k.RENEW)
+        self._heartbeat = client.register_script(k.HEARTBEAT)
 
     def claim(self, batch: BatchMessage, token: str, worker: str) -> Claimed | Locked:
         ids = list(batch.request_ids)
@@ -165,12 +166,8 @@ class WorkerStore:
         return bool(self._renew(keys=[self.keys.batch_lock(batch_id)], args=[token, ttl_ms]))
 
     def heartbeat(self, worker: str, *, first: bool = False) -> None:
-        """Announce ``worker`` as a live slot; the first beat also wakes the scheduler."""
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.zadd(self.keys.workers, {worker: int(time.time() * 1000)})
-        if first:
-            pipe.xadd(self.keys.events, {"type": "worker_up", "worker": worker}, maxlen=k.EVENTS_MAXLEN)
-        pipe.execute()
+        """Announce ``worker`` as a live slot (scored by Redis time); the first beat also wakes the scheduler."""
+        self._heartbeat(keys=[self.keys.workers, self.keys.events], args=[worker, int(first), k.EVENTS_MAXLEN])
 
     def leave(self, worker: str) -> None:
         self._redis.zrem(self.keys.workers, worker)

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 HEAD_WINDOW_MIN = 64  # the policy looks at most at this many (or 4 x max_num_seqs) requests from the head
 REAP_INTERVAL_S = 1.0  # how often the active scheduler's reaper looks at the batches in flight
 OUTAGE_BACKOFF_CAP_S = 5.0  # longest pause between attempts to reach Redis again
+HEALTHY_LEAD_S = 10.0  # a lead that lasted this long before failing resets the backoff
 CAPACITY_TTL_S = 0.25  # a known free-slot count is trusted this long unless a worker event says it changed
 
 
@@ -86,15 +87,18 @@ class SchedulerService:
         backoff = Backoff(cap_s=OUTAGE_BACKOFF_CAP_S)
         try:
             while not stop.is_set():
+                led_since: float | None = None
                 try:
-                    acquired = self._lease.try_acquire()
-                    backoff.reset()
-                    if acquired:
+                    if self._lease.try_acquire():
                         log.info("scheduler %s is active", self._lease.token[:8])
+                        led_since = self._clock()
                         self._lead(stop)
                     else:
                         stop.wait(retry_s)
+                    backoff.reset()
                 except Exception as exc:  # noqa: BLE001 - the process must outlive any outage or bug
+                    if led_since is not None and self._clock() - led_since > HEALTHY_LEAD_S:
+                        backoff.reset()  # it led fine for a while: a new failure starts a new backoff
                     delay = backoff.next()
                     if is_transient(exc):
                         log.warning("Redis unavailable (%s: %s); standing by %.1f s", type(exc).__name__, exc, delay)

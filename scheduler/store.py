@@ -63,6 +63,7 @@ class SchedulerStore:
         self._reap = client.register_script(k.REAP)
         self._stamp_published = client.register_script(k.STAMP_PUBLISHED)
         self._fail = client.register_script(k.FAIL)
+        self._free_slots = client.register_script(k.FREE_SLOTS)
 
     def ensure_groups(self) -> None:
         for stream in (self.keys.requests, self.keys.events):
@@ -149,18 +150,13 @@ class SchedulerStore:
             pipe.execute()
 
     def free_slots(self) -> int:
-        """Live worker slots (stale heartbeats swept first) minus batches in flight.
+        """Live worker slots (stale heartbeats swept first, by Redis time) minus batches in flight.
 
         A batch leaves flight only when none of its requests is unfinished (``batch_done.lua``, ``reap.lua``),
         so a batch waiting to be published again still holds the slot it will take.
         """
-        now_ms = int(time.time() * 1000)
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.zremrangebyscore(self.keys.workers, "-inf", now_ms - int(self._settings.worker_ttl_s * 1000))
-        pipe.zcard(self.keys.workers)
-        pipe.zcard(self.keys.inflight)
-        _, workers, inflight = pipe.execute()
-        return int(workers) - int(inflight)
+        ttl_ms = int(self._settings.worker_ttl_s * 1000)
+        return int(self._free_slots(keys=[self.keys.workers, self.keys.inflight], args=[ttl_ms]))
 
     def schedule(self, lease_key: str, token: str, batch_id: str, request_ids: Sequence[str]) -> list[str]:
         """Atomically move the still-queued, non-aborted requests into batch ``batch_id``; returns those moved."""

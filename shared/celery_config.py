@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from shared.redis_conn import CONNECT_TIMEOUT_S
 from shared.settings import Settings
 
 RUN_BATCH_TASK = "fusefleet.run_batch"
@@ -15,7 +16,14 @@ RUN_BATCH_TASK = "fusefleet.run_batch"
 def make_celery(settings: Settings) -> Celery:
     """A Celery app bound to the fleet's Redis, configured for long, exclusive GPU tasks."""
     app = Celery("fusefleet", broker=settings.redis_url, set_as_current=False)
-    transport = {"visibility_timeout": settings.visibility_timeout_s}
+    transport = {
+        "visibility_timeout": settings.visibility_timeout_s,
+        # kombu's Redis transport has no socket timeouts by default: a Redis that stops answering without
+        # closing TCP would block a publish (the scheduler's dispatch, lease renewal and reaper) forever.
+        "socket_timeout": settings.redis_socket_timeout_s,
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "socket_keepalive": True,
+    }
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],

@@ -17,7 +17,7 @@ key                             type    contents
                                         published_ms (Redis server time); TTL once out of flight
 ``P:batch:{id}:lock``           string  claim token of the run holding the batch (TTL, renewed by heartbeats)
 ``P:inflight``                  zset    batches with unfinished requests, scored by first publish time (ms)
-``P:workers``                   zset    live worker node names, scored by last heartbeat (ms)
+``P:workers``                   zset    live worker node names, scored by last heartbeat (Redis time, ms)
 ``P:scheduler:lease``           string  token of the active scheduler (PX lease)
 ``P:finished``                  channel pub/sub: the id of every request that just reached a terminal status
 ==============================  ======  =====================================================================
@@ -99,5 +99,7 @@ ABORT = _lua("abort")
 BATCH_DONE = _lua("batch_done")
 REAP = _lua("reap")
 STAMP_PUBLISHED = _lua("stamp_published")
+HEARTBEAT = _lua("heartbeat")
+FREE_SLOTS = _lua("free_slots")
 RENEW = _lua("renew")
 RELEASE = _lua("release")

@@ -209,6 +209,11 @@ class Settings(BaseSettings):
                 f"redis_socket_timeout_s ({self.redis_socket_timeout_s}) must exceed scheduler_block_ms "
                 f"({self.scheduler_block_ms} ms): the scheduler's blocking read would time out"
             )
+        if self.worker_heartbeat_s * 2 > self.batch_lock_ttl_s:
+            raise ValueError(
+                f"worker_heartbeat_s ({self.worker_heartbeat_s}) must be at most half of batch_lock_ttl_s "
+                f"({self.batch_lock_ttl_s}): the heartbeat renews a running batch's lock, which would lapse mid-run"
+            )
         if self.visibility_timeout_s <= self.batch_time_limit_s:
             raise ValueError(
                 f"visibility_timeout_s ({self.visibility_timeout_s}) must exceed batch_time_limit_s "

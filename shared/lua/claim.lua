@@ -1,11 +1,16 @@
 -- A worker takes a batch: lock it and move its unfinished requests to running under this claim's token.
 -- Only a claim that finds something to run counts an attempt; past max attempts those requests fail instead.
+-- A call whose token already holds the lock is a replay (the reply of the first call was lost and the worker
+-- retried): it changes nothing, renews the lock and answers what the first call did.
 -- KEYS[1] batch lock, KEYS[2] batch hash, KEYS[3..] request hashes.
 -- ARGV[1] claim token, ARGV[2] lock ttl (ms), ARGV[3] batch id, ARGV[4] now (s), ARGV[5] worker name,
 -- ARGV[6] max attempts, ARGV[7] result ttl (s), ARGV[8] finished channel, then the request ids (KEYS order).
 -- Returns {-1, pttl} when another run holds the lock, else {attempts, id1, status1, spec1, id2, ...} with the
 -- status each request has after the claim (running = this claim runs it) and, for running ones, the spec.
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+local replay = redis.call('GET', KEYS[1]) == ARGV[1]
+if replay then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+elseif not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {-1, redis.call('PTTL', KEYS[1])}
 end
 local function finish(key, id, status)
@@ -15,9 +20,11 @@ local function finish(key, id, status)
 end
 local statuses, specs, runnable = {}, {}, {}
 for i = 3, #KEYS do
-  local st = redis.call('HMGET', KEYS[i], 'status', 'batch_id', 'abort', 'spec')
+  local st = redis.call('HMGET', KEYS[i], 'status', 'batch_id', 'abort', 'spec', 'claim')
   local status = st[1] or 'missing'
-  if (status == 'scheduled' or status == 'running') and st[2] == ARGV[3] then
+  if replay then
+    if status == 'running' and st[5] == ARGV[1] then specs[i] = st[4] end
+  elseif (status == 'scheduled' or status == 'running') and st[2] == ARGV[3] then
     if st[3] then
       status = 'aborted'
       finish(KEYS[i], ARGV[i + 6], status)

@@ -17,7 +17,7 @@ from PIL import Image
 
 from gpu_worker.executor import BatchExecutor, BatchOutcome
 from gpu_worker.runner import StepCallback
-from gpu_worker.store import WorkerStore
+from gpu_worker.store import Claimed, Locked, WorkerStore
 from scheduler.lease import Lease
 from scheduler.store import SchedulerStore
 from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus, Task
@@ -274,3 +274,28 @@ def test_a_task_the_runner_does_not_do_fails_clearly(client: fakeredis.FakeRedis
     assert message == "this fleet's runner (ScriptedRunner) does not do image-to-image; it does text-to-image"
     assert runner.forwards == []
     assert in_flight(client, settings) == []
+
+
+def test_a_replayed_claim_answers_what_the_first_did(client: fakeredis.FakeRedis, settings: Settings) -> None:
+    """The first claim ran but its reply was lost; the worker retries with the same token (call_with_retry)."""
+    batch = scheduled_batch(client, settings, ["a", "b"])
+    store = WorkerStore(client, settings)
+    first = store.claim(batch, "tok", "w1")
+    again = store.claim(batch, "tok", "w1")
+    assert isinstance(first, Claimed) and isinstance(again, Claimed)
+    assert again.running == first.running == ["a", "b"]
+    assert again.attempts == first.attempts == 1  # no attempt burned
+    assert client.hget(store.keys.batch("B1"), "seq") == "2"  # published 1, claimed 2: nothing new
+    assert isinstance(store.claim(batch, "other", "w2"), Locked)
+
+
+def test_worker_liveness_ignores_host_clocks(
+    client: fakeredis.FakeRedis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker host whose clock runs an hour behind still counts as a live slot (Redis time scores it)."""
+    store = WorkerStore(client, settings)
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() - 3600)
+    store.heartbeat("late-clock@host", first=True)
+    monkeypatch.setattr(time, "time", lambda: real() + 3600)  # and the scheduler's runs an hour ahead
+    assert SchedulerStore(client, settings).free_slots() == 1
