@@ -79,7 +79,7 @@ class RequestStore:
         """Abort a request; the status after the call (see ``shared.keys.ABORT``), or None when unknown."""
         key = self._keys.request(request_id)
         args: list[str | int] = [repr(now), self._result_ttl_s, self._keys.finished, request_id]
-        status = await self._bounded(self._abort(keys=[key], args=args))
+        status = await self._bounded(self._abort(keys=[key, self._keys.requests], args=args))
         return RequestStatus(status) if status else None
 
     async def ping(self) -> bool:

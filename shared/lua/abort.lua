@@ -1,11 +1,16 @@
--- Abort a request. Not yet running: aborted at once. Running: flagged, the worker ends it.
--- KEYS[1] request hash. ARGV[1] now (s), ARGV[2] ttl (s), ARGV[3] finished channel, ARGV[4] request id.
+-- Abort a request. Not yet running: aborted at once (a queued one's stream entry is deleted too, so it stops
+-- counting against the queue length; a scheduler that read it already drops it when it looks). Running: flagged,
+-- the worker ends it.
+-- KEYS[1] request hash, KEYS[2] request stream (optional). ARGV[1] now (s), ARGV[2] ttl (s), ARGV[3] finished
+-- channel, ARGV[4] request id.
 -- Returns the status after the call, or false if unknown.
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return false end
 if status == 'succeeded' or status == 'failed' or status == 'aborted' then return status end
 redis.call('HSET', KEYS[1], 'abort', 1)
 if status == 'queued' or status == 'scheduled' then
+  local entry = redis.call('HGET', KEYS[1], 'entry')
+  if status == 'queued' and KEYS[2] and entry then redis.call('XDEL', KEYS[2], entry) end
   redis.call('HSET', KEYS[1], 'status', 'aborted', 'finished_at', ARGV[1])
   redis.call('EXPIRE', KEYS[1], ARGV[2])
   redis.call('PUBLISH', ARGV[3], ARGV[4])

@@ -239,6 +239,16 @@ async def test_queue_full_is_503_all_or_nothing(api: Api) -> None:
     assert await api.redis.xlen(api.keys.requests) == 5
 
 
+async def test_aborting_queued_requests_frees_their_place_in_the_queue(api: Api) -> None:
+    ids = [await _submit(api) for _ in range(5)]  # max_queue_len 5: full
+    assert (await api.http.post("/v1/requests", json={"prompt": "a cat"})).status_code == 503
+    for rid in ids[:3]:
+        assert (await api.http.post(f"/v1/requests/{rid}/abort")).json()["status"] == "aborted"
+    assert await api.redis.xlen(api.keys.requests) == 2
+    response = await api.http.post("/v1/requests/batch", json={"requests": [{"prompt": "a"}] * 3})
+    assert response.status_code == 202, response.text
+
+
 async def test_get_unknown_is_404(api: Api) -> None:
     response = await api.http.get("/v1/requests/nope")
     assert response.status_code == 404
