@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
@@ -10,11 +11,12 @@ import redis.asyncio as aioredis
 
 from api.input_images import StoredInputs
 from api.outage import REDIS_FAILURES, StoreUnavailable
-from shared.contracts import RequestSpec, RequestState, RequestStatus
+from shared.contracts import RequestSpec, RequestState, RequestStatus, WorkerCapabilities
 from shared.keys import ABORT, SUBMIT, RedisKeys
 from shared.state import STATE_FIELDS, parse_state
 
 _T = TypeVar("_T")
+CAPABILITIES_TTL_S = 2.0  # how long the api trusts what it read of the workers' announcements
 
 
 class RequestStore:
@@ -43,6 +45,7 @@ class RequestStore:
         self._max_queue_len = max_queue_len
         self._result_ttl_s = result_ttl_s
         self._call_timeout_s = call_timeout_s
+        self._capabilities: tuple[float, list[WorkerCapabilities]] | None = None
         self._submit = redis.register_script(SUBMIT)
         self._abort = redis.register_script(ABORT)
 
@@ -81,6 +84,20 @@ class RequestStore:
         args: list[str | int] = [repr(now), self._result_ttl_s, self._keys.finished, request_id]
         status = await self._bounded(self._abort(keys=[key, self._keys.requests], args=args))
         return RequestStatus(status) if status else None
+
+    async def fleet_capabilities(self) -> list[WorkerCapabilities]:
+        """What the live workers announce about their model (cached for ``CAPABILITIES_TTL_S``); empty while no
+        worker is known (then nothing can be refused up front)."""
+        now = asyncio.get_running_loop().time()
+        if self._capabilities is None or now - self._capabilities[0] > CAPABILITIES_TTL_S:
+            workers = [str(name) for name in await self._bounded(self._redis.zrange(self._keys.workers, 0, -1))]
+            announced = await self._bounded(self._redis.hmget(self._keys.capabilities, workers)) if workers else []
+            parsed = []
+            for raw in announced:
+                with contextlib.suppress(ValueError):  # absent or from another version: not counted
+                    parsed.append(WorkerCapabilities.model_validate_json(raw or ""))
+            self._capabilities = (now, parsed)
+        return self._capabilities[1]
 
     async def ping(self) -> bool:
         """Whether Redis answers (within the call timeout)."""

@@ -18,10 +18,10 @@ from celery.signals import worker_process_init, worker_process_shutdown
 
 from gpu_worker.executor import BatchExecutor
 from gpu_worker.heartbeat import Heartbeat
-from gpu_worker.runner import load_runner
+from gpu_worker.runner import load_runner, runner_tasks
 from gpu_worker.store import Locked, WorkerStore
 from shared.celery_config import RUN_BATCH_TASK, make_celery
-from shared.contracts import BatchMessage
+from shared.contracts import BatchMessage, WorkerCapabilities
 from shared.redis_conn import sync_client
 from shared.retry import TRANSIENT_ERRORS
 from shared.settings import Settings
@@ -47,7 +47,12 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
     def init_process(**_: Any) -> None:
         store = WorkerStore(sync_client(settings), settings, binary=sync_client(settings, binary=True))
         runner = load_runner(settings)
-        state.heartbeat = Heartbeat(store, worker_name, settings.worker_heartbeat_s)
+        capabilities = WorkerCapabilities(
+            model=settings.model or "demo",
+            pipeline=str(getattr(runner, "pipeline_name", type(runner).__name__)),
+            tasks=tuple(sorted(runner_tasks(runner))),
+        )
+        state.heartbeat = Heartbeat(store, worker_name, settings.worker_heartbeat_s, capabilities)
         state.executor = BatchExecutor(
             store, runner, worker_name, state.heartbeat, outage_retry_s=settings.redis_outage_retry_s
         )

@@ -147,6 +147,11 @@ class DiffusersRunner:
         return derived
 
     @property
+    def pipeline_name(self) -> str:
+        """The loaded pipeline's class (what the worker announces)."""
+        return type(self.pipe).__name__
+
+    @property
     def tasks(self) -> frozenset[Task]:
         """Text-to-image, plus image-to-image and inpainting where the family has those pipelines."""
         return frozenset(self._pipes)

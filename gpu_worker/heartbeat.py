@@ -6,6 +6,7 @@ import logging
 import threading
 
 from gpu_worker.store import WorkerStore
+from shared.contracts import WorkerCapabilities
 
 log = logging.getLogger(__name__)
 
@@ -17,9 +18,12 @@ class Heartbeat:
     batch becomes claimable again within ``batch_lock_ttl_s`` while a slow, live one keeps it.
     """
 
-    def __init__(self, store: WorkerStore, worker: str, interval_s: float) -> None:
+    def __init__(
+        self, store: WorkerStore, worker: str, interval_s: float, capabilities: WorkerCapabilities
+    ) -> None:
         self._store = store
         self._worker = worker
+        self._capabilities = capabilities
         self._interval_s = interval_s
         self._stop = threading.Event()
         self._held: tuple[str, str] | None = None
@@ -51,7 +55,7 @@ class Heartbeat:
 
     def _beat(self) -> None:
         try:
-            self._store.heartbeat(self._worker, first=not self._announced)
+            self._store.heartbeat(self._worker, self._capabilities, first=not self._announced)
             self._announced = True
             held = self._held
             if held is not None and not self._store.renew_lock(*held):

@@ -15,7 +15,7 @@ from enum import IntEnum
 import redis
 
 from shared import keys as k
-from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus
+from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus, WorkerCapabilities
 from shared.settings import Settings
 
 
@@ -165,9 +165,16 @@ class WorkerStore:
         ttl_ms = int(self._settings.batch_lock_ttl_s * 1000)
         return bool(self._renew(keys=[self.keys.batch_lock(batch_id)], args=[token, ttl_ms]))
 
-    def heartbeat(self, worker: str, *, first: bool = False) -> None:
-        """Announce ``worker`` as a live slot (scored by Redis time); the first beat also wakes the scheduler."""
-        self._heartbeat(keys=[self.keys.workers, self.keys.events], args=[worker, int(first), k.EVENTS_MAXLEN])
+    def heartbeat(self, worker: str, capabilities: WorkerCapabilities, *, first: bool = False) -> None:
+        """Announce ``worker`` as a live slot (scored by Redis time) and what it can do; the first beat also wakes
+        the scheduler."""
+        self._heartbeat(
+            keys=[self.keys.workers, self.keys.events, self.keys.capabilities],
+            args=[worker, int(first), k.EVENTS_MAXLEN, capabilities.model_dump_json()],
+        )
 
     def leave(self, worker: str) -> None:
-        self._redis.zrem(self.keys.workers, worker)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zrem(self.keys.workers, worker)
+        pipe.hdel(self.keys.capabilities, worker)
+        pipe.execute()

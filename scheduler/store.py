@@ -156,7 +156,8 @@ class SchedulerStore:
         so a batch waiting to be published again still holds the slot it will take.
         """
         ttl_ms = int(self._settings.worker_ttl_s * 1000)
-        return int(self._free_slots(keys=[self.keys.workers, self.keys.inflight], args=[ttl_ms]))
+        keys = [self.keys.workers, self.keys.inflight, self.keys.capabilities]
+        return int(self._free_slots(keys=keys, args=[ttl_ms]))
 
     def schedule(self, lease_key: str, token: str, batch_id: str, request_ids: Sequence[str]) -> list[str]:
         """Atomically move the still-queued, non-aborted requests into batch ``batch_id``; returns those moved."""

@@ -80,6 +80,15 @@ class RequestSpec(Frozen):
     created_at: float
 
 
+class WorkerCapabilities(Frozen):
+    """What a worker announces about the model it serves (with its heartbeat): the api refuses up front what no
+    live worker can do."""
+
+    model: str = Field(description="The model it serves (FUSEFLEET_MODEL, or 'demo').")
+    pipeline: str = Field(description="Its pipeline (or runner) class, for messages.")
+    tasks: tuple[Task, ...] = Field(description="The tasks its runner does.")
+
+
 class BatchMessage(Frozen):
     """The Celery task payload: which requests to run together. Their specs are read from Redis by id."""
 

@@ -18,6 +18,8 @@ key                             type    contents
 ``P:batch:{id}:lock``           string  claim token of the run holding the batch (TTL, renewed by heartbeats)
 ``P:inflight``                  zset    batches with unfinished requests, scored by first publish time (ms)
 ``P:workers``                   zset    live worker node names, scored by last heartbeat (Redis time, ms)
+``P:capabilities``              hash    worker node name -> WorkerCapabilities JSON (model, pipeline, tasks);
+                                        swept with the worker's heartbeat entry
 ``P:scheduler:lease``           string  token of the active scheduler (PX lease)
 ``P:finished``                  channel pub/sub: the id of every request that just reached a terminal status
 ==============================  ======  =====================================================================
@@ -63,6 +65,10 @@ class RedisKeys:
     @property
     def workers(self) -> str:
         return f"{self.prefix}:workers"
+
+    @property
+    def capabilities(self) -> str:
+        return f"{self.prefix}:capabilities"
 
     @property
     def scheduler_lease(self) -> str:

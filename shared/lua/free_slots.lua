@@ -1,6 +1,12 @@
--- Free worker slots: live workers (a heartbeat within the ttl, by Redis server time; stale ones are swept)
--- minus batches in flight. KEYS[1] workers zset, KEYS[2] inflight zset. ARGV[1] worker ttl (ms).
+-- Free worker slots: live workers (a heartbeat within the ttl, by Redis server time; stale ones are swept, with
+-- their capabilities) minus batches in flight.
+-- KEYS[1] workers zset, KEYS[2] inflight zset, KEYS[3] capabilities hash. ARGV[1] worker ttl (ms).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[1]))
+local cutoff = now - tonumber(ARGV[1])
+local stale = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', cutoff)
+if #stale > 0 then
+  redis.call('HDEL', KEYS[3], unpack(stale))
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', cutoff)
+end
 return redis.call('ZCARD', KEYS[1]) - redis.call('ZCARD', KEYS[2])

@@ -19,8 +19,9 @@ from gpu_worker.diffusers_runner import DiffusersRunner
 from gpu_worker.runner import InputImages
 from shared.contracts import RequestSpec, Task
 from shared.settings import Settings
-from tests.integration.conftest import Fleet
+from tests.integration.conftest import Fleet, running_fleet
 from tests.integration.test_diffusers_runner import max_diff
+from tests.support.redis_server import RedisServer
 
 SIZE, STEPS = 64, 6
 
@@ -126,3 +127,16 @@ def test_the_fleet_fuses_image_requests_and_each_equals_its_solo_run(fleet: Flee
         (solo,) = runner.run([solo_spec], no_stop, inputs={solo_spec.id: InputImages(resized)})[0]
         assert max_diff(stored, solo) <= 1, f"{rid}: the fleet's image differs from its solo run"
 
+
+
+def test_a_fleet_whose_runner_cannot_do_image_tasks_refuses_them_up_front(
+    redis_server: RedisServer, model_cache: Path, lora_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    log_dir = tmp_path_factory.mktemp("text-only-logs")
+    with running_fleet(redis_server, model_cache, lora_dir, log_dir, FUSEFLEET_RUNNER="bench.runners:NullRunner") as f:
+        response = f.http.post("/v1/requests", json={"prompt": "a fox", "image": encoded(picture(1))})
+        assert response.status_code == 422, response.text
+        (error,) = response.json()["detail"]
+        assert error["loc"] == ["body", "image"]
+        assert "does not do image-to-image; it does text-to-image" in error["msg"]
+        assert f.wait_done([f.submit(prompt="text still works")])  # and text-to-image is served

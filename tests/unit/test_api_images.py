@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from shared.contracts import RequestSpec, Task
+from shared.contracts import RequestSpec, Task, WorkerCapabilities
 from tests.support.api import Api, api_harness, unit_settings
 
 pytestmark = pytest.mark.anyio
@@ -117,3 +117,34 @@ async def test_one_bad_image_in_a_batch_refuses_the_batch_and_names_it(api: Api)
     assert response.status_code == 422
     assert [error["loc"] for error in response.json()["detail"]] == [["body", "requests", 1, "image"]]
     assert await api.redis.xlen(api.keys.requests) == 0
+
+
+async def announce(api: Api, worker: str, *tasks: Task) -> None:
+    """A live worker's heartbeat, as heartbeat.lua writes it."""
+    await api.redis.zadd(api.keys.workers, {worker: 1})
+    capabilities = WorkerCapabilities(model="demo", pipeline="StableDiffusionPipeline", tasks=tasks)
+    await api.redis.hset(api.keys.capabilities, worker, capabilities.model_dump_json())
+
+
+async def test_a_task_no_live_worker_does_is_refused_up_front(api: Api) -> None:
+    await announce(api, "w1", Task.TEXT_TO_IMAGE)
+    status, answer = await submit(api, image=encoded(RED))
+    assert status == 422, answer
+    (error,) = answer["detail"]
+    assert error["loc"] == ["body", "image"]
+    assert error["msg"] == (
+        "this fleet's model, demo (StableDiffusionPipeline), does not do image-to-image; it does text-to-image"
+    )
+    assert await api.redis.xlen(api.keys.requests) == 0
+    assert (await submit(api))[0] == 202  # text-to-image still goes
+
+
+async def test_a_task_one_live_worker_does_is_accepted(api: Api) -> None:
+    await announce(api, "w1", Task.TEXT_TO_IMAGE)
+    await announce(api, "w2", Task.TEXT_TO_IMAGE, Task.IMAGE_TO_IMAGE, Task.INPAINT)
+    assert (await submit(api, image=encoded(RED), mask_image=encoded(MASK)))[0] == 202
+
+
+async def test_nothing_is_refused_while_no_worker_has_announced_itself(api: Api) -> None:
+    await api.redis.zadd(api.keys.workers, {"w-without-announcement": 1})
+    assert (await submit(api, image=encoded(RED)))[0] == 202

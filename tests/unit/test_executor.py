@@ -21,7 +21,7 @@ from gpu_worker.runner import StepCallback
 from gpu_worker.store import Claimed, Locked, WorkerStore
 from scheduler.lease import Lease
 from scheduler.store import SchedulerStore
-from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus, Task
+from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus, Task, WorkerCapabilities
 from shared.settings import Settings
 from tests.unit.test_scripts import submit
 
@@ -300,5 +300,6 @@ def test_worker_liveness_ignores_host_clocks(
 
     monkeypatch.setattr(gpu_worker.store, "time", SimpleNamespace(time=lambda: time.time() - 3600))
     monkeypatch.setattr(scheduler.store, "time", SimpleNamespace(time=lambda: time.time() + 3600))
-    WorkerStore(client, settings).heartbeat("late-clock@host", first=True)
+    capabilities = WorkerCapabilities(model="demo", pipeline="Test", tasks=(Task.TEXT_TO_IMAGE,))
+    WorkerStore(client, settings).heartbeat("late-clock@host", capabilities, first=True)
     assert SchedulerStore(client, settings).free_slots() == 1
