@@ -150,14 +150,19 @@ async def _read(store: RequestStore, request_id: str) -> RequestState | None:
         log.warning("reading request %s while waiting for it: %s", request_id, exc)
         return None
     if state is None:
-        raise OpenAIError(
-            status.HTTP_500_INTERNAL_SERVER_ERROR,
-            f"request {request_id} is gone from the store (expired or deleted)",
-            kind=SERVER_ERROR,
-            code="request_lost",
-            headers={REQUEST_ID_HEADER: request_id},
-        )
+        raise _lost(request_id, f"request {request_id} is gone from the store (expired or deleted)")
     return state
+
+
+def _lost(request_id: str, message: str) -> OpenAIError:
+    """The answer when what the call waited for vanished from the store."""
+    return OpenAIError(
+        status.HTTP_500_INTERNAL_SERVER_ERROR,
+        message,
+        kind=SERVER_ERROR,
+        code="request_lost",
+        headers={REQUEST_ID_HEADER: request_id},
+    )
 
 
 async def _disconnect(receive: Receive) -> None:
@@ -199,13 +204,7 @@ async def _images(
     for k in range(state.image_count):
         png = await store.image(request_id, k)
         if png is None:
-            raise OpenAIError(
-                status.HTTP_500_INTERNAL_SERVER_ERROR,
-                f"image {k} of request {request_id} is gone from the store (expired)",
-                kind=SERVER_ERROR,
-                code="request_lost",
-                headers={REQUEST_ID_HEADER: request_id},
-            )
+            raise _lost(request_id, f"image {k} of request {request_id} is gone from the store (expired)")
         images.append(ImageObject(b64_json=base64.b64encode(png).decode()))
     return images
 
