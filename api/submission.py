@@ -77,7 +77,7 @@ async def accept(
         inputs, errors = await to_thread.run_sync(_inputs_of, requests, settings, locs)
         if errors:
             raise RequestValidationError(errors)
-    model = settings.model or "demo"
+    model = settings.model_id
     now = time.time()
     specs = [
         request.to_spec(

@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from api.schemas import GenerateRequest, RequestView
+from api.schemas import RequestView
 from fusefleet.client import AsyncClient, Client, FusefleetError, Result
 from fusefleet.client_images import encode_image
 from shared.contracts import RequestStatus
@@ -82,11 +82,6 @@ def request_params(opts: GenerateOptions) -> dict[str, Any]:
     if opts.image is None and (opts.mask is not None or opts.strength is not None):
         raise typer.BadParameter("--mask and --strength need --image", param_hint="--image")
     if opts.image is not None:
-        if "image" not in GenerateRequest.model_fields:
-            raise typer.BadParameter(
-                "this fusefleet version has no image-conditioned requests (GenerateRequest has no 'image' field)",
-                param_hint="--image",
-            )
         params["image"] = _encoded(opts.image, "--image")
         if opts.mask is not None:
             params["mask_image"] = _encoded(opts.mask, "--mask")

@@ -48,7 +48,7 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
         store = WorkerStore(sync_client(settings), settings, binary=sync_client(settings, binary=True))
         runner = load_runner(settings)
         capabilities = WorkerCapabilities(
-            model=settings.model or "demo",
+            model=settings.model_id,
             pipeline=str(getattr(runner, "pipeline_name", type(runner).__name__)),
             tasks=tuple(sorted(runner_tasks(runner))),
         )

@@ -133,8 +133,7 @@ class BatchExecutor:
                 if is_transient(exc):
                     raise  # Redis stayed away: the requests did not fail, the batch runs again (reaper)
                 log.exception("batch %s: %s escaped; failing what this run has not finished", batch.batch_id, exc)
-                errors = {spec.id: error_info(exc) for spec in claim.specs}
-                statuses.update(self._redis(lambda: self._store.finish_many({}, errors, token), "failing requests"))
+                statuses.update(self._fail({spec.id: error_info(exc) for spec in claim.specs}, token))
         finally:
             if self._heartbeat is not None:
                 self._heartbeat.release()
@@ -175,7 +174,7 @@ class BatchExecutor:
         statuses: Statuses = {}
         if errors:
             log.warning("%d requests cannot run here: %s", len(errors), errors)
-            statuses = self._redis(lambda: self._store.finish_many({}, errors, claim.token), "failing requests")
+            statuses = self._fail(errors, claim.token)
         run = _Run(token=claim.token, inputs=inputs)
         return statuses, run, [spec for spec in claim.specs if spec.id not in errors]
 
@@ -210,13 +209,14 @@ class BatchExecutor:
                     self._release_memory()
                     error = ErrorInfo(type="OutOfMemory", message=f"does not fit in memory alone: {error.message}")
                 log.warning("request %s failed: %s: %s", spec.id, error.type, error.message)
-                statuses.update(self._fail(spec.id, error, run.token))
+                statuses.update(self._fail({spec.id: error}, run.token))
                 continue
             statuses.update(self._store_results([spec], images, run.token))
         return statuses
 
-    def _fail(self, request_id: str, error: ErrorInfo, token: str) -> Statuses:
-        return self._redis(lambda: self._store.finish_many({}, {request_id: error}, token), "failing a request")
+    def _fail(self, errors: dict[str, ErrorInfo], token: str) -> Statuses:
+        """End these requests of this claim as failed, each with its error (retried through an outage)."""
+        return self._redis(lambda: self._store.finish_many({}, errors, token), "failing requests")
 
     def _forward(self, specs: Sequence[RequestSpec], run: _Run) -> list[list[Image.Image]]:
         on_step = self._step_callback(specs, run.token)

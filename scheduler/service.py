@@ -199,16 +199,14 @@ class SchedulerService:
         reaped = self._store.reap()
         if reaped.removed:
             self._free = None
-        for batch_id in reaped.republish:
-            self._publish_again(batch_id, "its last run ended without finishing it, or its message was lost")
+        for batch_id, ids in reaped.request_ids.items():
+            self._publish_again(batch_id, ids, "its last run ended without finishing it, or its message was lost")
 
     def _republish(self, batch_id: str, why: str) -> None:
         """Publish a recorded batch again (workers run only what is not finished, one run at a time)."""
-        if self._store.stamp_published(batch_id):
-            self._publish_again(batch_id, why)
+        self._publish_again(batch_id, self._store.stamp_published(batch_id), why)
 
-    def _publish_again(self, batch_id: str, why: str) -> None:
-        ids = self._store.batch_request_ids(batch_id)
+    def _publish_again(self, batch_id: str, ids: list[str], why: str) -> None:
         if ids:
             log.warning("publishing batch %s (%d requests) again: %s", batch_id, len(ids), why)
             self._publish(batch_id, ids)
@@ -245,10 +243,11 @@ class SchedulerService:
                 if abort or status is not RequestStatus.QUEUED:
                     aborted.add(rid)
             self._fresh.update(stale)  # known this round: the next batch of the round need not look again
-        return [
-            WaitingRequest(rid, waiting.key, waiting.arrived_at, aborted=rid in aborted, cost=waiting.cost)
-            for rid, waiting in ((rid, self._waiting[rid]) for rid in ids)
-        ]
+        head: list[WaitingRequest] = []
+        for rid in ids:
+            waiting = self._waiting[rid]
+            head.append(WaitingRequest(rid, waiting.key, waiting.arrived_at, aborted=rid in aborted, cost=waiting.cost))
+        return head
 
     def _dispatch(self, decision: Dispatch) -> None:
         batch_id = uuid.uuid4().hex

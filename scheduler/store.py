@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis
@@ -35,8 +35,9 @@ class ReadResult:
 class Reaped:
     """What one reaper pass found: batches to publish again, and how many finished batches it cleared."""
 
-    republish: list[str]
+    republish: list[str]  # batch ids
     removed: int
+    request_ids: dict[str, list[str]] = field(default_factory=dict)  # of each batch to publish again
 
 
 class LeaseLost(Exception):
@@ -172,22 +173,20 @@ class SchedulerStore:
 
     def reap(self) -> Reaped:
         """One pass of the reaper over the batches in flight (see ``reap.lua``)."""
-        republish, removed = self._reap(
+        pairs, removed = self._reap(
             keys=[self.keys.inflight, self._settings.queue_name],
             args=[self.keys.prefix, int(self._settings.batch_claim_timeout_s * 1000), self._settings.result_ttl_s],
         )
-        return Reaped(republish=[str(batch_id) for batch_id in republish], removed=int(removed))
+        ids = {str(pairs[i]): str(pairs[i + 1]).split() for i in range(0, len(pairs), 2)}
+        return Reaped(republish=list(ids), removed=int(removed), request_ids=ids)
 
-    def stamp_published(self, batch_id: str) -> bool:
-        """Record that ``batch_id`` is published again now; False when the batch is gone."""
-        return bool(self._stamp_published(keys=[self.keys.batch(batch_id)]))
-
-    def batch_request_ids(self, batch_id: str) -> list[str]:
-        ids = self._redis.hget(self.keys.batch(batch_id), "ids")
-        return str(ids).split() if ids else []
+    def stamp_published(self, batch_id: str) -> list[str]:
+        """Record that ``batch_id`` is published again now; its request ids (none when the batch is gone)."""
+        return str(self._stamp_published(keys=[self.keys.batch(batch_id)])).split()
 
     def fail_unreadable(self, request_id: str, reason: str) -> None:
         """Fail a request whose stream entry cannot be read, so it does not stay queued forever."""
         if request_id:
-            args: list[str | float] = [time.time(), self._settings.result_ttl_s, self.keys.finished]
-            self._fail(keys=[self.keys.request(request_id)], args=[*args, "InvalidRequest", reason, request_id])
+            ttl, channel = self._settings.result_ttl_s, self.keys.finished
+            args: list[str | float] = [time.time(), ttl, channel, "InvalidRequest", reason, request_id]
+            self._fail(keys=[self.keys.request(request_id)], args=args)

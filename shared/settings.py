@@ -227,6 +227,11 @@ class Settings(BaseSettings):
         return value.expanduser() if value is not None else None
 
     @property
+    def model_id(self) -> str:
+        """The id of the one model this fleet serves, as requests and workers name it: ``model`` or ``demo``."""
+        return self.model or "demo"
+
+    @property
     def soft_time_limit_s(self) -> int:
         """Soft limit of a batch task: the task then fails its unfinished requests itself."""
         return max(1, int(self.batch_time_limit_s * 0.9))

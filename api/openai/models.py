@@ -8,7 +8,7 @@ from fastapi import APIRouter
 
 from api.deps import SettingsDep
 from api.openai.errors import OpenAIRoute, model_not_found
-from api.openai.schemas import ModelList, ModelObject, model_id
+from api.openai.schemas import ModelList, ModelObject
 
 router = APIRouter(prefix="/v1/models", tags=["openai"], route_class=OpenAIRoute, include_in_schema=False)
 
@@ -17,7 +17,7 @@ STARTED = int(time.time())
 
 
 def _served(settings: SettingsDep) -> ModelObject:
-    return ModelObject(id=model_id(settings), created=STARTED)
+    return ModelObject(id=settings.model_id, created=STARTED)
 
 
 @router.get("")

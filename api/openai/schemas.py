@@ -63,11 +63,6 @@ UNSUPPORTED: Mapping[str, Unsupported] = {
 }
 
 
-def model_id(settings: Settings) -> str:
-    """The id of the one model this fleet serves (as the native API stores it in each request)."""
-    return settings.model or "demo"
-
-
 def _token(value: Any) -> str:
     """A sent value as the lower-case text ``UNSUPPORTED`` lists: JSON ``false`` and form ``"false"`` alike."""
     if isinstance(value, bool):
@@ -101,7 +96,7 @@ class OpenAIImageParams(BaseModel):
 
     def check(self, settings: Settings) -> None:
         """Raise the OpenAI error of the served model or an unsupported value; the native fields come next."""
-        if self.model is not None and self.model != model_id(settings):
+        if self.model is not None and self.model != settings.model_id:
             raise model_not_found(self.model)
         for param, rule in UNSUPPORTED.items():
             value = getattr(self, param, None)

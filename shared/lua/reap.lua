@@ -9,15 +9,16 @@
 -- per timeout. Times are Redis server time (ms), so the clocks of scheduler and worker hosts do not matter.
 -- KEYS[1] inflight zset, KEYS[2] broker queue (list of Celery messages).
 -- ARGV[1] key prefix, ARGV[2] claim timeout (ms), ARGV[3] ttl of a finished batch hash (s).
--- Returns {ids to publish again, number of batches taken out of flight}.
+-- Returns {{batch id, its request ids (space separated), ...} to publish again, number taken out of flight}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local republish, overdue = {}, {}
+local republish, overdue, members = {}, {}, {}
 local removed = 0
 for _, batch_id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   local batch = ARGV[1] .. ':batch:' .. batch_id
   if redis.call('EXISTS', batch .. ':lock') == 0 then
     local st = redis.call('HMGET', batch, 'ids', 'claimed_seq', 'published_seq', 'published_ms')
+    members[batch_id] = st[1] or ''
     local live = false
     for id in string.gmatch(st[1] or '', '%S+') do
       local req = redis.call('HMGET', ARGV[1] .. ':req:' .. id, 'status', 'batch_id')
@@ -46,8 +47,11 @@ if #overdue > 0 then
     if not waiting then table.insert(republish, batch_id) end
   end
 end
+local out = {}
 for _, batch_id in ipairs(republish) do
   local batch = ARGV[1] .. ':batch:' .. batch_id
   redis.call('HSET', batch, 'published_ms', now, 'published_seq', redis.call('HINCRBY', batch, 'seq', 1))
+  table.insert(out, batch_id)
+  table.insert(out, members[batch_id])
 end
-return {republish, removed}
+return {out, removed}

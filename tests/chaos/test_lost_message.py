@@ -51,7 +51,6 @@ def test_lost_batch_message_is_published_again(chaos_redis: RedisFactory, chaos_
 
     recovered_s = max(float(f.finished_at or 0) for f in finishes.values()) - (time.time() - time.monotonic())
     assert {fleet.redis.hget(fleet.keys.request(rid), "batch_id") for rid in ids} == {batch_id}
-    assert fleet.redis.zscore(fleet.keys.workers, ghost.name) is None
     print(
         f"lost message: batch ran {recovered_s - lost_at:.1f}s after the real worker joined; "
         f"took {time.monotonic() - started:.1f}s"

@@ -16,14 +16,9 @@ import openai
 import pytest
 from PIL import Image
 
-from api.schemas import GenerateRequest
 from tests.integration.conftest import Fleet, running_fleet
 from tests.support.processes import wait_for
 from tests.support.redis_server import RedisServer
-
-needs_image_requests = pytest.mark.skipif(
-    "image" not in GenerateRequest.model_fields, reason="the core's image-conditioned requests have not landed"
-)
 
 
 @pytest.fixture(scope="module")
@@ -119,15 +114,9 @@ def test_a_client_that_hangs_up_aborts_its_request(fleet: Fleet) -> None:
 
 
 def _edit(client: openai.OpenAI, **kwargs: object) -> openai.types.ImagesResponse:
-    try:
-        return client.images.edit(**kwargs)  # type: ignore[call-overload, no-any-return]
-    except openai.BadRequestError as exc:
-        if "UnsupportedTask" in exc.message:
-            pytest.skip(f"this fleet's runner does no image tasks yet: {exc.message}")
-        raise
+    return client.images.edit(**kwargs)  # type: ignore[call-overload, no-any-return]
 
 
-@needs_image_requests
 def test_edit_with_and_without_a_mask(client: openai.OpenAI) -> None:
     image = ("in.png", png(96, 96, (200, 40, 40)), "image/png")
     result = _edit(client, image=image, prompt="a red fox", size="64x32", n=2, extra_body={"strength": 0.6})

@@ -328,7 +328,7 @@ async def test_wait_reports_progress(served: tuple[AsyncClient, Fleet]) -> None:
         await anyio.sleep(0.15)
         for step in (1, 2, 3):
             await fleet.run(rid, step, 4)
-            await anyio.sleep(0.15)
+            await anyio.sleep(0.5)  # ten polls' worth: a loaded machine still sees every step
         await fleet.finish(rid, "failed", error="RuntimeError: out of luck")
 
     async with anyio.create_task_group() as tasks:

@@ -18,7 +18,6 @@ from starlette.types import ASGIApp, Message
 
 from api.app import create_app
 from api.openai import generation
-from api.schemas import GenerateRequest
 from shared import keys as k
 from shared.contracts import RequestSpec
 from shared.settings import Settings
@@ -29,9 +28,6 @@ pytestmark = pytest.mark.anyio
 GENERATIONS = "/v1/images/generations"
 EDITS = "/v1/images/edits"
 JSON = {"content-type": "application/json"}
-needs_image_requests = pytest.mark.skipif(
-    "image" not in GenerateRequest.model_fields, reason="the core's image-conditioned requests have not landed"
-)
 
 
 # --- a fake worker ---------------------------------------------------------------------------------------------
@@ -516,7 +512,6 @@ async def edit(api: Api, files: Any, **data: Any) -> httpx.Response:
     return await call_while_finishing(api, lambda: api.http.post(EDITS, data=form, files=files))
 
 
-@needs_image_requests
 async def test_edit_is_an_image_to_image_request(api: Api) -> None:
     response = await edit(api, edit_files(png(96, 96, 200)), size="64x32", strength=0.5, n=2, seed=3)
     assert response.status_code == 200, response.text
@@ -529,7 +524,6 @@ async def test_edit_is_an_image_to_image_request(api: Api) -> None:
     assert isinstance(stored, bytes) and png_size(stored) == (64, 32)  # resized to the requested size by the core
 
 
-@needs_image_requests
 async def test_edit_with_a_mask_is_inpainting(api: Api) -> None:
     files = edit_files(mask=png(64, 64, 255))
     response = await edit(api, files, response_format="url", **{"lora[name]": "style", "lora[scale]": 0.5})
@@ -542,7 +536,6 @@ async def test_edit_with_a_mask_is_inpainting(api: Api) -> None:
     assert await api.binary.hget(api.keys.request(request_id), "input_mask") is not None
 
 
-@needs_image_requests
 @pytest.mark.parametrize(
     ("files", "data", "param", "code"),
     [
@@ -569,7 +562,6 @@ async def test_bad_edit_is_400_naming_the_param(
     assert await api.redis.xlen(api.keys.requests) == 0
 
 
-@needs_image_requests
 async def test_edit_of_an_unknown_model_is_404(api: Api) -> None:
     response = await api.http.post(EDITS, data={"prompt": "a cat", "model": "dall-e-2"}, files=edit_files())
     assert openai_error(response, 404)["code"] == "model_not_found"

@@ -78,7 +78,7 @@ def test_schedule_moves_only_queued_unaborted_requests(client: fakeredis.FakeRed
     # a request never joins a second batch
     assert store.schedule(lease.key, lease.token, "B2", ["a", "c"]) == []
     assert client.hget(store.keys.request("a"), "batch_id") == "B1"
-    assert store.batch_request_ids("B1") == ["a", "c"]
+    assert client.hget(store.keys.batch("B1"), "ids") == "a c"
 
 
 def test_schedule_is_fenced_by_the_lease(client: fakeredis.FakeRedis, settings: Settings) -> None:
