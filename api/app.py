@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from redis import Redis as SyncRedis
 from redis.exceptions import RedisError
 
 from api.body_limit import BodyLimit
@@ -19,7 +20,8 @@ from api.store import RequestStore
 from api.validation import validation_error_response
 from api.waiter import CompletionWaiter
 from shared.keys import RedisKeys
-from shared.redis_conn import async_client
+from shared.redis_conn import async_client, sync_client
+from shared.results import ResultStore, build_result_store
 from shared.settings import Settings
 
 
@@ -27,12 +29,13 @@ def create_app(
     settings: Settings | None = None,
     *,
     redis: aioredis.Redis | None = None,
-    redis_binary: aioredis.Redis | None = None,
+    results: ResultStore | None = None,
 ) -> FastAPI:
     """The API app. ``settings`` defaults to ``Settings()`` (environment).
 
-    Clients passed in (tests inject fakeredis) are used as they are and left open; otherwise the lifespan
-    creates a string and a binary client from ``settings.redis_url`` and closes them at shutdown.
+    A client and result store passed in (tests inject fakeredis) are used as they are and left open; otherwise
+    the lifespan creates a client from ``settings.redis_url`` and the result store ``settings.result_store``
+    names, and closes what it created at shutdown.
 
     Bad input is a 4xx, never a 5xx: 422 with every echoed value JSON-safe (``api.validation``), 413 past
     ``max_body_bytes`` (``api.body_limit``). A Redis that is down, stalled or loading is a 503 with
@@ -49,16 +52,17 @@ def create_app(
         if text is None:
             text = async_client(settings)
             owned.append(text)
-        binary = redis_binary
-        if binary is None:
-            binary = async_client(settings, binary=True)
-            owned.append(binary)
+        binary: SyncRedis | None = None
+        store = results
+        if store is None:
+            binary = sync_client(settings, binary=True)  # used by the Redis result store only
+            store = build_result_store(settings, binary)
         keys = RedisKeys(settings.key_prefix)
         app.state.waiter = CompletionWaiter(text, keys.finished)
         await app.state.waiter.start(timeout_s=settings.redis_socket_timeout_s)
         app.state.store = RequestStore(
             text,
-            binary,
+            store,
             keys,
             max_queue_len=settings.max_queue_len,
             result_ttl_s=settings.result_ttl_s,
@@ -70,6 +74,8 @@ def create_app(
             await app.state.waiter.stop()
             for client in owned:
                 await client.aclose()
+            if binary is not None:
+                binary.close()
 
     app = FastAPI(title="fusefleet", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings

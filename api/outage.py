@@ -20,12 +20,24 @@ REDIS_FAILURES: tuple[type[BaseException], ...] = (RedisError, OSError)
 """What a Redis call raises when Redis fails; ``OSError`` covers ``TimeoutError`` (= ``asyncio.TimeoutError``)."""
 
 
-class StoreUnavailable(Exception):
-    """Redis did not answer a call of the request store (refused, reset, timed out, loading)."""
+REQUEST_STORE = "the request store (Redis)"
 
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(f"the request store (Redis) is unavailable: {type(cause).__name__}")
+
+class StoreUnavailable(Exception):
+    """Redis did not answer a call of the request store (refused, reset, timed out, loading), or the result store
+    failed (``what`` says which)."""
+
+    def __init__(self, cause: BaseException, what: str = REQUEST_STORE) -> None:
+        super().__init__(f"{what} is unavailable: {type(cause).__name__}")
         self.cause = cause
+        self.what = what
+
+
+def unavailable_message(exc: Exception) -> str:
+    """What failed, for a 503: the store and the error type (never internals such as hosts)."""
+    if isinstance(exc, StoreUnavailable):
+        return str(exc)
+    return f"{REQUEST_STORE} is unavailable: {type(exc).__name__}"
 
 
 def retry_after_headers() -> dict[str, str]:
@@ -34,9 +46,8 @@ def retry_after_headers() -> dict[str, str]:
 
 async def store_unavailable_response(request: Request, exc: Exception) -> JSONResponse:
     """503 ``{"detail": ...}`` with ``Retry-After`` for a Redis failure inside a route."""
-    cause = exc.cause if isinstance(exc, StoreUnavailable) else exc
     return JSONResponse(
-        {"detail": f"the request store (Redis) is unavailable: {type(cause).__name__}"},
+        {"detail": unavailable_message(exc)},
         status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
         headers=retry_after_headers(),
     )

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from shared.contracts import MAX_SEED, LoraRef, RequestSpec, RequestState, RequestStatus, Task
+from shared.contracts import MAX_SEED, LoraRef, OutputFormat, RequestSpec, RequestState, RequestStatus, Task
 
 DEFAULT_SIDE = 64  # the built-in demo model's native size
 DEFAULT_STEPS = 4  # enough for the demo model; real models usually want 20-50
@@ -32,6 +32,9 @@ BODY_NOT_OBJECT = (
 DEFAULT_STRENGTH = 0.8
 IMAGE_FIELD_NEEDS_IMAGE = "{field} needs an input image: set image (base64 PNG, JPEG or WebP, or a data: URL)"
 IMAGE_OPTIONS = ("mask_image", "strength")
+COMPRESSION_NEEDS_LOSSY = (
+    "output_compression is the quality of a lossy format: set output_format to jpeg or webp (png is lossless)"
+)
 
 
 def _needs_image(field: str) -> dict[str, Any]:
@@ -83,6 +86,14 @@ class GenerateRequest(BaseModel):
         allow_inf_nan=False,
         description=f"Image tasks: how much of the input image is replaced (default {DEFAULT_STRENGTH}); needs image.",
     )
+    output_format: OutputFormat = Field(OutputFormat.PNG, description="Encoding of the images: png, jpeg or webp.")
+    output_compression: int | None = Field(
+        None,
+        ge=0,
+        le=100,
+        strict=True,
+        description="jpeg and webp: quality, 0-100 (default 90); not for png.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -91,7 +102,7 @@ class GenerateRequest(BaseModel):
             raise PydanticCustomError("request_not_object", BODY_NOT_OBJECT)
         return data
 
-    @field_validator("width", "height", "num_inference_steps", "seed", "n", mode="before")
+    @field_validator("width", "height", "num_inference_steps", "seed", "n", "output_compression", mode="before")
     @classmethod
     def _integral_number(cls, value: Any) -> Any:
         """A JSON number with no fraction (``512.0``) is an integer (as JSON Schema has it); strings, booleans
@@ -112,6 +123,14 @@ class GenerateRequest(BaseModel):
     def _needs_image(cls, value: Any, info: ValidationInfo) -> Any:
         if value is not None and info.data.get("image") is None:
             raise PydanticCustomError("image_required", IMAGE_FIELD_NEEDS_IMAGE, {"field": info.field_name})
+        return value
+
+    @field_validator("output_compression", mode="after")
+    @classmethod
+    def _lossy_only(cls, value: int | None, info: ValidationInfo) -> int | None:
+        output_format = info.data.get("output_format")
+        if value is not None and output_format is not None and not output_format.lossy:
+            raise PydanticCustomError("compression_needs_lossy", COMPRESSION_NEEDS_LOSSY)
         return value
 
     @property
@@ -138,6 +157,8 @@ class GenerateRequest(BaseModel):
             lora=self.lora,
             task=self.task,
             strength=(self.strength or DEFAULT_STRENGTH) if self.task.needs_image else None,
+            output_format=self.output_format,
+            output_compression=self.output_compression,
             created_at=created_at,
         )
 
@@ -196,6 +217,8 @@ class Params(BaseModel):
     lora: LoraRef | None
     task: Task
     strength: float | None
+    output_format: OutputFormat
+    output_compression: int | None
 
 
 def _utc(timestamp: float | None) -> datetime | None:
@@ -206,7 +229,8 @@ class RequestView(BaseModel):
     """The public state of one request.
 
     ``progress.total`` is the worker's reported step count once running, else the requested steps.
-    ``images`` lists relative URLs of the PNGs, only once the request succeeded.
+    ``images`` lists relative URLs of the images (in ``params.output_format``), only once the request succeeded
+    and while they are stored; ``images_evicted_at`` says when the Redis result store's size cap dropped them.
     """
 
     id: str
@@ -218,6 +242,7 @@ class RequestView(BaseModel):
     progress: Progress
     error: ErrorView | None
     images: list[str]
+    images_evicted_at: datetime | None = None
     created_at: datetime | None
     scheduled_at: datetime | None
     started_at: datetime | None
@@ -228,7 +253,7 @@ class RequestView(BaseModel):
     def from_state(cls, state: RequestState) -> RequestView:
         spec = state.spec
         images: list[str] = []
-        if state.status is RequestStatus.SUCCEEDED:
+        if state.status is RequestStatus.SUCCEEDED and state.results_evicted_at is None:
             images = [f"/v1/requests/{spec.id}/images/{k}" for k in range(state.image_count)]
         return cls(
             id=spec.id,
@@ -240,6 +265,7 @@ class RequestView(BaseModel):
             progress=Progress(step=state.step, total=state.total or spec.num_inference_steps),
             error=ErrorView(type=state.error.type, message=state.error.message) if state.error else None,
             images=images,
+            images_evicted_at=_utc(state.results_evicted_at),
             created_at=_utc(spec.created_at),
             scheduled_at=_utc(state.scheduled_at),
             started_at=_utc(state.started_at),
@@ -258,6 +284,8 @@ class RequestView(BaseModel):
                 lora=spec.lora,
                 task=spec.task,
                 strength=spec.strength,
+                output_format=spec.output_format,
+                output_compression=spec.output_compression,
             ),
         )
 

@@ -4,35 +4,46 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from api.input_images import StoredInputs
 from api.outage import REDIS_FAILURES, StoreUnavailable
 from shared.contracts import RequestSpec, RequestState, RequestStatus, WorkerCapabilities
-from shared.keys import ABORT, SUBMIT, RedisKeys
+from shared.keys import ABORT, FORGET, SUBMIT, RedisKeys
+from shared.results import ResultStore, ResultStoreError
 from shared.state import STATE_FIELDS, parse_state
 
 _T = TypeVar("_T")
+_A = TypeVar("_A")
 CAPABILITIES_TTL_S = 2.0  # how long the api trusts what it read of the workers' announcements
 
 
-class RequestStore:
-    """Submits, reads and aborts requests.
+@dataclass(frozen=True, slots=True)
+class Forgotten:
+    """A finished request was deleted; these result keys' objects are deleted (or left to the sweeper)."""
 
-    ``redis`` decodes replies to ``str``; ``redis_binary`` returns ``bytes`` and is used for PNG images only.
-    The scripts are registered here (no network); redis-py loads them on first use.
+    result_keys: tuple[str, ...]
+
+
+class RequestStore:
+    """Submits, reads, aborts and deletes requests; reads their images from the result store.
+
+    ``redis`` decodes replies to ``str``. The scripts are registered here (no network); redis-py loads them on
+    first use. ``results`` is synchronous: its calls run in a worker thread.
 
     Every call ends within ``call_timeout_s`` (waiting for a pooled connection, connecting and every round trip
-    included) and raises ``StoreUnavailable`` when Redis fails or does not answer in time.
+    included) and raises ``StoreUnavailable`` when Redis or the result store fails or does not answer in time.
     """
 
     def __init__(
         self,
         redis: aioredis.Redis,
-        redis_binary: aioredis.Redis,
+        results: ResultStore,
         keys: RedisKeys,
         *,
         max_queue_len: int,
@@ -40,7 +51,7 @@ class RequestStore:
         call_timeout_s: float,
     ) -> None:
         self._redis = redis
-        self._binary = redis_binary
+        self.results = results
         self._keys = keys
         self._max_queue_len = max_queue_len
         self._result_ttl_s = result_ttl_s
@@ -48,6 +59,7 @@ class RequestStore:
         self._capabilities: tuple[float, list[WorkerCapabilities]] | None = None
         self._submit = redis.register_script(SUBMIT)
         self._abort = redis.register_script(ABORT)
+        self._forget = redis.register_script(FORGET)
 
     async def submit(
         self, specs: Sequence[RequestSpec], inputs: Sequence[StoredInputs | None] | None = None
@@ -71,12 +83,31 @@ class RequestStore:
             return None
         return parse_state({str(k): str(v) for k, v in raw.items()})
 
-    async def image(self, request_id: str, index: int) -> bytes | None:
-        """PNG bytes of image ``index`` of a request, or None while it does not exist."""
-        data = await self._bounded(self._binary.get(self._keys.image(request_id, index)))
-        if data is None:
+    async def result(self, key: str) -> bytes | None:
+        """The bytes of result-store key ``key`` (from ``RequestState.result_keys``), or None when gone."""
+        return await self._in_result_store(self.results.get, key)
+
+    async def result_url(self, key: str) -> str | None:
+        """A presigned URL of ``key`` where the result store has them, else None."""
+        return await self._in_result_store(self.results.url, key)
+
+    async def forget(self, request_id: str) -> Forgotten | RequestStatus | None:
+        """Delete a finished request: its state at once, its images from the result store (the sweeper retries
+        what cannot be deleted now). A request that has not finished is left alone: its status is returned.
+        None when unknown."""
+        reply = await self._bounded(
+            self._forget(keys=[self._keys.request(request_id), self._keys.results_journal], args=[])
+        )
+        if not reply:
             return None
-        return data if isinstance(data, bytes) else data.encode()
+        if reply[0] != "deleted":
+            return RequestStatus(reply[0])
+        keys = tuple(str(key) for key in reply[1:])
+        if keys:
+            with contextlib.suppress(StoreUnavailable):  # already due in the journal: the sweeper deletes them
+                await self._in_result_store(self.results.delete, keys)
+                await self._bounded(self._redis.zrem(self._keys.results_journal, *keys))
+        return Forgotten(keys)
 
     async def abort(self, request_id: str, now: float) -> RequestStatus | None:
         """Abort a request; the status after the call (see ``shared.keys.ABORT``), or None when unknown."""
@@ -105,6 +136,14 @@ class RequestStore:
             return bool(await self._bounded(self._redis.ping()))
         except StoreUnavailable:
             return False
+
+    async def _in_result_store(self, call: Callable[[_A], _T], argument: _A) -> _T:
+        """``call(argument)`` on the (synchronous) result store, in a worker thread, bounded like Redis calls."""
+        try:
+            async with asyncio.timeout(self._call_timeout_s):
+                return await asyncio.to_thread(call, argument)
+        except (ResultStoreError, RedisError, OSError) as exc:
+            raise StoreUnavailable(exc, f"the result store ({self.results.kind})") from exc
 
     async def _bounded(self, call: Awaitable[_T]) -> _T:
         try:

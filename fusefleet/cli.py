@@ -46,12 +46,14 @@ def api(
 
 @cli.command()
 def scheduler(log_level: Annotated[str, typer.Option(help="Log level.")] = "info") -> None:
-    """Run the batching scheduler (one is active; further ones stand by)."""
+    """Run the batching scheduler (one is active; further ones stand by) and the result sweeper."""
     from scheduler.lease import Lease
     from scheduler.service import SchedulerService
     from scheduler.store import SchedulerStore
+    from scheduler.sweeper import ResultSweeper
     from shared.celery_config import make_celery
     from shared.redis_conn import sync_client
+    from shared.results import ResultJournal, build_result_store
 
     _logging(log_level)
     settings = Settings()
@@ -59,9 +61,12 @@ def scheduler(log_level: Annotated[str, typer.Option(help="Log level.")] = "info
     store = SchedulerStore(client, settings)
     lease = Lease(client, store.keys.scheduler_lease, settings.scheduler_lease_ms)
     service = SchedulerService(settings, store, lease, make_celery(settings))
+    results = build_result_store(settings, sync_client(settings, binary=True))
+    sweeper = ResultSweeper(ResultJournal(client, store.keys), results, interval_s=settings.result_sweep_interval_s)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    sweeper.start(stop)
     service.run(stop)
 
 

@@ -23,6 +23,7 @@ from gpu_worker.store import Locked, WorkerStore
 from shared.celery_config import RUN_BATCH_TASK, make_celery
 from shared.contracts import BatchMessage, WorkerCapabilities
 from shared.redis_conn import sync_client
+from shared.results import build_result_store
 from shared.retry import TRANSIENT_ERRORS
 from shared.settings import Settings
 
@@ -45,7 +46,8 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
     state = _ProcessState()
 
     def init_process(**_: Any) -> None:
-        store = WorkerStore(sync_client(settings), settings, binary=sync_client(settings, binary=True))
+        binary = sync_client(settings, binary=True)
+        store = WorkerStore(sync_client(settings), settings, binary=binary)
         runner = load_runner(settings)
         capabilities = WorkerCapabilities(
             model=settings.model_id,
@@ -54,7 +56,12 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
         )
         state.heartbeat = Heartbeat(store, worker_name, settings.worker_heartbeat_s, capabilities)
         state.executor = BatchExecutor(
-            store, runner, worker_name, state.heartbeat, outage_retry_s=settings.redis_outage_retry_s
+            store,
+            runner,
+            worker_name,
+            state.heartbeat,
+            build_result_store(settings, binary),
+            outage_retry_s=settings.redis_outage_retry_s,
         )
         state.heartbeat.start()
         log.info("worker %s ready (runner %s, fused=%s)", worker_name, settings.runner, runner.fused)

@@ -6,7 +6,10 @@ Failure handling, from the narrowest to the widest (``docs/reliability.md`` has 
   exception's type and message). One that runs out of memory is split in halves first, recursively; a single
   request that still does not fit fails with ``OutOfMemory``. The runner's cache is emptied between tries.
 * Output that does not fit the request (wrong number of images, not an image, an image that cannot be
-  encoded) fails that request with ``RunnerError``.
+  encoded) fails that request with ``RunnerError``; an image the result store refuses fails its request with
+  ``ResultStoreError``.
+* Images go to the result store under keys of this run, journaled before the forward starts: if the run dies
+  between storing and finishing, the sweeper deletes them (``shared.results``).
 * Anything else that escapes (a bug, the soft time limit) fails the requests this claim still runs, with the
   error; Redis calls that end requests are retried through an outage for ``redis_outage_retry_s``. If even
   that fails, the batch stays in flight and its lock lapses: the scheduler's reaper publishes it again.
@@ -28,10 +31,11 @@ from celery.exceptions import SoftTimeLimitExceeded
 from PIL import Image
 
 from gpu_worker.heartbeat import Heartbeat
-from gpu_worker.images import to_png
+from gpu_worker.images import encode
 from gpu_worker.runner import BatchRunner, ConditionedRunner, InputImages, StepCallback, runner_tasks
 from gpu_worker.store import Claimed, Locked, RowSignal, WorkerStore
 from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus, Task
+from shared.results import ResultStore, result_keys
 from shared.retry import TRANSIENT_ERRORS, call_with_retry, is_transient
 
 log = logging.getLogger(__name__)
@@ -105,10 +109,12 @@ class BatchExecutor:
         runner: BatchRunner,
         worker: str,
         heartbeat: Heartbeat | None,
+        results: ResultStore,
         *,
         outage_retry_s: float = 0.0,
     ) -> None:
         self._store = store
+        self._results = results
         self._runner = runner
         self._worker = worker
         self._heartbeat = heartbeat
@@ -147,6 +153,8 @@ class BatchExecutor:
         statuses, run, specs = self._prepare(claim)
         if not specs:
             return statuses
+        keys = [key for spec in specs for key in result_keys(spec, run.token)]
+        self._redis(lambda: self._store.record_results(keys), "journaling result keys")
         if self._runner.fused:
             return {**statuses, **self._run_group(specs, run)}
         return {**statuses, **self._run_each(specs, run)}
@@ -233,8 +241,9 @@ class BatchExecutor:
     def _store_results(
         self, specs: Sequence[RequestSpec], images: Sequence[object], token: str
     ) -> Statuses:
-        """Encode and store every request's images in one round trip; a request whose output is wrong fails."""
-        pngs: dict[str, list[bytes]] = {}
+        """Encode every request's images, write them to the result store, and finish the requests in one round
+        trip; a request whose output is wrong, or that the store refuses, fails alone."""
+        stored: dict[str, list[str]] = {}
         errors: dict[str, ErrorInfo] = {}
         for spec, output in zip(specs, images, strict=True):
             problem = output_problem(spec, output)
@@ -243,13 +252,28 @@ class BatchExecutor:
                 continue
             assert isinstance(output, Sequence)
             try:
-                pngs[spec.id] = [to_png(image) for image in output]
+                encoded = [encode(image, spec.output_format, spec.output_compression) for image in output]
             except Exception as exc:  # noqa: BLE001 - a bad image fails its request, not the batch
                 message = f"encoding the image failed: {type(exc).__name__}: {exc}"
                 errors[spec.id] = ErrorInfo(type="RunnerError", message=message)
+                continue
+            keys = result_keys(spec, token)
+            try:
+                for key, data in zip(keys, encoded, strict=True):
+                    self._put(key, data)
+            except Exception as exc:  # noqa: BLE001 - the store refused it (or stayed away): this request fails
+                if is_transient(exc):
+                    raise
+                errors[spec.id] = ErrorInfo(type="ResultStoreError", message=str(exc) or repr(exc))
+                continue
+            stored[spec.id] = keys
         if errors:
             log.warning("%d requests returned unusable output: %s", len(errors), errors)
-        return self._redis(lambda: self._store.finish_many(pngs, errors, token), "storing results")
+        return self._redis(lambda: self._store.finish_many(stored, errors, token), "storing results")
+
+    def _put(self, key: str, data: bytes) -> None:
+        """Write one image to the result store (a Redis store's writes are retried through an outage)."""
+        self._redis(lambda: self._results.put(key, data), "storing an image")
 
     def _step_callback(self, specs: Sequence[RequestSpec], token: str) -> StepCallback:
         ids = [spec.id for spec in specs]

@@ -16,6 +16,7 @@ import redis
 
 from shared import keys as k
 from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus, WorkerCapabilities
+from shared.results import ResultJournal
 from shared.settings import Settings
 
 
@@ -63,6 +64,7 @@ class WorkerStore:
         self._binary = binary
         self._settings = settings
         self.keys = k.RedisKeys(settings.key_prefix)
+        self.journal = ResultJournal(client, self.keys)
         self._claim = client.register_script(k.CLAIM)
         self._progress = client.register_script(k.PROGRESS)
         self._finish = client.register_script(k.FINISH)
@@ -105,19 +107,24 @@ class WorkerStore:
         flags = self._progress(keys=[self.keys.request(rid) for rid in request_ids], args=[step, total, token])
         return [RowSignal(int(flag)) for flag in flags]
 
+    def record_results(self, result_keys: Sequence[str]) -> None:
+        """Journal the result keys this run is about to store (before writing any object)."""
+        self.journal.record(result_keys, self._settings.result_orphan_grace_s)
+
     def finish_many(
-        self, images: Mapping[str, Sequence[bytes]], errors: Mapping[str, ErrorInfo], token: str
+        self, results: Mapping[str, Sequence[str]], errors: Mapping[str, ErrorInfo], token: str
     ) -> dict[str, RequestStatus | None]:
-        """End running requests of this claim in one round trip: those in ``images`` succeeded with these PNGs,
-        those in ``errors`` failed; returns each one's status after the call (unchanged where not ours)."""
-        if not images and not errors:
+        """End running requests of this claim in one round trip: those in ``results`` succeeded with the images
+        stored under these result keys, those in ``errors`` failed; returns each one's status after the call
+        (unchanged where not ours)."""
+        if not results and not errors:
             return {}
         pipe = self._redis.pipeline(transaction=False)
-        for request_id, pngs in images.items():
-            self._finish(*self._finish_call(request_id, token, RequestStatus.SUCCEEDED, pngs=pngs), client=pipe)
+        for request_id, keys in results.items():
+            self._finish(*self._finish_call(request_id, token, RequestStatus.SUCCEEDED, keys=keys), client=pipe)
         for request_id, error in errors.items():
             self._finish(*self._finish_call(request_id, token, RequestStatus.FAILED, error=error), client=pipe)
-        ids = [*images, *errors]
+        ids = [*results, *errors]
         return {rid: _status(reply) for rid, reply in zip(ids, pipe.execute(), strict=True)}
 
     def _finish_call(
@@ -125,12 +132,11 @@ class WorkerStore:
         request_id: str,
         token: str,
         outcome: RequestStatus,
-        pngs: Sequence[bytes] = (),
+        keys: Sequence[str] = (),
         error: ErrorInfo | None = None,
-    ) -> tuple[list[str], list[str | bytes | float | int]]:
+    ) -> tuple[list[str], list[str | float | int]]:
         """KEYS and ARGV of ``finish.lua``."""
-        keys = [self.keys.request(request_id), *(self.keys.image(request_id, i) for i in range(len(pngs)))]
-        args: list[str | bytes | float | int] = [
+        args: list[str | float | int] = [
             outcome.value,
             time.time(),
             self._settings.result_ttl_s,
@@ -139,9 +145,9 @@ class WorkerStore:
             self.keys.finished,
             request_id,
             token,
-            *pngs,
+            *keys,
         ]
-        return keys, args
+        return [self.keys.request(request_id), self.keys.results_journal], args
 
     def input_images(self, request_ids: Sequence[str]) -> dict[str, tuple[bytes | None, bytes | None]]:
         """The stored (input image, input mask) PNG bytes of each request (None where absent), one round trip."""

@@ -3,8 +3,9 @@
 The key holds every field that must be a scalar for the whole pipeline call (shape, steps, guidance, output count,
 LoRA identity, task and strength) and the presence of a negative prompt. The task says whether the call is
 text-to-image, image-to-image or inpainting (a mask is present exactly for inpainting). Prompt text,
-negative-prompt text, seed and the input image and mask themselves are per row and may differ inside a batch (the
-api resizes every input image to the request's output size, so images of one batch have one size).
+negative-prompt text, seed, the input image and mask themselves, and the output encoding (format and quality,
+applied to each request's images after the forward) are per row and may differ inside a batch (the api resizes
+every input image to the request's output size, so images of one batch have one size).
 """
 
 from __future__ import annotations

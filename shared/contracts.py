@@ -50,6 +50,23 @@ class Task(StrEnum):
         return self is not Task.TEXT_TO_IMAGE
 
 
+class OutputFormat(StrEnum):
+    """How a request's images are encoded (its ``output_format``); the value is also the file extension."""
+
+    PNG = "png"
+    JPEG = "jpeg"
+    WEBP = "webp"
+
+    @property
+    def media_type(self) -> str:
+        return f"image/{self.value}"
+
+    @property
+    def lossy(self) -> bool:
+        """Whether ``output_compression`` (a quality, 0-100) applies."""
+        return self is not OutputFormat.PNG
+
+
 class LoraRef(Frozen):
     """One LoRA adapter (a sub-folder of the LoRA folder) applied at ``scale``."""
 
@@ -76,6 +93,10 @@ class RequestSpec(Frozen):
     task: Task = Task.TEXT_TO_IMAGE
     strength: float | None = Field(
         None, description="Image tasks: how much of the input image is replaced (0 < strength <= 1)."
+    )
+    output_format: OutputFormat = OutputFormat.PNG
+    output_compression: int | None = Field(
+        None, ge=0, le=100, description="JPEG/WebP quality, 0-100 (unset = the encoder's default)."
     )
     created_at: float
 
@@ -114,8 +135,15 @@ class RequestState(Frozen):
     step: int = 0
     total: int = 0
     error: ErrorInfo | None = None
-    image_count: int = 0
+    result_keys: tuple[str, ...] = Field((), description="Result-store keys of its images, once it succeeded.")
+    results_evicted_at: float | None = Field(
+        None, description="When the result store's size cap dropped its images (Redis result store only)."
+    )
     worker: str | None = None
     scheduled_at: float | None = None
     started_at: float | None = None
     finished_at: float | None = None
+
+    @property
+    def image_count(self) -> int:
+        return len(self.result_keys)

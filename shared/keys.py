@@ -9,9 +9,17 @@ key                             type    contents
                                         ``scheduler``; an entry is acked and deleted once its request is in a batch
 ``P:events``                    stream  wake-ups for the scheduler (``batch_done``, ``worker_up``), capped length
 ``P:req:{id}``                  hash    request state: spec, status, seed, batch_id, batch_size, step, total,
-                                        error_type, error_message, images, worker, abort, claim (token of
-                                        the run that may finish it), *_at timestamps; TTL once terminal
-``P:img:{id}:{k}``              string  PNG bytes of image k of a request (TTL ``result_ttl_s``)
+                                        error_type, error_message, images (count), results (result-store keys,
+                                        space separated), worker, abort, claim (token of the run that may
+                                        finish it), entry (stream id), input_image, input_mask (until it
+                                        ends), evicted_at, *_at timestamps; TTL once terminal
+``P:results:journal``           zset    result-store key -> when its object may be deleted (Redis time, ms):
+                                        a run's keys are recorded before it stores them (due after
+                                        ``result_orphan_grace_s``), a succeeded request's keep until it expires
+``P:results:deleting``          zset    result-store keys the sweeper took for deletion -> when to retry
+``P:result:{key}``              string  an image's bytes, Redis result store only (``shared.results``); with
+                                        ``P:results:redis:order`` (zset, put time), ``...:sizes`` (hash) and
+                                        ``...:used`` (bytes in use, under ``result_redis_max_bytes``)
 ``P:batch:{id}``                hash    ids (space separated), created_at, attempts (claims that ran something),
                                         seq, published_seq, claimed_seq (order of publications and claims),
                                         published_ms (Redis server time); TTL once out of flight
@@ -31,7 +39,10 @@ each is atomic and only moves forward. Invariants the scripts keep together:
   both at once; ``batch_done.lua`` and ``reap.lua`` remove a batch only when none of its requests is left
   unfinished), so the reaper sees every request that could be stranded;
 * a request is finished only by the claim that runs it (``claim`` token, checked by ``finish.lua``): a late
-  writer whose batch was claimed again after its lock lapsed changes nothing.
+  writer whose batch was claimed again after its lock lapsed changes nothing;
+* every object a run stores in the result store is in the results journal before it is written
+  (``results_record.lua``), so an object is either referenced by a succeeded request or falls due and is
+  deleted by the sweeper: a crash between writing bytes and finishing leaves nothing behind for long.
 """
 
 from __future__ import annotations
@@ -81,8 +92,29 @@ class RedisKeys:
     def request(self, request_id: str) -> str:
         return f"{self.prefix}:req:{request_id}"
 
-    def image(self, request_id: str, index: int) -> str:
-        return f"{self.prefix}:img:{request_id}:{index}"
+    @property
+    def results_journal(self) -> str:
+        return f"{self.prefix}:results:journal"
+
+    @property
+    def results_deleting(self) -> str:
+        return f"{self.prefix}:results:deleting"
+
+    def result(self, key: str) -> str:
+        """Where the Redis result store keeps the object of result-store key ``key``."""
+        return f"{self.prefix}:result:{key}"
+
+    @property
+    def redis_results_order(self) -> str:
+        return f"{self.prefix}:results:redis:order"
+
+    @property
+    def redis_results_sizes(self) -> str:
+        return f"{self.prefix}:results:redis:sizes"
+
+    @property
+    def redis_results_used(self) -> str:
+        return f"{self.prefix}:results:redis:used"
 
     def batch(self, batch_id: str) -> str:
         return f"{self.prefix}:batch:{batch_id}"
@@ -109,3 +141,8 @@ HEARTBEAT = _lua("heartbeat")
 FREE_SLOTS = _lua("free_slots")
 RENEW = _lua("renew")
 RELEASE = _lua("release")
+RESULTS_RECORD = _lua("results_record")
+RESULTS_DUE = _lua("results_due")
+FORGET = _lua("forget")
+REDIS_RESULT_PUT = _lua("redis_result_put")
+REDIS_RESULT_DELETE = _lua("redis_result_delete")

@@ -144,6 +144,50 @@ class Settings(BaseSettings):
 
     # --- results ---------------------------------------------------------------------------------------------------
     result_ttl_s: int = Field(86_400, ge=1, description="Seconds a finished request's state and images are kept.")
+    result_store: Literal["redis", "filesystem", "s3"] = Field(
+        "redis",
+        description="Where finished images live: 'redis' (capped by result_redis_max_bytes; simple, one host), "
+        "'filesystem' (result_dir, a volume every api and worker host mounts) or 's3' (any S3-compatible object "
+        "storage: s3_bucket, s3_endpoint_url). Redis then holds only request state and image keys.",
+    )
+    result_redis_max_bytes: int = Field(
+        1024**3,
+        ge=1024,
+        description="Redis result store only: bytes of images kept at most; beyond it the oldest are dropped first "
+        "(their requests say so, and their image URLs answer 410).",
+    )
+    result_dir: Path = Field(
+        default_factory=lambda: _default_cache_dir() / "results",
+        description="Filesystem result store only: the folder of the images (shared by the api and the workers).",
+    )
+    s3_bucket: str | None = Field(None, description="S3 result store only: the bucket (it must exist).")
+    s3_prefix: str = Field("fusefleet/", description="S3 result store only: prefix of every object key.")
+    s3_endpoint_url: str | None = Field(
+        None, description="S3 result store only: endpoint of a non-AWS service (MinIO, R2, GCS); unset = AWS."
+    )
+    s3_region: str | None = Field(None, description="S3 result store only: region (unset = boto3's default).")
+    s3_path_style: bool = Field(
+        True, description="S3 result store only: path-style URLs (MinIO and most non-AWS services want them)."
+    )
+    s3_timeout_s: float = Field(10.0, gt=0, description="S3 result store only: connect and read timeout per call.")
+    result_delivery: Literal["stream", "redirect"] = Field(
+        "stream",
+        description="How GET /v1/requests/{id}/images/{k} answers: 'stream' the bytes through the api, or "
+        "'redirect' (307) to a presigned URL where the store has them (s3); others stream.",
+    )
+    result_url_ttl_s: int = Field(
+        3600, ge=1, le=604_800, description="Lifetime of a presigned image URL (result_delivery=redirect)."
+    )
+    result_orphan_grace_s: float = Field(
+        1800.0,
+        gt=0,
+        description="A run's stored images that no finished request references (the run died between storing and "
+        "finishing, or was fenced off) are deleted this long after the run claimed its batch. Must exceed "
+        "batch_time_limit_s + redis_outage_retry_s (the longest a live run takes to finish).",
+    )
+    result_sweep_interval_s: float = Field(
+        10.0, gt=0, description="How often the scheduler's sweeper deletes the images that fell due."
+    )
 
     # --- worker ----------------------------------------------------------------------------------------------------
     worker_name: str | None = Field(
@@ -214,6 +258,14 @@ class Settings(BaseSettings):
                 f"worker_heartbeat_s ({self.worker_heartbeat_s}) must be at most half of batch_lock_ttl_s "
                 f"({self.batch_lock_ttl_s}): the heartbeat renews a running batch's lock, which would lapse mid-run"
             )
+        if self.result_orphan_grace_s <= self.batch_time_limit_s + self.redis_outage_retry_s:
+            raise ValueError(
+                f"result_orphan_grace_s ({self.result_orphan_grace_s}) must exceed batch_time_limit_s + "
+                f"redis_outage_retry_s ({self.batch_time_limit_s + self.redis_outage_retry_s}): the sweeper would "
+                "delete the images of a run that may still finish"
+            )
+        if self.result_store == "s3" and not self.s3_bucket:
+            raise ValueError("result_store 's3' needs s3_bucket (FUSEFLEET_S3_BUCKET)")
         if self.visibility_timeout_s <= self.batch_time_limit_s:
             raise ValueError(
                 f"visibility_timeout_s ({self.visibility_timeout_s}) must exceed batch_time_limit_s "
@@ -221,7 +273,7 @@ class Settings(BaseSettings):
             )
         return self
 
-    @field_validator("model_cache_dir", "lora_dir", mode="after")
+    @field_validator("model_cache_dir", "lora_dir", "result_dir", mode="after")
     @classmethod
     def _expand_user(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.outage import StoreUnavailable, retry_after_headers
+from api.outage import StoreUnavailable, retry_after_headers, unavailable_message
 from api.validation import json_safe
 
 INVALID_REQUEST = "invalid_request_error"
@@ -123,11 +123,10 @@ def invalid_request(errors: Iterable[Mapping[str, Any]]) -> OpenAIError:
 
 
 def unavailable(exc: Exception) -> OpenAIError:
-    """503 with ``Retry-After``: Redis is down, stalled or loading."""
-    cause = exc.cause if isinstance(exc, StoreUnavailable) else exc
+    """503 with ``Retry-After``: Redis is down, stalled or loading, or the result store failed."""
     return OpenAIError(
         status.HTTP_503_SERVICE_UNAVAILABLE,
-        f"the request store (Redis) is unavailable: {type(cause).__name__}; retry later",
+        f"{unavailable_message(exc)}; retry later",
         kind=SERVER_ERROR,
         code="service_unavailable",
         headers=retry_after_headers(),

@@ -201,11 +201,11 @@ async def _images(
             for k in range(state.image_count)
         ]
     images: list[ImageObject] = []
-    for k in range(state.image_count):
-        png = await store.image(request_id, k)
-        if png is None:
-            raise _lost(request_id, f"image {k} of request {request_id} is gone from the store (expired)")
-        images.append(ImageObject(b64_json=base64.b64encode(png).decode()))
+    for k, key in enumerate(state.result_keys):
+        data = await store.result(key)
+        if data is None or state.results_evicted_at is not None:
+            raise _lost(request_id, f"image {k} of request {request_id} is gone from the result store")
+        images.append(ImageObject(b64_json=base64.b64encode(data).decode()))
     return images
 
 

@@ -1,4 +1,4 @@
-"""Submitting, reading, aborting requests and downloading their images."""
+"""Submitting, reading, aborting and deleting requests, and downloading their images."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import contextlib
 import time
 
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
+from fastapi.responses import RedirectResponse
 
 from api.deps import SettingsDep, StoreDep, WaiterDep
 from api.responses import BAD_BODY, NOT_FOUND, QUEUE_FULL_OR_UNAVAILABLE, UNAVAILABLE
@@ -19,8 +20,10 @@ from api.schemas import (
     GenerateRequest,
     RequestView,
 )
+from api.store import Forgotten
 from api.submission import accept
 from shared.contracts import RequestStatus
+from shared.results import output_format_of
 
 router = APIRouter(prefix="/v1/requests", tags=["requests"])
 
@@ -85,20 +88,69 @@ async def get_request(
     "/{request_id}/images/{index}",
     response_class=Response,
     responses={
-        200: {"content": {"image/png": {}}, "description": "The PNG."},
-        404: {"model": ErrorMessage, "description": "The image does not exist (yet)."},
+        200: {
+            "content": {"image/png": {}, "image/jpeg": {}, "image/webp": {}},
+            "description": "The image, in the request's output_format.",
+        },
+        307: {"description": "Redirect to a presigned URL of the image (result_delivery=redirect, S3 store)."},
+        404: {"model": ErrorMessage, "description": "The image does not exist (yet): not done, unknown or expired."},
+        410: {"model": ErrorMessage, "description": "The image was stored, and is gone (the detail says why)."},
         **UNAVAILABLE,
     },
 )
-async def get_image(request_id: str, store: StoreDep, index: int = Path(ge=0)) -> Response:
-    """PNG bytes of image ``index`` of a succeeded request."""
-    data = await store.image(request_id, index)
-    if data is None:
+async def get_image(request_id: str, store: StoreDep, settings: SettingsDep, index: int = Path(ge=0)) -> Response:
+    """Image ``index`` of a succeeded request, from the result store: its bytes, or a redirect to a presigned URL
+    (``result_delivery=redirect`` where the store has them)."""
+    state = await store.get(request_id)
+    if state is None or state.status is not RequestStatus.SUCCEEDED or index >= state.image_count:
         raise HTTPException(
             status.HTTP_404_NOT_FOUND,
             detail=f"image {index} of request {request_id!r} does not exist (not done, unknown or expired)",
         )
-    return Response(content=data, media_type="image/png")
+    if state.results_evicted_at is not None:
+        raise HTTPException(
+            status.HTTP_410_GONE,
+            detail=f"the images of request {request_id!r} were dropped by the Redis result store's size cap "
+            f"(result_redis_max_bytes={settings.result_redis_max_bytes}); the fleet keeps the newest results only",
+        )
+    key = state.result_keys[index]
+    if settings.result_delivery == "redirect":
+        url = await store.result_url(key)
+        if url is not None:
+            return RedirectResponse(url, status_code=status.HTTP_307_TEMPORARY_REDIRECT)
+    data = await store.result(key)
+    if data is None:
+        raise HTTPException(
+            status.HTTP_410_GONE, detail=f"image {index} of request {request_id!r} is gone from the result store"
+        )
+    return Response(content=data, media_type=output_format_of(key).media_type)
+
+
+@router.delete(
+    "/{request_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    response_class=Response,
+    responses={
+        **NOT_FOUND,
+        409: {"model": ErrorMessage, "description": "The request has not finished: abort it first."},
+        **UNAVAILABLE,
+    },
+)
+async def delete_request(request_id: str, store: StoreDep) -> Response:
+    """Delete a finished request: its state and its images, from whichever result store holds them.
+
+    409 while it is queued, scheduled or running (``POST /v1/requests/{id}/abort`` first).
+    """
+    outcome = await store.forget(request_id)
+    if outcome is None:
+        raise _unknown(request_id)
+    if not isinstance(outcome, Forgotten):
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            detail=f"request {request_id!r} is {outcome.value}: abort it first (POST /v1/requests/{request_id}/abort),"
+            " then delete it once it is aborted",
+        )
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.post(

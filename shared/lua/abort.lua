@@ -12,6 +12,7 @@ if status == 'queued' or status == 'scheduled' then
   local entry = redis.call('HGET', KEYS[1], 'entry')
   if status == 'queued' and KEYS[2] and entry then redis.call('XDEL', KEYS[2], entry) end
   redis.call('HSET', KEYS[1], 'status', 'aborted', 'finished_at', ARGV[1])
+  redis.call('HDEL', KEYS[1], 'input_image', 'input_mask')
   redis.call('EXPIRE', KEYS[1], ARGV[2])
   redis.call('PUBLISH', ARGV[3], ARGV[4])
   return 'aborted'

@@ -15,6 +15,7 @@ elseif not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 local function finish(key, id, status)
   redis.call('HSET', key, 'status', status, 'finished_at', ARGV[4])
+  redis.call('HDEL', key, 'input_image', 'input_mask')
   redis.call('EXPIRE', key, ARGV[7])
   redis.call('PUBLISH', ARGV[8], id)
 end

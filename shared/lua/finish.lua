@@ -1,20 +1,41 @@
 -- End one running request, only for the claim that runs it (a late writer from an earlier claim is ignored).
--- An abort flag wins over success: the images are then not stored.
--- KEYS[1] request hash, KEYS[2..] image keys. ARGV[1] outcome (succeeded|failed), ARGV[2] now (s),
+-- A succeeded request's images are already in the result store under the given keys; they must still be in the
+-- results journal (recorded at claim time, see results_record.lua), else the sweeper may have deleted them and the
+-- request fails with ResultLost. Kept keys become due for deletion with the request (now + ttl); an abort flag wins
+-- over success, and then the keys become due at once. Input images are dropped from the hash: nothing needs them.
+-- KEYS[1] request hash, KEYS[2] results journal. ARGV[1] outcome (succeeded|failed), ARGV[2] now (s),
 -- ARGV[3] ttl (s), ARGV[4] error type, ARGV[5] error message, ARGV[6] finished channel, ARGV[7] request id,
--- ARGV[8] claim token, ARGV[9..] PNG bytes (KEYS[2..] order).
+-- ARGV[8] claim token, ARGV[9..] result keys of its images (in image order).
 -- Returns the status after the call (unchanged when the request is not running under this claim).
 local st = redis.call('HMGET', KEYS[1], 'status', 'abort', 'claim')
 if st[1] ~= 'running' or st[3] ~= ARGV[8] then return st[1] or 'missing' end
-local status = ARGV[1]
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local status, error_type, error_message = ARGV[1], ARGV[4], ARGV[5]
+local results = {}
+for i = 9, #ARGV do table.insert(results, ARGV[i]) end
 if st[2] then status = 'aborted' end
 if status == 'succeeded' then
-  for i = 2, #KEYS do redis.call('SET', KEYS[i], ARGV[i + 7], 'EX', ARGV[3]) end
-  redis.call('HSET', KEYS[1], 'images', #KEYS - 1)
-elseif status == 'failed' then
-  redis.call('HSET', KEYS[1], 'error_type', ARGV[4], 'error_message', ARGV[5])
+  for _, key in ipairs(results) do
+    if not redis.call('ZSCORE', KEYS[2], key) then
+      status, error_type = 'failed', 'ResultLost'
+      error_message = 'its image ' .. key .. ' was swept from the result store before the run finished '
+        .. '(the run outlasted result_orphan_grace_s)'
+      break
+    end
+  end
+end
+if status == 'succeeded' then
+  for _, key in ipairs(results) do redis.call('ZADD', KEYS[2], 'XX', now_ms + tonumber(ARGV[3]) * 1000, key) end
+  redis.call('HSET', KEYS[1], 'images', #results, 'results', table.concat(results, ' '))
+else
+  for _, key in ipairs(results) do redis.call('ZADD', KEYS[2], 'XX', now_ms, key) end
+  if status == 'failed' then
+    redis.call('HSET', KEYS[1], 'error_type', error_type, 'error_message', error_message)
+  end
 end
 redis.call('HSET', KEYS[1], 'status', status, 'finished_at', ARGV[2])
+redis.call('HDEL', KEYS[1], 'input_image', 'input_mask')
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('PUBLISH', ARGV[6], ARGV[7])
 return status

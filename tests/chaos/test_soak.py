@@ -7,7 +7,7 @@ compatibility keys (two sizes, two step counts) drawn at random per request, to 
 finished or already expired). Every request is published terminal exactly once and ends as its abort answer
 says: 200 -> aborted (the flag wins over success), 409 -> succeeded, never aborted -> succeeded.
 
-With a 3 s result TTL, Redis returns to its starting level afterwards: no ``P:req:*``, ``P:img:*`` or
+With a 3 s result TTL, Redis returns to its starting level afterwards: no ``P:req:*``, ``P:result:*`` or
 ``P:batch:*`` key is left, and ``used_memory`` (client buffers excluded) is back within ``MEMORY_SLACK`` of the
 baseline taken after a warm-up. The slack covers what legitimately stays: the ``P:events`` stream grows from a
 few entries to its cap (~1000 ``batch_done`` entries, ~100 KiB), and the allocator's and the keyspace's hash
@@ -49,11 +49,11 @@ ABORT_SHARE = 0.05
 ABORT_DELAY_S = 1.5  # each chosen request is aborted up to this long after its submission
 RESULT_TTL_S = 3
 MEMORY_SLACK = 512 * 1024  # ~40 KiB measured above the baseline after 20,000 requests
-LEAK_PATTERNS = ("req", "img", "batch")
+LEAK_PATTERNS = ("req", "result", "batch")  # result: image objects (deleted by the sweeper once due)
 
 
 def leftover_keys(fleet: Fleet) -> dict[str, int]:
-    """Keys of the prefix that should expire, by kind (``req``, ``img``, ``batch``)."""
+    """Keys of the prefix that should expire, by kind (``req``, ``result``, ``batch``)."""
     found: Counter[str] = Counter()
     for key in fleet.redis.scan_iter(match=f"{fleet.prefix}:*", count=1000):
         kind = key[len(fleet.prefix) + 1 :].split(":", 1)[0]
@@ -160,13 +160,15 @@ def test_soak_every_request_ends_once_and_nothing_leaks(
         FUSEFLEET_MAX_NUM_SEQS="64",
         FUSEFLEET_BATCH_ORDER="grouped",
         FUSEFLEET_RESULT_TTL_S=str(RESULT_TTL_S),
+        FUSEFLEET_RESULT_SWEEP_INTERVAL_S="1",
         FUSEFLEET_MAX_QUEUE_LEN=str(max(100_000, soak_count)),
     )
     with FinishedWatcher(server.url, fleet.keys) as watcher:
         # warm-up (scripts loaded, broker bindings, connections), then the baseline once its results expired
         warm = submit_all(fleet, random_bodies(4 * CHUNK, rng, SHAPES))
         assert not watcher.wait_all(warm, 60), f"warm-up did not finish ({fleet.logs_hint()})"
-        assert leftover_keys(fleet).get("req"), "the key scan does not see the request keys"
+        seen = leftover_keys(fleet)
+        assert seen.get("req") and seen.get("result"), f"the key scan does not see request and image keys: {seen}"
         wait_no_leftovers(fleet, "the warm-up")
         baseline = memory(fleet)
 

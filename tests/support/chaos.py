@@ -43,7 +43,7 @@ class Finish:
     @classmethod
     def of(cls, row: Sequence[str | None], image: bytes | None = None) -> Finish:
         """From an HMGET of ``FinishedWatcher.FIELDS``."""
-        status, error_type, error_message, finished_at = row
+        status, error_type, error_message, finished_at, _ = row
         return cls(status, error_type, error_message, finished_at, image)
 
 
@@ -55,7 +55,7 @@ class FinishedWatcher:
     ``drops`` counts lost subscriptions (Redis went away): messages published meanwhile are missing.
     """
 
-    FIELDS = ("status", "error_type", "error_message", "finished_at")
+    FIELDS = ("status", "error_type", "error_message", "finished_at", "results")
 
     def __init__(self, redis_url: str, keys: RedisKeys, *, capture_images: bool = False) -> None:
         self._url = redis_url
@@ -164,9 +164,10 @@ class FinishedWatcher:
             rows = pipe.execute()
             images: list[Any] = [None] * len(ids)
             if self._capture_images:
-                bpipe = binary.pipeline(transaction=False)
-                for rid in ids:
-                    bpipe.get(self._keys.image(rid, 0))
+                bpipe = binary.pipeline(transaction=False)  # image 0, from the Redis result store
+                for row in rows:
+                    first = (row[-1] or "").split()
+                    bpipe.get(self._keys.result(first[0]) if first else "-")
                 images = bpipe.execute()
         except (redis.ConnectionError, redis.TimeoutError, OSError):
             with self._lock:

@@ -259,13 +259,7 @@ async def test_image_404_until_stored_then_png(api: Api) -> None:
     request_id = await _submit(api, n=2)
     assert (await api.http.get(f"/v1/requests/{request_id}/images/0")).status_code == 404
 
-    # what the worker's FINISH script does
-    await api.binary.set(api.keys.image(request_id, 0), PNG)
-    await api.binary.set(api.keys.image(request_id, 1), PNG + b"1")
-    await api.redis.hset(
-        api.keys.request(request_id),
-        mapping={"status": "succeeded", "images": 2, "finished_at": 1700000000.0},
-    )
+    assert await api.finish(request_id, images=[PNG, PNG + b"1"]) == "succeeded"
 
     view = (await api.http.get(f"/v1/requests/{request_id}")).json()
     assert view["status"] == "succeeded"

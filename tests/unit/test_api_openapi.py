@@ -68,16 +68,16 @@ def test_every_error_answer_is_documented(settings: Settings) -> None:
         ("POST", "/v1/requests"): {"202", "400", "413", "422", "503"},
         ("POST", "/v1/requests/batch"): {"202", "400", "413", "422", "503"},
         ("GET", "/v1/requests/{request_id}"): {"200", "404", "422", "503"},
-        ("GET", "/v1/requests/{request_id}/images/{index}"): {"200", "404", "422", "503"},
+        ("GET", "/v1/requests/{request_id}/images/{index}"): {"200", "307", "404", "410", "422", "503"},
+        ("DELETE", "/v1/requests/{request_id}"): {"204", "404", "409", "422", "503"},
         ("POST", "/v1/requests/{request_id}/abort"): {"200", "404", "409", "422", "503"},
         ("GET", "/healthz"): {"200", "503"},
     }
-    for (_, path), codes in documented.items():
-        method = "post" if path.endswith(("requests", "batch", "abort")) else "get"
-        unavailable = paths[path][method]["responses"]["503"]
-        assert "Retry-After" in unavailable["headers"], path
-        for code in codes - {"200", "202", "422"}:
-            assert paths[path][method]["responses"][code]["content"]["application/json"]["schema"], (path, code)
+    for (method, path), codes in documented.items():
+        responses = paths[path][method.lower()]["responses"]
+        assert "Retry-After" in responses["503"]["headers"], path
+        for code in codes - {"200", "202", "204", "307", "422"}:
+            assert responses[code]["content"]["application/json"]["schema"], (method, path, code)
 
 
 @pytest.mark.parametrize(

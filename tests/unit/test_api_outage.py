@@ -24,7 +24,7 @@ from redis import exceptions as redis_errors
 from api.app import create_app
 from api.schemas import GenerateRequest
 from shared.settings import Settings
-from tests.support.api import Api, api_harness, unit_settings
+from tests.support.api import Api, api_harness, fake_results, unit_settings
 
 pytestmark = pytest.mark.anyio
 
@@ -39,6 +39,7 @@ ROUTES = [
     pytest.param("GET", "/v1/requests/r1?wait_s=5", None, id="long-poll"),
     pytest.param("GET", "/v1/requests/r1/images/0", None, id="image"),
     pytest.param("POST", "/v1/requests/r1/abort", None, id="abort"),
+    pytest.param("DELETE", "/v1/requests/r1", None, id="delete"),
 ]
 
 
@@ -318,9 +319,9 @@ async def test_every_redis_failure_is_503(
 ) -> None:
     server = fakeredis.FakeServer()
     text = FailingRedis(server=server, decode_responses=True)
-    binary = FailingRedis(server=server)
-    text.failure = binary.failure = failure
-    app = create_app(unit_settings(tmp_path), redis=text, redis_binary=binary)
+    text.failure = failure
+    settings = unit_settings(tmp_path)
+    app = create_app(settings, redis=text, results=fake_results(server, settings))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:

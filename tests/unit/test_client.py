@@ -47,10 +47,11 @@ from fusefleet.client import (
     encode_image,
 )
 from fusefleet.client_cli import parse_size
-from shared import keys as k
 from shared.contracts import RequestSpec
 from shared.keys import RedisKeys
+from shared.results import ResultStore
 from shared.settings import Settings
+from tests.support.api import fake_results, finish_like_worker
 from tests.support.redis_server import free_port
 
 pytestmark = pytest.mark.anyio
@@ -79,6 +80,7 @@ class Fleet:
     server: fakeredis.FakeServer
     keys: RedisKeys
     settings: Settings
+    results: ResultStore
 
     async def queued_specs(self) -> list[RequestSpec]:
         entries = cast(list[tuple[str, dict[str, str]]], await self.redis.xrange(self.keys.requests))
@@ -97,12 +99,10 @@ class Fleet:
         """End a request with the worker's FINISH script (``error``: ``Type: message`` for a failure)."""
         if await self.redis.hget(self.keys.request(request_id), "status") != "running":
             await self.run(request_id, 0, 4)
-        images = images or []
         error_type, _, message = error.partition(": ")
-        finish = self.redis.register_script(k.FINISH)
-        keys = [self.keys.request(request_id), *(self.keys.image(request_id, i) for i in range(len(images)))]
-        args: list[Any] = [outcome, time.time(), 60, error_type, message, self.keys.finished, request_id, "c1"]
-        return str(await finish(keys=keys, args=[*args, *images]))
+        return await finish_like_worker(
+            self.redis, self.results, self.keys, request_id, outcome, images or [], (error_type, message)
+        )
 
     async def worker(self, done: set[str]) -> None:
         """Finish every request that shows up: PNGs of its size, or ``ValueError`` when its prompt says so."""
@@ -124,8 +124,9 @@ def _fleet(settings: Settings) -> Fleet:
     server = fakeredis.FakeServer()
     redis = fakeredis.FakeAsyncRedis(server=server, decode_responses=True)
     binary = fakeredis.FakeAsyncRedis(server=server, decode_responses=False)
-    app = create_app(settings, redis=redis, redis_binary=binary)
-    return Fleet(app, redis, binary, server, RedisKeys(settings.key_prefix), settings)
+    results = fake_results(server, settings)
+    app = create_app(settings, redis=redis, results=results)
+    return Fleet(app, redis, binary, server, RedisKeys(settings.key_prefix), settings, results)
 
 
 @asynccontextmanager

@@ -48,7 +48,10 @@ KEYED_FIELDS = frozenset(
         "strength",
     }
 )
-PER_ROW_FIELDS = frozenset({"id", "prompt", "negative_prompt", "seed", "created_at"})
+# output_format and output_compression are per row: each request's images are encoded after the forward.
+PER_ROW_FIELDS = frozenset(
+    {"id", "prompt", "negative_prompt", "seed", "created_at", "output_format", "output_compression"}
+)
 LORA_KEYED_FIELDS = frozenset({"name", "scale"})
 
 

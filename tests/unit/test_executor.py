@@ -7,7 +7,8 @@ with the real Lua scripts.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from types import SimpleNamespace
 
 import fakeredis
@@ -22,6 +23,7 @@ from gpu_worker.store import Claimed, Locked, WorkerStore
 from scheduler.lease import Lease
 from scheduler.store import SchedulerStore
 from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus, Task, WorkerCapabilities
+from shared.results.filesystem import FilesystemResultStore
 from shared.settings import Settings
 from tests.unit.test_scripts import submit
 
@@ -34,6 +36,25 @@ def settings() -> Settings:
 @pytest.fixture
 def client() -> fakeredis.FakeRedis:
     return fakeredis.FakeRedis(decode_responses=True)
+
+
+_RESULTS: dict[str, FilesystemResultStore] = {}
+
+
+@pytest.fixture(autouse=True)
+def results(tmp_path: Path) -> Iterator[FilesystemResultStore]:
+    """The test's result store (a folder of its ``tmp_path``), used by every executor it builds."""
+    _RESULTS["store"] = FilesystemResultStore(tmp_path / "results")
+    yield _RESULTS["store"]
+    _RESULTS.clear()
+
+
+def executor(
+    client: fakeredis.FakeRedis, settings: Settings, runner: object, worker: str = "w1", **options: float
+) -> BatchExecutor:
+    """A worker's executor on ``client``, storing images in the test's result store."""
+    store = WorkerStore(client, settings)
+    return BatchExecutor(store, runner, worker, None, _RESULTS["store"], **options)  # type: ignore[arg-type]
 
 
 def image() -> Image.Image:
@@ -92,7 +113,7 @@ def scheduled_batch(client: fakeredis.FakeRedis, settings: Settings, prompts: li
 
 def run(client: fakeredis.FakeRedis, settings: Settings, prompts: list[str], runner: ScriptedRunner) -> BatchOutcome:
     batch = scheduled_batch(client, settings, prompts)
-    outcome = BatchExecutor(WorkerStore(client, settings), runner, "w1", None).execute(batch)
+    outcome = executor(client, settings, runner).execute(batch)
     assert isinstance(outcome, BatchOutcome)
     return outcome
 
@@ -167,7 +188,7 @@ def test_results_that_cannot_be_stored_leave_the_batch_to_the_reaper(
     client: fakeredis.FakeRedis, settings: Settings
 ) -> None:
     batch = scheduled_batch(client, settings, ["a", "b"])
-    broken = BatchExecutor(RedisDown(client, settings), ScriptedRunner(), "w1", None, outage_retry_s=0.3)
+    broken = BatchExecutor(RedisDown(client, settings), ScriptedRunner(), "w1", None, results, outage_retry_s=0.3)
     started = time.monotonic()
     with pytest.raises(redis.ConnectionError):
         broken.execute(batch)
@@ -177,7 +198,7 @@ def test_results_that_cannot_be_stored_leave_the_batch_to_the_reaper(
     assert client.hget(keys.request("a"), "status") == "running"
     client.delete(keys.batch_lock("B1"))  # its lock lapses (the heartbeat no longer holds it)
     assert SchedulerStore(client, settings).reap().republish == ["B1"]
-    healthy = BatchExecutor(WorkerStore(client, settings), ScriptedRunner(), "w2", None)
+    healthy = executor(client, settings, ScriptedRunner(), "w2")
     outcome = healthy.execute(batch)
     assert isinstance(outcome, BatchOutcome) and set(outcome.statuses.values()) == {RequestStatus.SUCCEEDED}
     assert client.hget(keys.batch("B1"), "attempts") == "2"
@@ -195,26 +216,32 @@ def test_a_stale_run_cannot_finish_what_a_later_claim_runs(client: fakeredis.Fak
     assert not isinstance(first, type(None)) and not isinstance(second, type(None))
     # the stale run learns it lost the rows, and its late writes change nothing
     assert [int(s) for s in store.progress(["a", "b"], 3, 4, "tok1")] == [2, 2]
-    late = store.finish_many({"a": [b"stale"]}, {"b": ErrorInfo(type="X", message="stale")}, "tok1")
+    store.record_results(["a/tok1/0.png", "a/tok2/0.png", "b/tok2/0.png"])
+    late = store.finish_many({"a": ["a/tok1/0.png"]}, {"b": ErrorInfo(type="X", message="stale")}, "tok1")
     assert late == {"a": RequestStatus.RUNNING, "b": RequestStatus.RUNNING}
-    assert not client.exists(store.keys.image("a", 0))
+    assert not client.hexists(store.keys.request("a"), "results")
     assert not store.batch_done("B1", "tok1")  # the other run holds it: it stays in flight
     assert in_flight(client, settings) == ["B1"]
-    assert store.finish_many({"a": [b"fresh"], "b": [b"fresh"]}, {}, "tok2") == {
+    assert store.finish_many({"a": ["a/tok2/0.png"], "b": ["b/tok2/0.png"]}, {}, "tok2") == {
         "a": RequestStatus.SUCCEEDED,
         "b": RequestStatus.SUCCEEDED,
     }
     assert store.batch_done("B1", "tok2")
-    assert client.get(store.keys.image("a", 0)) == "fresh"
+    assert client.hget(store.keys.request("a"), "results") == "a/tok2/0.png"
+    # the kept key is due with its request (result_ttl_s); the stale run's stays due after the grace period
+    journal, now_ms = store.keys.results_journal, time.time() * 1000
+    assert client.zscore(journal, "a/tok2/0.png") == pytest.approx(now_ms + settings.result_ttl_s * 1000, abs=5000)
+    stale_due = now_ms + settings.result_orphan_grace_s * 1000
+    assert client.zscore(journal, "a/tok1/0.png") == pytest.approx(stale_due, abs=5000)
 
 
 def test_deliveries_that_run_nothing_count_no_attempt(client: fakeredis.FakeRedis, settings: Settings) -> None:
     batch = scheduled_batch(client, settings, ["a"])
     store = WorkerStore(client, settings)
-    executor = BatchExecutor(store, ScriptedRunner(), "w1", None)
-    assert isinstance(executor.execute(batch), BatchOutcome)
+    repeated = executor(client, settings, ScriptedRunner())
+    assert isinstance(repeated.execute(batch), BatchOutcome)
     for _ in range(settings.max_batch_attempts + 2):  # duplicates: Celery redelivery, republish after takeover
-        outcome = executor.execute(batch)
+        outcome = repeated.execute(batch)
         assert isinstance(outcome, BatchOutcome) and outcome.statuses == {"a": RequestStatus.SUCCEEDED}
     assert client.hget(store.keys.batch("B1"), "attempts") == "1"
 
@@ -268,7 +295,7 @@ def test_a_task_the_runner_does_not_do_fails_clearly(client: fakeredis.FakeRedis
     spec = RequestSpec.model_validate_json(client.hget(keys.request("img"), "spec"))
     client.hset(keys.request("img"), "spec", spec.model_copy(update={"task": Task.IMAGE_TO_IMAGE}).model_dump_json())
     runner = ScriptedRunner()
-    outcome = BatchExecutor(WorkerStore(client, settings), runner, "w1", None).execute(batch)
+    outcome = executor(client, settings, runner).execute(batch)
     assert isinstance(outcome, BatchOutcome) and outcome.statuses == {"img": RequestStatus.FAILED}
     kind, message = error(client, settings, "img")
     assert kind == "UnsupportedTask"

@@ -18,7 +18,6 @@ from starlette.types import ASGIApp, Message
 
 from api.app import create_app
 from api.openai import generation
-from shared import keys as k
 from shared.contracts import RequestSpec
 from shared.settings import Settings
 from tests.support.api import Api, api_harness, unit_settings
@@ -63,15 +62,16 @@ async def spec_of(api: Api, request_id: str) -> RequestSpec:
     return RequestSpec.model_validate_json(raw)
 
 
+INPUTS_SEEN: dict[str, list[bytes | None]] = {}
+"""The input image and mask each request had when ``finish`` ended it (the hash drops them then)."""
+
+
 async def finish(api: Api, request_id: str, outcome: str = "succeeded", error: tuple[str, str] = ("", "")) -> None:
     """What a worker does: claim the request, then ``FINISH`` it with one PNG per image of its size."""
     spec = await spec_of(api, request_id)
-    await api.redis.hset(api.keys.request(request_id), mapping={"status": "running", "claim": "c1"})
+    INPUTS_SEEN[request_id] = await api.binary.hmget(api.keys.request(request_id), ["input_image", "input_mask"])
     count = spec.n if outcome == "succeeded" else 0
-    image_keys = [api.keys.image(request_id, i) for i in range(count)]
-    args: list[str | float | bytes] = [outcome, 1700000000.0, 60, *error, api.keys.finished, request_id, "c1"]
-    args += [png(spec.width, spec.height, shade=i) for i in range(count)]
-    await api.binary.register_script(k.FINISH)(keys=[api.keys.request(request_id), *image_keys], args=args)
+    await api.finish(request_id, outcome, [png(spec.width, spec.height, shade=i) for i in range(count)], error)
 
 
 async def call_while_finishing(
@@ -520,8 +520,9 @@ async def test_edit_is_an_image_to_image_request(api: Api) -> None:
     request_id = response.headers["x-request-id"]
     view = (await api.http.get(f"/v1/requests/{request_id}")).json()
     assert (view["params"]["task"], view["params"]["strength"], view["seed"]) == ("image-to-image", 0.5, 3)
-    stored = await api.binary.hget(api.keys.request(request_id), "input_image")
+    stored, _ = INPUTS_SEEN.pop(request_id)
     assert isinstance(stored, bytes) and png_size(stored) == (64, 32)  # resized to the requested size by the core
+    assert not await api.binary.hexists(api.keys.request(request_id), "input_image")  # dropped once it finished
 
 
 async def test_edit_with_a_mask_is_inpainting(api: Api) -> None:
@@ -533,7 +534,7 @@ async def test_edit_with_a_mask_is_inpainting(api: Api) -> None:
     spec = await spec_of(api, request_id)
     assert spec.task == "inpaint"
     assert spec.lora is not None and (spec.lora.name, spec.lora.scale) == ("style", 0.5)
-    assert await api.binary.hget(api.keys.request(request_id), "input_mask") is not None
+    assert INPUTS_SEEN.pop(request_id)[1] is not None
 
 
 @pytest.mark.parametrize(

@@ -100,7 +100,8 @@ def test_claim_locks_counts_attempts_and_runs_only_its_requests(
     assert claim.attempts == 1 and claim.running == ["a", "b", "c"]
     assert [spec.id for spec in claim.specs] == ["a", "b", "c"]
     assert isinstance(worker.claim(batch, "tok2", "w2"), Locked)
-    finished = worker.finish_many({"a": [b"png0"]}, {"b": ErrorInfo(type="ValueError", message="bad")}, "tok1")
+    worker.record_results(["a/tok1/0.png", "c/tok3/0.png"])
+    finished = worker.finish_many({"a": ["a/tok1/0.png"]}, {"b": ErrorInfo(type="ValueError", message="bad")}, "tok1")
     assert finished == {"a": RequestStatus.SUCCEEDED, "b": RequestStatus.FAILED}
     assert not worker.batch_done("B1", "tok1")  # c is unfinished: the batch stays in flight for the reaper
     assert client.zscore(worker.keys.inflight, "B1") is not None
@@ -109,7 +110,8 @@ def test_claim_locks_counts_attempts_and_runs_only_its_requests(
     assert isinstance(again, Claimed) and again.running == ["c"] and again.attempts == 2
     assert [spec.id for spec in again.specs] == ["c"]
     assert status(client, worker.keys, "a") == "succeeded"
-    assert worker.finish_many({"c": [b"png"]}, {}, "tok3") == {"c": RequestStatus.SUCCEEDED}
+    assert worker.finish_many({"c": ["c/tok3/0.png"]}, {}, "tok3") == {"c": RequestStatus.SUCCEEDED}
+    assert client.hget(worker.keys.request("c"), "results") == "c/tok3/0.png"
     assert worker.batch_done("B1", "tok3")
     assert client.zscore(worker.keys.inflight, "B1") is None
     assert 0 < client.ttl(worker.keys.batch("B1")) <= settings.result_ttl_s
@@ -138,14 +140,17 @@ def test_abort_flag_wins_over_success_and_status_never_moves_back(
     assert abort(keys=[worker.keys.request("a")], args=[time.time(), 60, "ch", "a"]) == "running"
     assert worker.progress(["a", "b"], 1, 4, "tok") == [RowSignal.ABORTED, RowSignal.GO_ON]
     assert client.hget(worker.keys.request("b"), "step") == "1"
-    assert worker.finish_many({"a": [b"png"]}, {}, "tok") == {"a": RequestStatus.ABORTED}
-    assert not client.exists(worker.keys.image("a", 0))
-    assert worker.finish_many({"b": [b"png"]}, {}, "tok") == {"b": RequestStatus.SUCCEEDED}
+    worker.record_results(["a/tok/0.png", "b/tok/0.png"])
+    assert worker.finish_many({"a": ["a/tok/0.png"]}, {}, "tok") == {"a": RequestStatus.ABORTED}
+    assert not client.hexists(worker.keys.request("a"), "results")
+    journal = worker.keys.results_journal
+    assert client.zscore(journal, "a/tok/0.png") <= time.time() * 1000  # an aborted run's images are due at once
+    assert worker.finish_many({"b": ["b/tok/0.png"]}, {}, "tok") == {"b": RequestStatus.SUCCEEDED}
     late = worker.finish_many({}, {"b": ErrorInfo(type="X", message="late")}, "tok")
     assert late == {"b": RequestStatus.SUCCEEDED}
     assert abort(keys=[worker.keys.request("b")], args=[time.time(), 60, "ch", "b"]) == "succeeded"
     assert abort(keys=[worker.keys.request("missing")], args=[time.time(), 60, "ch", "missing"]) is None
-    assert client.ttl(worker.keys.image("b", 0)) > 0
+    assert client.zscore(journal, "b/tok/0.png") > (time.time() + 50) * 1000  # kept with the request (ttl 60 s)
 
 
 def test_lease_is_exclusive_and_released_only_by_its_owner(client: fakeredis.FakeRedis) -> None:
@@ -170,6 +175,6 @@ def test_a_claimed_batch_whose_lock_lapsed_is_republished_once_per_claim(
     assert store.reap().republish == ["B1"]
     assert store.reap().republish == []  # already republished since that claim
     worker.claim(batch, "tok2", "w2")
-    worker.finish_many({"a": [b"p"], "b": [b"p"], "c": [b"p"]}, {}, "tok2")
+    worker.finish_many({"a": [], "b": [], "c": []}, {}, "tok2")
     worker.batch_done("B1", "tok2")
     assert store.reap() == Reaped(republish=[], removed=0)  # finished batches are not in flight
