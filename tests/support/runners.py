@@ -39,6 +39,25 @@ PNG_FAILS = "chaos:png-fails"
 CHAOS_MARKERS = (RAISE_BEFORE, RAISE_DURING, RAISE_AFTER, WRONG_LISTS, WRONG_COUNT, NOT_AN_IMAGE, PNG_FAILS)
 
 
+class FullSizeRunner:
+    """Returns full-size images at once (noise over a gradient, like a photo as far as PNG is concerned): what a
+    real model's results weigh in the result store, with no forward to wait for."""
+
+    fused = True
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+
+    def run(self, specs: Sequence[RequestSpec], on_step: StepCallback) -> list[list[Image.Image]]:
+        out: list[list[Image.Image]] = []
+        for spec in specs:
+            size = (spec.width, spec.height)
+            gradient = Image.linear_gradient("L").resize(size).convert("RGB")
+            noise = Image.frombytes("RGB", size, os.urandom(size[0] * size[1] * 3))
+            out.append([Image.blend(gradient, noise, 0.25) for _ in range(spec.n)])
+        return out
+
+
 class ChaosError(RuntimeError):
     """What ``ChaosRunner`` raises when a prompt asks it to."""
 
