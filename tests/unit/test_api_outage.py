@@ -23,6 +23,7 @@ from redis import exceptions as redis_errors
 
 from api.app import create_app
 from api.schemas import GenerateRequest
+from shared.results import ResultStoreError
 from shared.settings import Settings
 from tests.support.api import Api, api_harness, fake_results, unit_settings
 
@@ -343,3 +344,35 @@ async def _recover(api: Api) -> None:
     response = await api.http.post("/v1/requests", json={"prompt": "a cat"})
     assert response.status_code == 202
     assert (await api.http.get("/healthz")).json() == {"status": "ok"}
+
+
+class BrokenResultStore:
+    """A result store whose every call fails, as an unreachable S3 does."""
+
+    kind = "s3"
+
+    def _fail(self, *_: object) -> None:
+        raise ResultStoreError("Could not connect to the endpoint URL")
+
+    put = get = delete = url = _fail
+
+
+async def test_a_failing_result_store_is_503_naming_it(tmp_path: Path) -> None:
+    settings = unit_settings(tmp_path)
+    server = fakeredis.FakeServer()
+    redis = fakeredis.FakeAsyncRedis(server=server, decode_responses=True)
+    app = create_app(settings, redis=redis, results=BrokenResultStore())  # type: ignore[arg-type]
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+            request_id = (await http.post("/v1/requests", json={"prompt": "a cat"})).json()["id"]
+            await redis.hset(
+                f"{settings.key_prefix}:req:{request_id}",
+                mapping={"status": "succeeded", "results": f"{request_id}/c1/0.png", "images": 1},
+            )
+            response = await http.get(f"/v1/requests/{request_id}/images/0")
+            _assert_unavailable(response)
+            assert "the result store (s3) is unavailable: ResultStoreError" in response.json()["detail"]
+            # deleting still removes the state: the images are due in the journal, the sweeper retries them
+            assert (await http.delete(f"/v1/requests/{request_id}")).status_code == 204
+            assert (await http.get(f"/v1/requests/{request_id}")).status_code == 404

@@ -6,6 +6,7 @@ with the real Lua scripts.
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ from gpu_worker.store import Claimed, Locked, WorkerStore
 from scheduler.lease import Lease
 from scheduler.store import SchedulerStore
 from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus, Task, WorkerCapabilities
+from shared.results import ResultStoreError
 from shared.results.filesystem import FilesystemResultStore
 from shared.settings import Settings
 from tests.unit.test_scripts import submit
@@ -151,6 +153,35 @@ def test_unusable_images_fail_their_request_only(client: fakeredis.FakeRedis, se
     assert error(client, settings, "none") == ("RunnerError", "runner returned 0 images, expected 1")
     kind, message = error(client, settings, "cmyk")
     assert kind == "RunnerError" and message.startswith("encoding the image failed: OSError")
+
+
+class RefusingStore(FilesystemResultStore):
+    """A filesystem store that refuses the images of requests whose id says ``refused``."""
+
+    def put(self, key: str, data: bytes) -> None:
+        if key.startswith("refused/"):
+            raise ResultStoreError(f"storing {key} failed: disk full")
+        super().put(key, data)
+
+
+def test_images_go_to_the_result_store_and_a_refused_one_fails_alone(
+    client: fakeredis.FakeRedis, settings: Settings, results: FilesystemResultStore
+) -> None:
+    batch = scheduled_batch(client, settings, ["ok", "refused", "ok2"])
+    store = WorkerStore(client, settings)
+    outcome = BatchExecutor(store, ScriptedRunner(), "w1", None, RefusingStore(results.root)).execute(batch)
+    assert isinstance(outcome, BatchOutcome)
+    assert outcome.statuses == {"ok": "succeeded", "refused": "failed", "ok2": "succeeded"}
+    kind, message = error(client, settings, "refused")
+    assert kind == "ResultStoreError" and "disk full" in message
+    for rid in ("ok", "ok2"):
+        (key,) = str(client.hget(store.keys.request(rid), "results")).split()
+        assert key.startswith(f"{rid}/") and key.endswith(".png")
+        data = results.get(key)
+        assert data is not None and Image.open(io.BytesIO(data)).size == (8, 8)
+    # every key was journaled before its object was written, the refused one too (it falls due: nothing to delete)
+    journaled = set(client.zrange(store.keys.results_journal, 0, -1))
+    assert {key.split("/")[0] for key in journaled} == {"ok", "refused", "ok2"}
 
 
 def test_time_limit_fails_what_is_unfinished(client: fakeredis.FakeRedis, settings: Settings) -> None:
