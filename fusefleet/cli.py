@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from shared.contracts import OutputFormat
 from shared.settings import Settings
 
 cli = typer.Typer(help="fusefleet: a request-batching diffusion serving fleet.", no_args_is_help=True)
@@ -125,9 +126,16 @@ def generate(
     strength: Annotated[
         float | None, typer.Option("--strength", help="How much of --image is replaced (0 < s <= 1).")
     ] = None,
-    out: Annotated[Path, typer.Option("-o", "--out", help="Folder of the PNGs (created).")] = Path("."),
+    output_format: Annotated[
+        OutputFormat | None, typer.Option("--format", help="Encoding of the images (default png).")
+    ] = None,
+    quality: Annotated[
+        int | None, typer.Option("--quality", min=0, max=100, help="jpeg / webp quality, 0-100; needs --format.")
+    ] = None,
+    out: Annotated[Path, typer.Option("-o", "--out", help="Folder of the images (created).")] = Path("."),
     prefix: Annotated[
-        str | None, typer.Option("--prefix", help="Name files <prefix>-<prompt#>-<k>.png instead of <id>-<k>.png.")
+        str | None,
+        typer.Option("--prefix", help="Name files <prefix>-<prompt#>-<k>.<format> instead of <id>-<k>.<format>."),
     ] = None,
     url: Annotated[
         str | None, typer.Option("--url", envvar="FUSEFLEET_URL", help="The api (default http://127.0.0.1:8000).")
@@ -137,7 +145,7 @@ def generate(
 ) -> None:
     """Generate images on a running fleet: each prompt is its own request, all submitted together.
 
-    Writes OUT/<id>-<k>.png and prints one line per file; exits 1 when any request failed or was refused.
+    Writes OUT/<id>-<k>.<format> and prints one line per file; exits 1 when any request failed or was refused.
     """
     from fusefleet.client_cli import GenerateOptions, run_generate
 
@@ -156,6 +164,8 @@ def generate(
         image=image,
         mask=mask,
         strength=strength,
+        output_format=output_format,
+        quality=quality,
         prefix=prefix,
         timeout=timeout,
         progress=progress,

@@ -10,16 +10,21 @@ one ``Result`` per request, in the input order::
         results = client.generate(["a red fox", {"prompt": "a blue whale", "n": 2}], width=64, height=64, seed=1)
         for result in results:
             if result.ok:
-                result.save("out")  # out/<id>-<k>.png
+                result.save("out")  # out/<id>-<k>.png (.jpeg or .webp with output_format="jpeg" or "webp")
             else:
                 print(result.error)  # e.g. "RequestRejected: width: Input should be a multiple of 8"
 
+Images come in the request's ``output_format`` (``png`` by default, ``jpeg`` or ``webp``, at ``output_compression``
+0-100 for those two): ``generate([...], output_format="webp", output_compression=80)``.
+
 The lower-level calls map one to one onto the api: ``submit`` (``POST /v1/requests``), ``get`` and ``wait``
-(``GET /v1/requests/{id}``, ``wait`` with the long poll ``?wait_s=``), ``abort``, ``image`` and ``images``.
+(``GET /v1/requests/{id}``, ``wait`` with the long poll ``?wait_s=``), ``abort``, ``delete``
+(``DELETE /v1/requests/{id}``), ``image`` and ``images``.
 Requests and answers are the api's own pydantic models (``api.schemas.GenerateRequest``, ``RequestView``);
 importing this module loads ``api.schemas`` (pydantic only), never the FastAPI app. Errors are typed
 (``fusefleet.client_errors``): ``RequestRejected`` (422, naming the field), ``QueueFull`` / ``Unavailable`` (503,
-with ``retry_after``; ``submit`` retries them a bounded number of times), ``NotFound``, ``ApiUnreachable``, ...
+with ``retry_after``; ``submit`` retries them a bounded number of times), ``NotFound``, ``Conflict``,
+``ApiUnreachable``, ...
 
 The base url defaults to ``$FUSEFLEET_URL``, else ``http://127.0.0.1:8000``.
 """
@@ -57,7 +62,7 @@ from fusefleet.client_errors import (
     unreachable,
 )
 from fusefleet.client_images import encode_image, to_pil
-from shared.contracts import RequestStatus
+from shared.contracts import OutputFormat, RequestStatus
 
 if TYPE_CHECKING:
     from PIL import Image as PILImage
@@ -72,6 +77,7 @@ __all__ = [
     "FusefleetError",
     "GenerateRequest",
     "NotFound",
+    "OutputFormat",
     "QueueFull",
     "RequestFailed",
     "RequestRejected",
@@ -212,8 +218,8 @@ class Result:
 
     ``index`` is its place in the input list; ``request`` the validated request (None when the client refused
     it before sending); ``id`` is None when it was refused (never queued); ``status`` is its last known status
-    (None when refused); ``error`` is None exactly when it succeeded; ``images`` holds its PNGs (bytes);
-    ``view`` is its last state as the api reported it.
+    (None when refused); ``error`` is None exactly when it succeeded; ``images`` holds its images (bytes, in
+    ``output_format``); ``view`` is its last state as the api reported it.
     """
 
     index: int
@@ -228,20 +234,29 @@ class Result:
     def ok(self) -> bool:
         return self.status is RequestStatus.SUCCEEDED and self.error is None
 
+    @property
+    def output_format(self) -> OutputFormat:
+        """The encoding of ``images`` (also their file extension): as the api reports it, else as requested."""
+        if self.view is not None:
+            return self.view.params.output_format
+        return self.request.output_format if self.request is not None else OutputFormat.PNG
+
     def pil_images(self) -> list[PILImage.Image]:
         """The images as PIL images. Needs Pillow (imported on first use; an ImportError says how to install it)."""
         return to_pil(self.images)
 
     def save(self, folder: str | os.PathLike[str], stem: str | None = None) -> list[Path]:
-        """Write the PNGs as ``folder/<stem or id>-<k>.png`` (the folder is created); the paths written."""
+        """Write the images as ``folder/<stem or id>-<k>.<output_format>`` (``.png``, ``.jpeg`` or ``.webp``; the
+        folder is created); the paths written."""
         if not self.images:
             return []
         name = stem or self.id or f"request{self.index}"
+        extension = self.output_format.value
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
         paths = []
         for k, data in enumerate(self.images):
-            path = out / f"{name}-{k}.png"
+            path = out / f"{name}-{k}.{extension}"
             path.write_bytes(data)
             paths.append(path)
         return paths
@@ -321,8 +336,12 @@ class Client(_Base):
         headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(base_url, timeout, submit_retries, max_retry_wait_s)
-        self._http = httpx.Client(
-            base_url=self.base_url, timeout=self._http_timeout(), transport=transport, headers=headers
+        self._http = httpx.Client(  # redirects: images served from a presigned URL (result_delivery=redirect)
+            base_url=self.base_url,
+            timeout=self._http_timeout(),
+            transport=transport,
+            headers=headers,
+            follow_redirects=True,
         )
 
     # --- lifecycle --------------------------------------------------------------------------------------------
@@ -451,12 +470,21 @@ class Client(_Base):
             return self.get(request_id).status
         return _parse(AbortResult, response).status
 
+    def delete(self, request_id: str) -> None:
+        """Delete a finished (succeeded, failed or aborted) request: its state and its images, at once.
+
+        ``Conflict`` while it is queued, scheduled or running (``abort`` it first, then delete it once it is
+        aborted); ``NotFound`` when unknown, expired or already deleted.
+        """
+        self._call("DELETE", _path(request_id))
+
     def image(self, request_id: str, index: int = 0) -> bytes:
-        """PNG bytes of image ``index`` of a succeeded request (``NotFound`` when it does not exist (yet))."""
+        """Bytes of image ``index`` of a succeeded request, in its ``output_format`` (``NotFound`` when it does not
+        exist (yet))."""
         return self._call("GET", _path(request_id, "images", index)).content
 
     def images(self, request_id: str, view: RequestView | None = None) -> list[bytes]:
-        """Every PNG of the request (none unless it succeeded); ``view`` saves reading its state again."""
+        """Every image of the request (none unless it succeeded); ``view`` saves reading its state again."""
         view = view if view is not None else self.get(request_id)
         return [self.image(request_id, k) for k in range(len(view.images))]
 
@@ -474,7 +502,8 @@ class Client(_Base):
         fleet can fuse them); a refused one gets ``id=None`` and its error, and the others run regardless.
         ``defaults`` fill the fields a request leaves unset. ``timeout`` bounds the whole call; a request still
         running then gets a ``WaitTimeout`` error (and keeps running). ``on_progress(index, view)`` reports
-        progress (polling) while waiting.
+        progress (polling) while waiting. ``output_format="jpeg"`` (or ``"webp"``) and ``output_compression=N``
+        among ``defaults`` (or in a request) choose how the images are encoded.
 
         >>> results = client.generate(["a red fox", "a blue whale"], num_inference_steps=4)  # doctest: +SKIP
         >>> [r.status for r in results]  # doctest: +SKIP
@@ -542,8 +571,12 @@ class AsyncClient(_Base):
         headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(base_url, timeout, submit_retries, max_retry_wait_s)
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url, timeout=self._http_timeout(), transport=transport, headers=headers
+        self._http = httpx.AsyncClient(  # redirects: images served from a presigned URL (result_delivery=redirect)
+            base_url=self.base_url,
+            timeout=self._http_timeout(),
+            transport=transport,
+            headers=headers,
+            follow_redirects=True,
         )
 
     # --- lifecycle --------------------------------------------------------------------------------------------
@@ -660,12 +693,16 @@ class AsyncClient(_Base):
             return (await self.get(request_id)).status
         return _parse(AbortResult, response).status
 
+    async def delete(self, request_id: str) -> None:
+        """Delete a finished request: its state and its images (see ``Client.delete``)."""
+        await self._call("DELETE", _path(request_id))
+
     async def image(self, request_id: str, index: int = 0) -> bytes:
-        """PNG bytes of image ``index`` of a succeeded request."""
+        """Bytes of image ``index`` of a succeeded request, in its ``output_format``."""
         return (await self._call("GET", _path(request_id, "images", index))).content
 
     async def images(self, request_id: str, view: RequestView | None = None) -> list[bytes]:
-        """Every PNG of the request (none unless it succeeded), fetched concurrently."""
+        """Every image of the request (none unless it succeeded), fetched concurrently."""
         view = view if view is not None else await self.get(request_id)
         return list(await asyncio.gather(*(self.image(request_id, k) for k in range(len(view.images)))))
 

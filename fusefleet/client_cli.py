@@ -1,9 +1,9 @@
-"""``fusefleet generate``: submit prompts to a running fleet, show each request's progress, write its PNGs.
+"""``fusefleet generate``: submit prompts to a running fleet, show each request's progress, write its images.
 
 Each prompt is its own request; all are submitted together (``AsyncClient.generate``) so the fleet can fuse
-them. One progress bar per request (step/total, on stderr) while they run; then one line per PNG written
-(stdout) and one readable line per request that failed or was refused (stderr); the exit code is 1 when any
-request did not succeed.
+them. One progress bar per request (step/total, on stderr) while they run; then one line per image written
+(stdout; ``.png``, or ``.jpeg`` / ``.webp`` with ``--format``) and one readable line per request that failed or
+was refused (stderr); the exit code is 1 when any request did not succeed.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from api.schemas import RequestView
 from fusefleet.client import AsyncClient, Client, FusefleetError, Result
 from fusefleet.client_images import encode_image
-from shared.contracts import RequestStatus
+from shared.contracts import OutputFormat, RequestStatus
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -57,6 +57,8 @@ class GenerateOptions:
     image: Path | None = None
     mask: Path | None = None
     strength: float | None = None
+    output_format: OutputFormat | None = None
+    quality: int | None = None
     prefix: str | None = None
     timeout: float | None = None
     progress: bool = True
@@ -73,12 +75,16 @@ def request_params(opts: GenerateOptions) -> dict[str, Any]:
         "seed": opts.seed,
         "guidance_scale": opts.guidance,
         "negative_prompt": opts.negative,
+        "output_format": opts.output_format.value if opts.output_format is not None else None,
+        "output_compression": opts.quality,
     }
     params.update({key: value for key, value in optional.items() if value is not None})
     if opts.lora is not None:
         params["lora"] = {"name": opts.lora, **({"scale": opts.lora_scale} if opts.lora_scale is not None else {})}
     elif opts.lora_scale is not None:
         raise typer.BadParameter("--lora-scale needs --lora", param_hint="--lora-scale")
+    if opts.quality is not None and (opts.output_format is None or not opts.output_format.lossy):
+        raise typer.BadParameter("--quality needs --format jpeg or webp (png is lossless)", param_hint="--quality")
     if opts.image is None and (opts.mask is not None or opts.strength is not None):
         raise typer.BadParameter("--mask and --strength need --image", param_hint="--image")
     if opts.image is not None:

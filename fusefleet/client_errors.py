@@ -102,7 +102,8 @@ class NotFound(FusefleetError):
 
 
 class Conflict(FusefleetError):
-    """The request already finished (e.g. aborting a request that succeeded or failed)."""
+    """The request is not in a state that allows the call: aborting one that already succeeded or failed, or
+    deleting one that has not finished yet."""
 
     status_code = 409
 

@@ -1,4 +1,4 @@
-"""Images in and out of ``fusefleet.client``: ``encode_image`` for image-conditioned requests, PNG -> PIL.
+"""Images in and out of ``fusefleet.client``: ``encode_image`` for image-conditioned requests, results -> PIL.
 
 Pillow is optional for the client: only ``to_pil`` (and ``encode_image`` of a PIL image, or of a format other
 than PNG, JPEG and WebP) need it, and it is imported on first use.
@@ -103,7 +103,7 @@ def encode_image(source: ImageSource, *, data_url: bool = False) -> str:
 
 
 def to_pil(images: Sequence[bytes]) -> list[PILImage.Image]:
-    """PIL images of PNG bytes (fully loaded). Needs Pillow (imported here, on first use)."""
+    """PIL images of encoded image bytes (PNG, JPEG or WebP; fully loaded). Needs Pillow (imported on first use)."""
     Image = pillow("Result.pil_images()")
     out: list[PILImage.Image] = []
     for data in images:

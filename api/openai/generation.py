@@ -13,7 +13,8 @@ is in the ``x-request-id`` header of every answer once it exists. The call then 
 A request that ended gives (``x-should-retry: false`` on each error: the fleet has already retried what it retries,
 and a client library retrying would only queue the same work again):
 
-- succeeded: 200 ``{"created", "data": [{"b64_json"} | {"url"}, ...]}``, one entry per image, in order;
+- succeeded: 200 ``{"created", "data": [{"b64_json"} | {"url"}, ...], "output_format"}``, one entry per image, in
+  order, each encoded in the request's ``output_format`` (``png``, ``jpeg`` or ``webp``);
 - failed because of its own input (``InvalidInput``, ``InvalidRequest``, ``UnsupportedTask``): 400
   ``invalid_request_error`` / ``invalid_input``;
 - failed otherwise (the model raised, out of memory alone, worker lost, time limit): 500 ``server_error`` /
@@ -106,7 +107,8 @@ async def respond(
     if state.status is RequestStatus.SUCCEEDED:
         data = await _images(state, answer_format, request, store)
         created = int(state.finished_at or time.time())
-        body = ImagesResponse(created=created, data=data).model_dump(exclude_none=True)
+        answer = ImagesResponse(created=created, data=data, output_format=state.spec.output_format)
+        body = answer.model_dump(mode="json", exclude_none=True)
         return JSONResponse(body, headers=headers)
     raise _outcome_error(state, headers)
 

@@ -7,6 +7,10 @@ A call's native fields are validated by ``GenerateRequest`` itself and its limit
   multiple of 8 between 8 and the fleet's ``max_image_side``;
 - ``model``: the fleet's model id (``GET /v1/models``) or absent;
 - ``response_format`` ``b64_json`` (default) or ``url``; ``user`` / ``safety_identifier``: accepted and ignored;
+- ``output_format`` ``png`` (default), ``jpeg`` or ``webp``: the native ``output_format``, which ``b64_json`` (and
+  the image URLs) then carry, and which the answer reports; ``output_compression`` 0-100: the native quality of
+  ``jpeg`` and ``webp``. With ``png`` (lossless) only ``100``, the value OpenAI clients send by default, is
+  accepted (and dropped); any other value is a 400 naming ``output_compression``;
 - OpenAI parameters this server does not implement but clients commonly send (``UNSUPPORTED``): their default or
   harmless values are accepted, any other value is a 400 naming the parameter.
 
@@ -28,10 +32,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api.openai.errors import OpenAIError, invalid_request, model_not_found
 from api.schemas import DEFAULT_SIDE, GenerateRequest
+from shared.contracts import OutputFormat
 from shared.settings import Settings
 
 ResponseFormat = Literal["b64_json", "url"]
 AUTO_SIZE = "auto"
+LOSSLESS_COMPRESSION = 100
+"""The one ``output_compression`` accepted with ``png``: OpenAI's default, which its clients may send anyway."""
 SIDE_MULTIPLE = 8
 _SIZE = re.compile(r"(\d{1,6})x(\d{1,6})")
 
@@ -51,10 +58,8 @@ UNSUPPORTED: Mapping[str, Unsupported] = {
         accepted=frozenset({"auto", "standard"}), reason="set num_inference_steps to trade quality for speed"
     ),
     "style": Unsupported(accepted=frozenset({"vivid"}), reason="describe the style in the prompt"),
-    "background": Unsupported(accepted=frozenset({"auto", "opaque"}), reason="images are opaque PNGs"),
+    "background": Unsupported(accepted=frozenset({"auto", "opaque"}), reason="images are opaque"),
     "moderation": Unsupported(accepted=frozenset({"auto", "low"}), reason="this server does not moderate"),
-    "output_format": Unsupported(accepted=frozenset({"png"}), reason="images are PNG"),
-    "output_compression": Unsupported(accepted=frozenset({"100"}), reason="PNG is lossless"),
     "stream": Unsupported(
         accepted=frozenset({"false"}), reason="answers are not streamed (GET /v1/requests/{id} reports progress)"
     ),
@@ -85,8 +90,8 @@ class OpenAIImageParams(BaseModel):
     quality: Any = None
     background: Any = None
     moderation: Any = None
-    output_format: Any = None
-    output_compression: Any = None
+    output_format: Any = Field(None, description="png (default), jpeg or webp.")
+    output_compression: Any = Field(None, description="jpeg and webp: quality 0-100; with png only 100.")
     stream: Any = None
     partial_images: Any = None
 
@@ -127,6 +132,28 @@ class OpenAIImageParams(BaseModel):
             )
         return {"width": sides[0], "height": sides[1]}
 
+    def format_fields(self) -> dict[str, Any]:
+        """The native ``output_format`` and ``output_compression`` as given (the native request validates them);
+        with ``png`` an ``output_compression`` of 100 is dropped, and any other number is an OpenAI 400."""
+        fields = _present({"output_format": self.output_format, "output_compression": self.output_compression})
+        compression = fields.get("output_compression")
+        if self.output_format in (None, OutputFormat.PNG.value) and _is_number(compression):
+            if compression != LOSSLESS_COMPRESSION:
+                raise OpenAIError(
+                    status.HTTP_400_BAD_REQUEST,
+                    f"Invalid value for 'output_compression': {compression!r}. It is the quality (0-100) of the "
+                    f"jpeg and webp output formats; with output_format png (lossless) only "
+                    f"{LOSSLESS_COMPRESSION} is accepted.",
+                    param="output_compression",
+                    code="invalid_value",
+                )
+            del fields["output_compression"]
+        return fields
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
 
 def native_request(fields: Mapping[str, Any]) -> GenerateRequest:
     """The native request of ``fields`` (absent = native default), or an OpenAI 400 naming the parameter."""
@@ -165,7 +192,7 @@ class ImageGenerationRequest(OpenAIImageParams):
             "seed": self.seed,
             "lora": self.lora,
         }
-        return native_request({**_present(values), **self.size_fields(settings)})
+        return native_request({**_present(values), **self.size_fields(settings), **self.format_fields()})
 
 
 class ImageEditForm(OpenAIImageParams):
@@ -186,6 +213,7 @@ class ImageEditForm(OpenAIImageParams):
     strength: float | None = Field(None, description="How much of the image is replaced, 0 < strength <= 1.")
     lora_name: str | None = Field(None, alias="lora[name]")
     lora_scale: float | None = Field(None, alias="lora[scale]")
+    output_compression: int | None = Field(None, description="jpeg and webp: quality 0-100; with png only 100.")
     input_fidelity: Any = None
 
     def _image_file(self) -> UploadFile:
@@ -226,21 +254,24 @@ class ImageEditForm(OpenAIImageParams):
             "seed": self.seed,
             "lora": lora,
         }
-        return native_request({**_present(values), **self.size_fields(settings)})
+        return native_request({**_present(values), **self.size_fields(settings), **self.format_fields()})
 
 
 class ImageObject(BaseModel):
-    """One generated image: ``b64_json`` (PNG bytes, base64) or ``url`` (absolute, the native image URL)."""
+    """One generated image: ``b64_json`` (its bytes in the request's ``output_format``, base64) or ``url``
+    (absolute, the native image URL)."""
 
     b64_json: str | None = None
     url: str | None = None
 
 
 class ImagesResponse(BaseModel):
-    """OpenAI's answer: ``created`` (unix seconds) and one entry per image, in order."""
+    """OpenAI's answer: ``created`` (unix seconds), one entry per image, in order, and the images'
+    ``output_format`` (as OpenAI's gpt-image answers have it)."""
 
     created: int
     data: list[ImageObject]
+    output_format: OutputFormat | None = None
 
 
 class ModelObject(BaseModel):

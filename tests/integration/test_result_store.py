@@ -16,6 +16,7 @@ import pytest
 import redis
 from PIL import Image
 
+from fusefleet.client import Client
 from tests.support import fleet as support_fleet
 from tests.support.fleet import Fleet
 from tests.support.processes import wait_for
@@ -138,6 +139,8 @@ def test_s3_redirects_to_presigned_urls(redis_server: RedisServer, tmp_path: Pat
         image = httpx.get(location, timeout=10)
         assert image.status_code == 200 and image.headers["content-type"] == "image/webp"
         assert Image.open(io.BytesIO(image.content)).size == (64, 64)
+        with Client(fleet.base_url) as client:  # the Python client follows the redirect
+            assert client.image(rid, 0) == image.content
 
 
 MEMORY_REQUESTS = 48

@@ -1,21 +1,31 @@
-"""The HTTP API against fakeredis (with Lua): submission, validation, state, images, abort, backpressure."""
+"""The HTTP API against fakeredis (with Lua): submission, validation, state, output formats, images, abort,
+delete, backpressure."""
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Any, cast
 
 import httpx
 import pytest
+from PIL import Image
 
 from api.app import create_app
-from shared.contracts import RequestSpec
+from shared.contracts import OutputFormat, RequestSpec
 from shared.settings import Settings
 from tests.support.api import Api, api_harness
 
 pytestmark = pytest.mark.anyio
 
 PNG = b"\x89PNG\r\n\x1a\nfake"
+
+
+def encoded(fmt: str, width: int = 8, height: int = 8) -> bytes:
+    """A real image in PIL's format ``fmt`` (``PNG``, ``JPEG``, ``WEBP``)."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (20, 120, 220)).save(buffer, format=fmt)
+    return buffer.getvalue()
 
 
 async def _submit(api: Api, **body: Any) -> str:
@@ -157,12 +167,46 @@ async def test_list_body_points_to_batch_endpoint(api: Api) -> None:
         ({"lora": {"name": "nope"}}, ["body", "lora", "name"]),
         ({"lora": {"name": "../loras"}}, ["body", "lora", "name"]),
         ({"lora": {"name": "style", "scale": 11}}, ["body", "lora", "scale"]),
+        ({"output_format": "gif"}, ["body", "output_format"]),
+        ({"output_format": "JPEG"}, ["body", "output_format"]),
+        ({"output_format": "jpeg", "output_compression": 101}, ["body", "output_compression"]),
+        ({"output_format": "webp", "output_compression": -1}, ["body", "output_compression"]),
+        ({"output_format": "jpeg", "output_compression": 50.5}, ["body", "output_compression"]),
+        ({"output_format": "jpeg", "output_compression": "80"}, ["body", "output_compression"]),
     ],
 )
 async def test_bad_field_is_422_naming_it(api: Api, body: dict[str, Any], loc: list[str]) -> None:
     response = await api.http.post("/v1/requests", json={"prompt": "a cat", **body})
     assert _error_locs(response) == [loc]
     assert response.json()["detail"][0]["msg"]
+    assert await api.redis.xlen(api.keys.requests) == 0
+
+
+@pytest.mark.parametrize(("fmt", "compression"), [("jpeg", 75), ("webp", 0), ("webp", None), ("png", None)])
+async def test_output_format_is_stored_and_echoed(api: Api, fmt: str, compression: int | None) -> None:
+    body: dict[str, Any] = {"output_format": fmt}
+    if compression is not None:
+        body["output_compression"] = compression
+    request_id = await _submit(api, **body)
+    raw = await api.redis.hget(api.keys.request(request_id), "spec")
+    spec = RequestSpec.model_validate_json(str(raw))
+    assert (spec.output_format, spec.output_compression) == (OutputFormat(fmt), compression)
+    params = (await api.http.get(f"/v1/requests/{request_id}")).json()["params"]
+    assert (params["output_format"], params["output_compression"]) == (fmt, compression)
+
+
+async def test_output_format_defaults_to_png(api: Api) -> None:
+    request_id = await _submit(api)
+    params = (await api.http.get(f"/v1/requests/{request_id}")).json()["params"]
+    assert (params["output_format"], params["output_compression"]) == ("png", None)
+
+
+@pytest.mark.parametrize("body", [{"output_format": "png", "output_compression": 80}, {"output_compression": 100}])
+async def test_output_compression_with_png_is_422_naming_it(api: Api, body: dict[str, Any]) -> None:
+    response = await api.http.post("/v1/requests", json={"prompt": "a cat", **body})
+    assert _error_locs(response) == [["body", "output_compression"]]
+    msg = response.json()["detail"][0]["msg"]
+    assert "output_compression" in msg and "jpeg" in msg and "webp" in msg
     assert await api.redis.xlen(api.keys.requests) == 0
 
 
@@ -273,6 +317,20 @@ async def test_image_404_until_stored_then_png(api: Api) -> None:
     assert (await api.http.get(f"/v1/requests/{request_id}/images/-1")).status_code == 422
 
 
+@pytest.mark.parametrize(("fmt", "pil_format"), [("jpeg", "JPEG"), ("webp", "WEBP")])
+async def test_image_is_served_in_the_requests_format(api: Api, fmt: str, pil_format: str) -> None:
+    request_id = await _submit(api, output_format=fmt, output_compression=60)
+    data = encoded(pil_format)
+    assert await api.finish(request_id, images=[data]) == "succeeded"
+    view = (await api.http.get(f"/v1/requests/{request_id}")).json()
+    response = await api.http.get(view["images"][0])
+    assert response.status_code == 200
+    assert response.headers["content-type"] == f"image/{fmt}"
+    assert response.content == data
+    with Image.open(io.BytesIO(response.content)) as image:
+        assert image.format == pil_format
+
+
 async def test_abort_queued_is_idempotent(api: Api) -> None:
     request_id = await _submit(api)
     for _ in range(2):
@@ -307,6 +365,54 @@ async def test_abort_after_finish_is_409(api: Api, final: str) -> None:
 async def test_abort_unknown_is_404(api: Api) -> None:
     assert (await api.http.post("/v1/requests/nope/abort")).status_code == 404
     assert await api.redis.exists(api.keys.request("nope")) == 0
+
+
+async def test_delete_unknown_is_404(api: Api) -> None:
+    response = await api.http.delete("/v1/requests/nope")
+    assert response.status_code == 404
+    assert "nope" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("status", ["queued", "scheduled", "running"])
+async def test_delete_unfinished_is_409_saying_abort_first(api: Api, status: str) -> None:
+    request_id = await _submit(api)
+    if status != "queued":
+        await api.redis.hset(api.keys.request(request_id), "status", status)
+    response = await api.http.delete(f"/v1/requests/{request_id}")
+    assert response.status_code == 409
+    detail = response.json()["detail"]
+    assert status in detail and "abort" in detail
+    assert (await api.http.get(f"/v1/requests/{request_id}")).json()["status"] == status  # left alone
+
+
+async def test_delete_succeeded_request_drops_its_state_and_images(api: Api) -> None:
+    request_id = await _submit(api, n=2)
+    assert await api.finish(request_id, images=[PNG, PNG + b"1"]) == "succeeded"
+    keys = str(await api.redis.hget(api.keys.request(request_id), "results")).split()
+    assert len(keys) == 2
+    assert [api.results.get(key) for key in keys] == [PNG, PNG + b"1"]
+
+    response = await api.http.delete(f"/v1/requests/{request_id}")
+    assert response.status_code == 204
+    assert response.content == b""
+    assert (await api.http.get(f"/v1/requests/{request_id}")).status_code == 404
+    assert (await api.http.get(f"/v1/requests/{request_id}/images/0")).status_code == 404
+    assert [api.results.get(key) for key in keys] == [None, None]
+    assert [await api.redis.zscore(api.keys.results_journal, key) for key in keys] == [None, None]
+    assert await api.redis.exists(api.keys.request(request_id)) == 0
+    assert (await api.http.delete(f"/v1/requests/{request_id}")).status_code == 404
+
+
+@pytest.mark.parametrize("final", ["aborted", "failed"])
+async def test_delete_aborted_or_failed_request(api: Api, final: str) -> None:
+    request_id = await _submit(api)
+    if final == "aborted":
+        assert (await api.http.post(f"/v1/requests/{request_id}/abort")).json()["status"] == "aborted"
+    else:
+        assert await api.finish(request_id, "failed", error=("RuntimeError", "boom")) == "failed"
+    assert (await api.http.delete(f"/v1/requests/{request_id}")).status_code == 204
+    assert (await api.http.get(f"/v1/requests/{request_id}")).status_code == 404
+    assert (await api.http.delete(f"/v1/requests/{request_id}")).status_code == 404
 
 
 async def test_healthz(api: Api) -> None:

@@ -35,7 +35,9 @@ from fusefleet.client import (
     ApiUnreachable,
     AsyncClient,
     Client,
+    Conflict,
     NotFound,
+    OutputFormat,
     QueueFull,
     RequestFailed,
     RequestRejected,
@@ -46,7 +48,7 @@ from fusefleet.client import (
     build_request,
     encode_image,
 )
-from fusefleet.client_cli import parse_size
+from fusefleet.client_cli import GenerateOptions, parse_size, request_params
 from shared.contracts import RequestSpec
 from shared.keys import RedisKeys
 from shared.results import ResultStore
@@ -105,7 +107,8 @@ class Fleet:
         )
 
     async def worker(self, done: set[str]) -> None:
-        """Finish every request that shows up: PNGs of its size, or ``ValueError`` when its prompt says so."""
+        """Finish every request that shows up: images of its size in its ``output_format``, or ``ValueError``
+        when its prompt says so."""
         while True:
             for spec in await self.queued_specs():
                 if spec.id in done:
@@ -116,7 +119,8 @@ class Fleet:
                     await self.finish(spec.id, "failed", error=f"ValueError: request {spec.id} asked to {EXPLODE}")
                 else:
                     color = (len(done) * 40 % 256, 0, 0)
-                    await self.finish(spec.id, images=[png(spec.width, spec.height, color)] * spec.n)
+                    image = png(spec.width, spec.height, color, fmt=spec.output_format.value.upper())
+                    await self.finish(spec.id, images=[image] * spec.n)
             await anyio.sleep(0.01)
 
 
@@ -294,6 +298,29 @@ async def test_abort(served: tuple[AsyncClient, Fleet]) -> None:
     assert await client.abort(done) is RequestStatus.SUCCEEDED  # too late: 409, reported as its status
 
 
+async def test_delete(served: tuple[AsyncClient, Fleet]) -> None:
+    client, fleet = served
+    with pytest.raises(NotFound):
+        await client.delete("nope")
+    queued = await client.submit("a cat")
+    with pytest.raises(Conflict) as caught:
+        await client.delete(queued)
+    assert caught.value.status_code == 409 and "abort" in caught.value.message
+    assert (await client.get(queued)).status is RequestStatus.QUEUED  # left alone
+    assert await client.abort(queued) is RequestStatus.ABORTED
+    assert await client.delete(queued) is None
+    with pytest.raises(NotFound):
+        await client.get(queued)
+
+    done = await client.submit("a dog")
+    await fleet.finish(done, images=[png()])
+    assert await client.image(done, 0) == png()
+    await client.delete(done)
+    for call in (client.get(done), client.image(done, 0), client.delete(done)):
+        with pytest.raises(NotFound):
+            await call
+
+
 # --- wait ---------------------------------------------------------------------------------------------------------
 async def test_wait_long_polls_until_the_worker_finishes(served: tuple[AsyncClient, Fleet]) -> None:
     client, fleet = served
@@ -408,6 +435,33 @@ async def test_generate_runs_each_request_on_its_own(served: tuple[AsyncClient, 
     assert {i for i, _ in progress} == {0, 3, 4}
 
 
+async def test_generate_with_output_format(served: tuple[AsyncClient, Fleet], tmp_path: Path) -> None:
+    client, fleet = served
+    done: set[str] = set()
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(fleet.worker, done)
+        results = await client.generate(
+            ["a red fox", {"prompt": "a blue whale", "output_format": "webp"}, "a grey owl"],
+            timeout=20,
+            output_format="jpeg",
+            output_compression=70,
+        )
+        tasks.cancel_scope.cancel()
+    fox, whale, owl = results
+    assert fox.ok and whale.ok and owl.ok
+    specs = {spec.id: spec for spec in await fleet.queued_specs()}
+    assert [(specs[str(r.id)].output_format, specs[str(r.id)].output_compression) for r in results] == [
+        (OutputFormat.JPEG, 70),
+        (OutputFormat.WEBP, 70),  # the request's own format, the defaults' quality
+        (OutputFormat.JPEG, 70),
+    ]
+    assert [r.output_format for r in results] == [OutputFormat.JPEG, OutputFormat.WEBP, OutputFormat.JPEG]
+    assert [r.pil_images()[0].format for r in results] == ["JPEG", "WEBP", "JPEG"]
+    assert [p.name for p in fox.save(tmp_path)] == [f"{fox.id}-0.jpeg"]
+    assert [p.name for p in whale.save(tmp_path, "whale")] == ["whale-0.webp"]
+    assert Image.open(tmp_path / "whale-0.webp").format == "WEBP"
+
+
 async def test_generate_timeout_leaves_the_request_running(served: tuple[AsyncClient, Fleet]) -> None:
     client, _ = served
     [result] = await client.generate(["nobody runs this"], timeout=0.2)
@@ -436,7 +490,16 @@ def test_sync_client(settings: Settings) -> None:
         assert view.status is RequestStatus.SUCCEEDED and len(view.images) == 2
         assert client.images(rid) == images and client.image(rid, 0) == images[0]
         assert client.abort(rid) is RequestStatus.SUCCEEDED
-        assert client.abort(client.submit("a dog")) is RequestStatus.ABORTED
+        aborted = client.submit("a dog")
+        assert client.abort(aborted) is RequestStatus.ABORTED
+        client.delete(aborted)
+        with pytest.raises(NotFound):
+            client.delete(aborted)
+        with pytest.raises(Conflict):
+            client.delete(client.submit("a bee"))
+        client.delete(rid)
+        with pytest.raises(NotFound):
+            client.image(rid, 0)
         with pytest.raises(RequestRejected) as caught:
             client.submit(prompt="a cat", num_inference_steps=51)
         assert caught.value.status_code == 422 and caught.value.field == "num_inference_steps"
@@ -575,6 +638,9 @@ def test_pil_images_and_save(tmp_path: Path) -> None:
     assert [p.name for p in paths] == ["abc-0.png", "abc-1.png"]
     assert paths[1].read_bytes() == result.images[1]
     assert [p.name for p in result.save(tmp_path, "fox")] == ["fox-0.png", "fox-1.png"]
+    requested = GenerateRequest(prompt="a fox", output_format=OutputFormat.WEBP)
+    webp = Result(index=0, request=requested, id="w", status=RequestStatus.SUCCEEDED, images=[png(fmt="WEBP")])
+    assert [p.name for p in webp.save(tmp_path)] == ["w-0.webp"]  # no view: the requested format
 
 
 def test_pil_images_without_pillow_say_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -588,6 +654,18 @@ def test_build_request_defaults_and_overrides() -> None:
     request = build_request({"prompt": "a cat", "seed": 3}, defaults={"seed": 1, "n": 2}, overrides={"width": 32})
     assert (request.seed, request.n, request.width) == (3, 2, 32)
     assert set(request.model_fields_set) == {"prompt", "seed", "n", "width"}
+
+
+def test_build_request_output_format() -> None:
+    request = build_request("a cat", defaults={"output_format": "webp"}, overrides={"output_compression": 80})
+    assert (request.output_format, request.output_compression) == (OutputFormat.WEBP, 80)
+    assert build_request("a cat").output_format is OutputFormat.PNG
+    with pytest.raises(RequestRejected) as caught:
+        build_request("a cat", overrides={"output_compression": 80})  # png is lossless
+    assert caught.value.field == "output_compression" and caught.value.status_code is None
+    with pytest.raises(RequestRejected) as caught:
+        build_request("a cat", overrides={"output_format": "gif"})
+    assert caught.value.field == "output_format"
 
 
 @needs_image_fields
@@ -607,6 +685,14 @@ async def test_image_conditioned_request(served: tuple[AsyncClient, Fleet], tmp_
 
 
 # --- the CLI without a fleet ----------------------------------------------------------------------------------------
+def test_cli_format_and_quality_become_request_fields(tmp_path: Path) -> None:
+    opts = GenerateOptions(prompts=["a fox"], out=tmp_path, output_format=OutputFormat.JPEG, quality=80)
+    assert request_params(opts) == {"output_format": "jpeg", "output_compression": 80}
+    opts = GenerateOptions(prompts=["a fox"], out=tmp_path, output_format=OutputFormat.WEBP)
+    assert request_params(opts) == {"output_format": "webp"}
+    assert request_params(GenerateOptions(prompts=["a fox"], out=tmp_path)) == {}
+
+
 def test_parse_size() -> None:
     assert parse_size("512x768") == (512, 768)
     assert parse_size("64") == (64, 64)
@@ -618,6 +704,10 @@ def test_parse_size() -> None:
     [
         (["--size", "big"], 2, "WIDTHxHEIGHT"),
         (["--mask", "m.png"], 2, "need --image"),
+        (["--quality", "50"], 2, "--quality needs --format jpeg or webp"),
+        (["--format", "png", "--quality", "50"], 2, "--quality needs --format jpeg or webp"),
+        (["--format", "gif"], 2, "'gif' is not one of"),
+        (["--format", "jpeg", "--quality", "101"], 2, "--quality"),
         (["--size", "63x64"], 1, "'a fox' was refused: RequestRejected: width: Input should be a multiple of 8"),
         ([], 1, "'a fox' could not be submitted: ApiUnreachable"),
     ],

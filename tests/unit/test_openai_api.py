@@ -8,22 +8,24 @@ import io
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import anyio
 import httpx
+import openai
 import pytest
 from PIL import Image
 from starlette.types import ASGIApp, Message
 
 from api.app import create_app
 from api.openai import generation
-from shared.contracts import RequestSpec
+from shared.contracts import OutputFormat, RequestSpec
 from shared.settings import Settings
 from tests.support.api import Api, api_harness, unit_settings
 
 pytestmark = pytest.mark.anyio
 
+T = TypeVar("T")
 GENERATIONS = "/v1/images/generations"
 EDITS = "/v1/images/edits"
 JSON = {"content-type": "application/json"}
@@ -32,16 +34,30 @@ JSON = {"content-type": "application/json"}
 # --- a fake worker ---------------------------------------------------------------------------------------------
 
 
-def png(width: int, height: int, shade: int = 0) -> bytes:
+def encoded(
+    width: int, height: int, shade: int = 0, fmt: OutputFormat = OutputFormat.PNG, quality: int | None = None
+) -> bytes:
+    """An image of the size in ``fmt`` (at ``quality`` for jpeg and webp), as the worker encodes it."""
     buffer = io.BytesIO()
-    Image.new("RGB", (width, height), (shade, 0, 0)).save(buffer, format="PNG")
+    options = {"quality": quality} if quality is not None else {}
+    Image.new("RGB", (width, height), (shade, 0, 0)).save(buffer, format=fmt.value.upper(), **options)
     return buffer.getvalue()
 
 
-def png_size(data: bytes) -> tuple[int, int]:
+def png(width: int, height: int, shade: int = 0) -> bytes:
+    return encoded(width, height, shade)
+
+
+def image_info(data: bytes) -> tuple[str | None, tuple[int, int]]:
+    """The format (as PIL names it: ``PNG``, ``JPEG``, ``WEBP``) and the size of encoded image bytes."""
     with Image.open(io.BytesIO(data)) as image:
-        assert image.format == "PNG"
-        return image.size
+        return image.format, image.size
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    fmt, size = image_info(data)
+    assert fmt == "PNG"
+    return size
 
 
 async def queued_ids(api: Api) -> list[str]:
@@ -67,21 +83,24 @@ INPUTS_SEEN: dict[str, list[bytes | None]] = {}
 
 
 async def finish(api: Api, request_id: str, outcome: str = "succeeded", error: tuple[str, str] = ("", "")) -> None:
-    """What a worker does: claim the request, then ``FINISH`` it with one PNG per image of its size."""
+    """What a worker does: claim the request, then ``FINISH`` it with one image per image of its size, encoded
+    in its ``output_format`` (at its ``output_compression``)."""
     spec = await spec_of(api, request_id)
     INPUTS_SEEN[request_id] = await api.binary.hmget(api.keys.request(request_id), ["input_image", "input_mask"])
     count = spec.n if outcome == "succeeded" else 0
-    await api.finish(request_id, outcome, [png(spec.width, spec.height, shade=i) for i in range(count)], error)
+    fmt, quality = spec.output_format, spec.output_compression
+    images = [encoded(spec.width, spec.height, i, fmt, quality) for i in range(count)]
+    await api.finish(request_id, outcome, images, error)
 
 
 async def call_while_finishing(
     api: Api,
-    send: Callable[[], Awaitable[httpx.Response]],
+    send: Callable[[], Awaitable[T]],
     outcome: str = "succeeded",
     error: tuple[str, str] = ("", ""),
-) -> httpx.Response:
+) -> T:
     """``send()`` while a fake worker ends the request it queues."""
-    result: list[httpx.Response] = []
+    result: list[T] = []
 
     async def call() -> None:
         result.append(await send())
@@ -116,8 +135,8 @@ async def test_b64_json_answer_is_one_png_per_image_of_the_size(api: Api) -> Non
     response = await generate(api, n=2, size="64x32", seed=5)
     assert response.status_code == 200, response.text
     body = response.json()
-    assert set(body) == {"created", "data"}
-    assert isinstance(body["created"], int)
+    assert set(body) == {"created", "data", "output_format"}
+    assert isinstance(body["created"], int) and body["output_format"] == "png"
     assert [set(item) for item in body["data"]] == [{"b64_json"}, {"b64_json"}]
     images = [base64.b64decode(item["b64_json"]) for item in body["data"]]
     assert [png_size(image) for image in images] == [(64, 32), (64, 32)]
@@ -173,8 +192,6 @@ async def test_extensions_reach_the_request(api: Api) -> None:
         ("style", "vivid"),
         ("background", "opaque"),
         ("moderation", "auto"),
-        ("output_format", "png"),
-        ("output_compression", 100),
         ("stream", False),
         ("partial_images", 0),
         ("safety_identifier", "someone"),
@@ -183,6 +200,95 @@ async def test_extensions_reach_the_request(api: Api) -> None:
 async def test_harmless_values_of_unimplemented_params_are_accepted(api: Api, param: str, value: Any) -> None:
     response = await generate(api, **{param: value})
     assert response.status_code == 200, response.text
+
+
+# --- generations: output formats ------------------------------------------------------------------------------
+
+
+async def test_jpeg_answer_carries_jpeg_bytes(api: Api) -> None:
+    response = await generate(api, n=2, size="64x32", output_format="jpeg")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["output_format"] == "jpeg"
+    images = [base64.b64decode(item["b64_json"]) for item in body["data"]]
+    assert [image_info(image) for image in images] == [("JPEG", (64, 32))] * 2
+    request_id = response.headers["x-request-id"]
+    spec = await spec_of(api, request_id)
+    assert (spec.output_format, spec.output_compression) == (OutputFormat.JPEG, None)
+    native = await api.http.get(f"/v1/requests/{request_id}/images/0")
+    assert native.headers["content-type"] == "image/jpeg" and native.content == images[0]
+
+
+async def test_webp_with_compression(api: Api) -> None:
+    response = await generate(api, output_format="webp", output_compression=40)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["output_format"] == "webp"
+    assert image_info(base64.b64decode(body["data"][0]["b64_json"])) == ("WEBP", (64, 64))
+    spec = await spec_of(api, response.headers["x-request-id"])
+    assert (spec.output_format, spec.output_compression) == (OutputFormat.WEBP, 40)
+
+
+async def test_url_answer_reports_the_format_of_its_images(api: Api) -> None:
+    response = await generate(api, output_format="webp", response_format="url")
+    assert response.status_code == 200, response.text
+    assert response.json()["output_format"] == "webp"
+    image = await api.http.get(response.json()["data"][0]["url"])
+    assert image.headers["content-type"] == "image/webp" and image_info(image.content)[0] == "WEBP"
+
+
+@pytest.mark.parametrize("body", [{"output_compression": 100}, {"output_format": "png", "output_compression": 100.0}])
+async def test_png_with_compression_100_is_accepted_and_dropped(api: Api, body: dict[str, Any]) -> None:
+    response = await generate(api, **body)
+    assert response.status_code == 200, response.text
+    assert response.json()["output_format"] == "png"
+    assert png_size(base64.b64decode(response.json()["data"][0]["b64_json"])) == (64, 64)
+    spec = await spec_of(api, response.headers["x-request-id"])
+    assert (spec.output_format, spec.output_compression) == (OutputFormat.PNG, None)
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"output_format": "png", "output_compression": 50}, "output_compression", "invalid_value"),
+        ({"output_compression": 0}, "output_compression", "invalid_value"),  # png is the default
+        ({"output_format": "jpeg", "output_compression": 101}, "output_compression", "invalid_value"),
+        ({"output_format": "webp", "output_compression": -1}, "output_compression", "invalid_value"),
+        ({"output_format": "jpeg", "output_compression": "high"}, "output_compression", "invalid_type"),
+        ({"output_format": "gif"}, "output_format", "invalid_value"),
+        ({"output_format": "JPEG"}, "output_format", "invalid_value"),
+    ],
+)
+async def test_bad_output_format_or_compression_is_400_naming_it(
+    api: Api, body: dict[str, Any], param: str, code: str
+) -> None:
+    error = await refused(api, prompt="a cat", **body)
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, code), error
+
+
+async def test_png_compression_message_says_what_is_accepted(api: Api) -> None:
+    error = await refused(api, prompt="a cat", output_format="png", output_compression=50)
+    assert "50" in error["message"] and "100" in error["message"] and "jpeg" in error["message"]
+
+
+async def test_the_openai_client_gets_jpeg(api: Api) -> None:
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=_app(api)))  # openai takes an httpx client too
+    async with openai.AsyncOpenAI(
+        base_url="http://api/v1",
+        api_key="unused",
+        max_retries=0,
+        http_client=http,  # type: ignore[arg-type]
+    ) as client:
+        send = lambda: client.images.with_raw_response.generate(  # noqa: E731
+            prompt="a cat", output_format="jpeg", output_compression=70, size="64x32"
+        )
+        raw = await call_while_finishing(api, send)
+    result = raw.parse()
+    assert result.output_format == "jpeg"
+    [image] = result.data or []
+    assert image_info(base64.b64decode(image.b64_json or "")) == ("JPEG", (64, 32))
+    spec = await spec_of(api, raw.headers["x-request-id"])
+    assert (spec.output_format, spec.output_compression) == (OutputFormat.JPEG, 70)
 
 
 # --- generations: errors -----------------------------------------------------------------------------------------
@@ -279,8 +385,6 @@ async def test_bad_extension_is_400_naming_it(api: Api, body: dict[str, Any], pa
         ("quality", "hd"),
         ("style", "natural"),
         ("background", "transparent"),
-        ("output_format", "webp"),
-        ("output_compression", 50),
         ("stream", True),
         ("partial_images", 2),
     ],
@@ -551,6 +655,9 @@ async def test_edit_with_a_mask_is_inpainting(api: Api) -> None:
         (edit_files(), {"guidance_scale": "nan"}, "guidance_scale", "invalid_value"),
         (edit_files(), {"steps": "4"}, "steps", "unknown_parameter"),
         (edit_files(), {"input_fidelity": "high"}, "input_fidelity", "unsupported_value"),
+        (edit_files(), {"output_compression": "50"}, "output_compression", "invalid_value"),
+        (edit_files(), {"output_format": "jpeg", "output_compression": "x"}, "output_compression", "invalid_type"),
+        (edit_files(), {"output_format": "bmp"}, "output_format", "invalid_value"),
         (edit_files(), {"lora[name]": "nope"}, "lora.name", "invalid_value"),
     ],
 )
@@ -561,6 +668,24 @@ async def test_bad_edit_is_400_naming_the_param(
     error = openai_error(response, 400)
     assert (error["param"], error["code"]) == (param, code), error
     assert await api.redis.xlen(api.keys.requests) == 0
+
+
+async def test_edit_with_output_format(api: Api) -> None:
+    response = await edit(api, edit_files(), output_format="webp", output_compression=30)
+    assert response.status_code == 200, response.text
+    assert response.json()["output_format"] == "webp"
+    assert image_info(base64.b64decode(response.json()["data"][0]["b64_json"])) == ("WEBP", (64, 64))
+    spec = await spec_of(api, response.headers["x-request-id"])
+    assert (spec.task, spec.output_format, spec.output_compression) == ("image-to-image", OutputFormat.WEBP, 30)
+    INPUTS_SEEN.pop(response.headers["x-request-id"])
+
+
+async def test_edit_png_with_compression_100_is_accepted(api: Api) -> None:
+    response = await edit(api, edit_files(), output_format="png", output_compression=100)
+    assert response.status_code == 200, response.text
+    spec = await spec_of(api, response.headers["x-request-id"])
+    assert (spec.output_format, spec.output_compression) == (OutputFormat.PNG, None)
+    INPUTS_SEEN.pop(response.headers["x-request-id"])
 
 
 async def test_edit_of_an_unknown_model_is_404(api: Api) -> None:
