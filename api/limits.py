@@ -84,7 +84,7 @@ def _pixel_budget_errors(request: GenerateRequest, settings: Settings, loc: Loc)
 
     Named at ``width`` for a single image, at ``n`` otherwise (fewer images is then the likely fix).
     """
-    pixels = output_pixels(request.n, request.width, request.height)
+    pixels = output_pixels(request.n, request.width, request.height, request.num_frames)
     limit = settings.max_batch_pixels
     if pixels <= limit:
         return []

@@ -66,6 +66,18 @@ class GenerateRequest(BaseModel):
     )
     guidance_scale: float = Field(5.0, ge=0.0, le=50.0, allow_inf_nan=False)
     guidance_rescale: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    true_cfg_scale: float | None = Field(
+        None,
+        ge=1.0,
+        le=50.0,
+        allow_inf_nan=False,
+        description="Flux, Qwen-Image: true classifier-free guidance; above 1 the negative prompt is used too.",
+    )
+    max_sequence_length: int | None = Field(
+        None, ge=1, strict=True, description="SD3, Flux, PixArt, Sana, Qwen-Image: prompt tokens the encoder reads."
+    )
+    num_frames: int | None = Field(None, ge=1, strict=True, description="Video models: frames per video.")
+    fps: int | None = Field(None, ge=1, le=120, strict=True, description="Video models: frames per second.")
     seed: int | None = Field(
         None, ge=0, le=MAX_SEED, strict=True, description="Unset: the server picks one and reports it."
     )
@@ -102,7 +114,18 @@ class GenerateRequest(BaseModel):
             raise PydanticCustomError("request_not_object", BODY_NOT_OBJECT)
         return data
 
-    @field_validator("width", "height", "num_inference_steps", "seed", "n", "output_compression", mode="before")
+    @field_validator(
+        "width",
+        "height",
+        "num_inference_steps",
+        "seed",
+        "n",
+        "output_compression",
+        "max_sequence_length",
+        "num_frames",
+        "fps",
+        mode="before",
+    )
     @classmethod
     def _integral_number(cls, value: Any) -> Any:
         """A JSON number with no fraction (``512.0``) is an integer (as JSON Schema has it); strings, booleans
@@ -152,7 +175,10 @@ class GenerateRequest(BaseModel):
             num_inference_steps=self.num_inference_steps,
             guidance_scale=self.guidance_scale,
             guidance_rescale=self.guidance_rescale,
-            num_frames=None,
+            true_cfg_scale=self.true_cfg_scale,
+            max_sequence_length=self.max_sequence_length,
+            num_frames=self.num_frames,
+            fps=self.fps,
             n=self.n,
             lora=self.lora,
             task=self.task,
@@ -212,6 +238,10 @@ class Params(BaseModel):
     num_inference_steps: int
     guidance_scale: float
     guidance_rescale: float
+    true_cfg_scale: float | None
+    max_sequence_length: int | None
+    num_frames: int | None
+    fps: int | None
     seed: int
     n: int
     lora: LoraRef | None
@@ -279,6 +309,10 @@ class RequestView(BaseModel):
                 num_inference_steps=spec.num_inference_steps,
                 guidance_scale=spec.guidance_scale,
                 guidance_rescale=spec.guidance_rescale,
+                true_cfg_scale=spec.true_cfg_scale,
+                max_sequence_length=spec.max_sequence_length,
+                num_frames=spec.num_frames,
+                fps=spec.fps,
                 seed=spec.seed,
                 n=spec.n,
                 lora=spec.lora,

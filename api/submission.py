@@ -17,12 +17,13 @@ from anyio import to_thread
 from fastapi import HTTPException, status
 from fastapi.exceptions import RequestValidationError
 
+from api.capabilities import capability_errors
 from api.input_images import StoredInputs, prepare_inputs
 from api.limits import ErrorDict, Loc, limit_errors
 from api.outage import retry_after_headers
 from api.schemas import GenerateRequest
 from api.store import RequestStore
-from shared.contracts import MAX_SEED, RequestSpec, WorkerCapabilities
+from shared.contracts import MAX_SEED, RequestSpec
 from shared.settings import Settings
 
 
@@ -38,29 +39,6 @@ def _inputs_of(
     return inputs, errors
 
 
-def task_errors(
-    requests: Sequence[GenerateRequest], fleet: Sequence[WorkerCapabilities], locs: Sequence[Loc]
-) -> list[ErrorDict]:
-    """Refuse a task no live worker announces (nothing is refused while no worker has announced itself)."""
-    if not fleet:
-        return []
-    offered = {task for worker in fleet for task in worker.tasks}
-    models = ", ".join(sorted({f"{worker.model} ({worker.pipeline})" for worker in fleet}))
-    errors: list[ErrorDict] = []
-    for request, loc in zip(requests, locs, strict=True):
-        if request.task not in offered:
-            does = ", ".join(sorted(task.value for task in offered))
-            errors.append(
-                {
-                    "type": "task_unsupported",
-                    "loc": (*loc, "image"),
-                    "msg": f"this fleet's model, {models}, does not do {request.task}; it does {does}",
-                    "input": "<image>",
-                }
-            )
-    return errors
-
-
 async def accept(
     requests: Sequence[GenerateRequest], settings: Settings, store: RequestStore, locs: Sequence[Loc]
 ) -> list[RequestSpec]:
@@ -68,8 +46,8 @@ async def accept(
     errors: list[ErrorDict] = []
     for request, loc in zip(requests, locs, strict=True):
         errors += limit_errors(request, settings, loc)
-    if not errors and any(request.task.needs_image for request in requests):
-        errors = task_errors(requests, await store.fleet_capabilities(), locs)
+    if not errors:
+        errors = capability_errors(requests, await store.fleet_capabilities(), locs)
     if errors:
         raise RequestValidationError(errors)
     inputs: list[StoredInputs | None] = [None] * len(requests)

@@ -18,7 +18,7 @@ from celery.signals import worker_process_init, worker_process_shutdown
 
 from gpu_worker.executor import BatchExecutor
 from gpu_worker.heartbeat import Heartbeat
-from gpu_worker.runner import load_runner, runner_tasks
+from gpu_worker.runner import load_runner, runner_tasks, runner_traits
 from gpu_worker.store import Locked, WorkerStore
 from shared.celery_config import RUN_BATCH_TASK, make_celery
 from shared.contracts import BatchMessage, WorkerCapabilities
@@ -53,6 +53,7 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
             model=settings.model_id,
             pipeline=str(getattr(runner, "pipeline_name", type(runner).__name__)),
             tasks=tuple(sorted(runner_tasks(runner))),
+            traits=runner_traits(runner),
         )
         state.heartbeat = Heartbeat(store, worker_name, settings.worker_heartbeat_s, capabilities)
         state.executor = BatchExecutor(

@@ -12,6 +12,7 @@ simply does not list the task in ``tasks``.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import inspect
 import logging
@@ -23,23 +24,12 @@ import torch
 from PIL import Image
 
 from gpu_worker.demo_model import ensure_demo_model
+from gpu_worker.families import family_of
 from gpu_worker.lora import LoraActivator
 from gpu_worker.runner import InputImages, StepCallback
-from shared.contracts import RequestSpec, Task
+from shared.compat import compat_key
+from shared.contracts import ModelTraits, RequestSpec, Task
 from shared.settings import Settings
-
-FUSED_PIPELINE_CLASSES: frozenset[str] = frozenset(
-    {
-        "StableDiffusionPipeline",
-        "StableDiffusionXLPipeline",
-        "StableDiffusion3Pipeline",
-        "FluxPipeline",
-        "PixArtAlphaPipeline",
-        "PixArtSigmaPipeline",
-        "SanaPipeline",
-    }
-)
-"""Text-to-image pipeline classes known to take a prompt list and one generator per output image."""
 
 DERIVED_PIPELINES: dict[Task, str] = {
     Task.IMAGE_TO_IMAGE: "AutoPipelineForImage2Image",
@@ -75,29 +65,16 @@ def make_generators(specs: Sequence[RequestSpec], device: torch.device | str) ->
 
 
 def check_batch(specs: Sequence[RequestSpec]) -> RequestSpec:
-    """Return the first spec after checking that every spec shares the call-wide parameters with it."""
+    """Return the first spec after checking that every spec shares its compatibility key (one pipeline call)."""
     if not specs:
         raise ValueError("empty batch")
     head = specs[0]
-    fields = (
-        "width",
-        "height",
-        "num_inference_steps",
-        "guidance_scale",
-        "guidance_rescale",
-        "n",
-        "lora",
-        "task",
-        "strength",
-    )
+    key = compat_key(head)
     for spec in specs[1:]:
-        for field in fields:
-            if getattr(spec, field) != getattr(head, field):
-                raise ValueError(f"request {spec.id} differs from {head.id} in {field}: not one batch")
-        if (spec.negative_prompt is None) != (head.negative_prompt is None):
-            raise ValueError(f"request {spec.id} differs from {head.id} in negative-prompt presence")
-    if head.num_frames is not None:
-        raise ValueError("num_frames is not supported by DiffusersRunner (text-to-image pipelines only)")
+        other = compat_key(spec)
+        if other != key:
+            differs = next(f.name for f in dataclasses.fields(key) if getattr(key, f.name) != getattr(other, f.name))
+            raise ValueError(f"request {spec.id} differs from {head.id} in {differs}: not one batch")
     return head
 
 
@@ -123,6 +100,13 @@ class DiffusersRunner:
             pipe.safety_checker = None
         pipe.set_progress_bar_config(disable=True)
         self.pipe: Any = pipe.to(self.device)
+        self.family = family_of(self.pipe)
+        if not self.traits.fused:
+            log.warning(
+                "%s is not a pipeline family known to take prompt and generator lists: batches run request by "
+                "request (FUSEFLEET_FUSED=true forces one forward per batch)",
+                self.pipeline_name,
+            )
         self.loras = LoraActivator(self.pipe, settings.lora_dir)
         self._pipes: dict[Task, Any] = {Task.TEXT_TO_IMAGE: self.pipe, **self._derived_pipelines()}
         self._call_params = {
@@ -157,11 +141,17 @@ class DiffusersRunner:
         return frozenset(self._pipes)
 
     @property
+    def traits(self) -> ModelTraits:
+        """The family's traits (what the worker announces); ``settings.fused``, when set, overrides fusing."""
+        traits = self.family.traits
+        if self.settings.fused is not None and self.settings.fused != traits.fused:
+            traits = traits.model_copy(update={"fused": self.settings.fused})
+        return traits
+
+    @property
     def fused(self) -> bool:
-        """``settings.fused`` when set, else whether the pipeline class is in FUSED_PIPELINE_CLASSES."""
-        if self.settings.fused is not None:
-            return self.settings.fused
-        return type(self.pipe).__name__ in FUSED_PIPELINE_CLASSES
+        """One forward per batch: the family takes prompt and generator lists (or ``settings.fused`` says so)."""
+        return self.traits.fused
 
     def release_memory(self) -> None:
         """Give cached accelerator memory back after an out-of-memory forward, before a smaller retry."""
@@ -201,6 +191,7 @@ class DiffusersRunner:
             kwargs["negative_prompt"] = [spec.negative_prompt for spec in specs]
         if head.guidance_rescale and "guidance_rescale" in accepts:
             kwargs["guidance_rescale"] = head.guidance_rescale
+        kwargs.update(self.family.call_kwargs(head, accepts))
         if head.task.needs_image:
             if inputs is None:
                 raise ValueError(f"{head.task} needs the requests' input images")

@@ -4,9 +4,12 @@ A runner is loaded by import path (``FUSEFLEET_RUNNER=module:Class``), construct
 the settings, and then called once per batch (fused) or once per request (not fused). Custom pipelines and test
 runners plug in here without touching the worker.
 
-Image-conditioned tasks are a capability: a runner that can do them lists them in ``tasks`` and accepts the
-``inputs`` keyword of ``run`` (each request's input image and mask). A runner without ``tasks`` does text-to-image
-only; the worker fails requests for a task its runner does not list, with a clear error, and never calls it.
+What the runner's model takes (size multiple, negative prompts, true CFG, video...) is its ``traits``
+(``shared.contracts.ModelTraits``; permissive defaults when absent): the worker announces them and the api refuses
+what the model cannot do. Image-conditioned tasks are a capability: a runner that can do them lists them in
+``tasks`` and accepts the ``inputs`` keyword of ``run`` (each request's input image and mask). A runner without
+``tasks`` does text-to-image only; the worker fails requests for a task its runner does not list, with a clear
+error, and never calls it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Protocol, runtime_checkable
 
 from PIL import Image
 
-from shared.contracts import RequestSpec, Task
+from shared.contracts import ModelTraits, RequestSpec, Task
 from shared.settings import Settings
 
 StepCallback = Callable[[int, int], bool]
@@ -41,6 +44,15 @@ def runner_tasks(runner: object) -> frozenset[Task]:
     """The tasks ``runner`` declares (``tasks``), text-to-image only when it declares none."""
     tasks: frozenset[Task] | None = getattr(runner, "tasks", None)
     return frozenset(tasks) if tasks is not None else TEXT_ONLY
+
+
+def runner_traits(runner: object) -> ModelTraits:
+    """What ``runner`` declares its model takes (``traits``); permissive defaults when it declares nothing, with
+    ``fused`` as the runner says."""
+    traits: ModelTraits | None = getattr(runner, "traits", None)
+    if traits is not None:
+        return traits
+    return ModelTraits(family=type(runner).__name__, fused=bool(getattr(runner, "fused", False)))
 
 
 @runtime_checkable

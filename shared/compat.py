@@ -1,11 +1,12 @@
 """The compatibility key: requests with equal keys may share one fused pipeline forward.
 
-The key holds every field that must be a scalar for the whole pipeline call (shape, steps, guidance, output count,
-LoRA identity, task and strength) and the presence of a negative prompt. The task says whether the call is
-text-to-image, image-to-image or inpainting (a mask is present exactly for inpainting). Prompt text,
-negative-prompt text, seed, the input image and mask themselves, and the output encoding (format and quality,
-applied to each request's images after the forward) are per row and may differ inside a batch (the api resizes
-every input image to the request's output size, so images of one batch have one size).
+The key holds every field that must be a scalar for the whole pipeline call (shape, frames and fps, steps, guidance
+and true CFG, prompt sequence length, output count, LoRA identity, task and strength) and the presence of a
+negative prompt. The task says whether the call is text-to-image, image-to-image or inpainting (a mask is present
+exactly for inpainting). Prompt text, negative-prompt text, seed, the input image and mask themselves, and the
+output encoding (format and quality, applied to each request's images after the forward) are per row and may
+differ inside a batch (the api resizes every input image to the request's output size, so images of one batch
+have one size).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ class CompatKey:
     num_inference_steps: int
     guidance_scale: float
     guidance_rescale: float
+    true_cfg_scale: float | None
+    max_sequence_length: int | None
+    fps: int | None
     n: int
     lora_name: str | None
     lora_scale: float | None
@@ -44,6 +48,9 @@ def compat_key(spec: RequestSpec) -> CompatKey:
         num_inference_steps=spec.num_inference_steps,
         guidance_scale=spec.guidance_scale,
         guidance_rescale=spec.guidance_rescale,
+        true_cfg_scale=spec.true_cfg_scale,
+        max_sequence_length=spec.max_sequence_length,
+        fps=spec.fps,
         n=spec.n,
         lora_name=spec.lora.name if spec.lora else None,
         lora_scale=spec.lora.scale if spec.lora else None,

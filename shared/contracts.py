@@ -87,7 +87,12 @@ class RequestSpec(Frozen):
     num_inference_steps: int
     guidance_scale: float
     guidance_rescale: float = 0.0
-    num_frames: int | None = None
+    true_cfg_scale: float | None = Field(
+        None, description="True classifier-free guidance (Flux, Qwen-Image): > 1 runs the negative prompt too."
+    )
+    max_sequence_length: int | None = Field(None, description="Prompt tokens the T5-style encoder reads.")
+    num_frames: int | None = Field(None, description="Video models: frames per video.")
+    fps: int | None = Field(None, description="Video models: frames per second of the video.")
     n: int = 1
     lora: LoraRef | None = None
     task: Task = Task.TEXT_TO_IMAGE
@@ -101,6 +106,26 @@ class RequestSpec(Frozen):
     created_at: float
 
 
+class ModelTraits(Frozen):
+    """What the served pipeline family does with a request's parameters; workers announce it, the api refuses a
+    request that asks for what the model cannot do (422 naming the field). The defaults fit Stable Diffusion
+    1.x/2.x and any runner that says nothing."""
+
+    family: str = Field("custom", description="The pipeline family (e.g. stable-diffusion-xl, flux), for messages.")
+    fused: bool = Field(True, description="Whether a batch runs as one forward (else request by request).")
+    size_multiple: int = Field(8, ge=1, description="width and height must be multiples of this.")
+    negative_prompt: bool = Field(True, description="Whether negative_prompt is used (without true_cfg_scale).")
+    guidance_rescale: bool = Field(True, description="Whether guidance_rescale is used.")
+    true_cfg_scale: bool = Field(False, description="Whether true_cfg_scale is taken (it enables negatives).")
+    max_sequence_length: int | None = Field(
+        None, description="Largest max_sequence_length the text encoder takes; None: not a parameter."
+    )
+    video: bool = Field(False, description="Whether outputs are videos (num_frames, fps).")
+    frames_multiple: int = Field(1, ge=1, description="Video: num_frames must be a multiple of this, plus one.")
+    default_frames: int | None = Field(None, description="Video: frames when a request sets none.")
+    default_fps: int | None = Field(None, description="Video: fps when a request sets none.")
+
+
 class WorkerCapabilities(Frozen):
     """What a worker announces about the model it serves (with its heartbeat): the api refuses up front what no
     live worker can do."""
@@ -108,6 +133,7 @@ class WorkerCapabilities(Frozen):
     model: str = Field(description="The model it serves (FUSEFLEET_MODEL, or 'demo').")
     pipeline: str = Field(description="Its pipeline (or runner) class, for messages.")
     tasks: tuple[Task, ...] = Field(description="The tasks its runner does.")
+    traits: ModelTraits = Field(default_factory=ModelTraits, description="What its pipeline family takes.")
 
 
 class BatchMessage(Frozen):

@@ -41,6 +41,9 @@ KEYED_FIELDS = frozenset(
         "num_inference_steps",
         "guidance_scale",
         "guidance_rescale",
+        "true_cfg_scale",
+        "max_sequence_length",
+        "fps",
         "n",
         "lora",
         "negative_prompt",
@@ -70,6 +73,10 @@ DIFFERENT: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "guidance_scale": ({}, {"guidance_scale": 5.0}),
     "guidance_rescale": ({}, {"guidance_rescale": 0.7}),
     "n": ({}, {"n": 2}),
+    "true_cfg_scale": ({"true_cfg_scale": 4.0}, {"true_cfg_scale": 1.0}),
+    "true_cfg_vs_none": ({}, {"true_cfg_scale": 4.0}),
+    "max_sequence_length": ({}, {"max_sequence_length": 128}),
+    "fps": ({"num_frames": 9, "fps": 24}, {"fps": 8}),
     "lora_name": ({"lora": LoraRef(name="style-a", scale=1.0)}, {"lora": LoraRef(name="style-b", scale=1.0)}),
     "lora_scale": (
         {"lora": LoraRef(name="style-a", scale=1.0)},
@@ -93,6 +100,7 @@ SAME: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "seed": ({}, {"seed": 123456789}),
     "id": ({}, {"id": "req-2"}),
     "created_at": ({}, {"created_at": 2000.5}),
+    "output_format": ({}, {"output_format": "jpeg", "output_compression": 80}),
     "all_per_row": (
         {"negative_prompt": "blurry"},
         {"id": "req-3", "prompt": "x", "negative_prompt": "y", "seed": 0, "created_at": 1.0},

@@ -1,0 +1,93 @@
+"""Refusing up front what the fleet's model cannot do, from what its live workers announce.
+
+Each worker announces its model's ``ModelTraits`` and tasks with its heartbeat (``P:capabilities``). A request
+that asks for what the model does not take — a size that is not a multiple of its patch size, a negative prompt a
+guidance-distilled model would ignore, frames for an image model, a task its family has no pipeline for — is
+refused with a 422 naming the field, instead of failing (or silently doing something else) on a worker. Nothing is
+refused while no worker has announced itself. All workers of a fleet serve one model; where they differ, a request
+is accepted when any live worker can run it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from api.limits import ErrorDict, Loc
+from api.schemas import GenerateRequest
+from shared.contracts import ModelTraits, WorkerCapabilities
+
+
+def _error(kind: str, loc: Loc, field: str, message: str, value: object) -> ErrorDict:
+    return {"type": kind, "loc": (*loc, field), "msg": message, "input": value}
+
+
+def trait_errors(request: GenerateRequest, traits: ModelTraits, model: str, loc: Loc) -> list[ErrorDict]:
+    """Every parameter of ``request`` the model with ``traits`` does not take."""
+    name = f"this fleet's model ({model}, {traits.family})"
+    errors: list[ErrorDict] = []
+    for side in ("width", "height"):
+        value: int = getattr(request, side)
+        if value % traits.size_multiple:
+            message = f"{side} must be a multiple of {traits.size_multiple} for {name}"
+            errors.append(_error("size_multiple", loc, side, message, value))
+    true_cfg = traits.true_cfg_scale and (request.true_cfg_scale or 0.0) > 1.0
+    if request.negative_prompt is not None and not (traits.negative_prompt or true_cfg):
+        why = "unless true_cfg_scale > 1" if traits.true_cfg_scale else "(it is guidance-distilled)"
+        message = f"{name} ignores negative_prompt {why}"
+        errors.append(_error("negative_prompt_ignored", loc, "negative_prompt", message, request.negative_prompt))
+    if request.guidance_rescale and not traits.guidance_rescale:
+        message = f"{name} does not take guidance_rescale; leave it 0"
+        errors.append(_error("parameter_unsupported", loc, "guidance_rescale", message, request.guidance_rescale))
+    if request.true_cfg_scale is not None and not traits.true_cfg_scale:
+        message = f"{name} does not take true_cfg_scale (guidance_scale sets the guidance)"
+        errors.append(_error("parameter_unsupported", loc, "true_cfg_scale", message, request.true_cfg_scale))
+    length = request.max_sequence_length
+    if length is not None and traits.max_sequence_length is None:
+        message = f"{name} does not take max_sequence_length (its text encoder has a fixed length)"
+        errors.append(_error("parameter_unsupported", loc, "max_sequence_length", message, length))
+    elif length is not None and traits.max_sequence_length is not None and length > traits.max_sequence_length:
+        message = f"max_sequence_length must be at most {traits.max_sequence_length} for {name}"
+        errors.append(_error("less_than_equal", loc, "max_sequence_length", message, length))
+    errors += _frame_errors(request, traits, name, loc)
+    return errors
+
+
+def _frame_errors(request: GenerateRequest, traits: ModelTraits, name: str, loc: Loc) -> list[ErrorDict]:
+    errors: list[ErrorDict] = []
+    if not traits.video:
+        for field in ("num_frames", "fps"):
+            value = getattr(request, field)
+            if value is not None:
+                errors.append(_error("video_only", loc, field, f"{name} makes images, not videos", value))
+        return errors
+    step = traits.frames_multiple
+    if request.num_frames is not None and step > 1 and request.num_frames % step != 1:
+        message = f"num_frames must be {step}k + 1 (e.g. {step + 1}, {2 * step + 1}) for {name}"
+        errors.append(_error("frame_count", loc, "num_frames", message, request.num_frames))
+    return errors
+
+
+def task_errors(request: GenerateRequest, worker: WorkerCapabilities, loc: Loc) -> list[ErrorDict]:
+    """The request's task, when the worker's runner does not do it."""
+    if request.task in worker.tasks:
+        return []
+    does = ", ".join(sorted(task.value for task in worker.tasks))
+    message = f"this fleet's model, {worker.model} ({worker.pipeline}), does not do {request.task}; it does {does}"
+    return [_error("task_unsupported", loc, "image", message, "<image>")]
+
+
+def capability_errors(
+    requests: Sequence[GenerateRequest], fleet: Sequence[WorkerCapabilities], locs: Sequence[Loc]
+) -> list[ErrorDict]:
+    """What no live worker can run, for every request (each error at its request's ``loc``)."""
+    if not fleet:
+        return []
+    errors: list[ErrorDict] = []
+    for request, loc in zip(requests, locs, strict=True):
+        per_worker = [
+            task_errors(request, worker, loc) + trait_errors(request, worker.traits, worker.model, loc)
+            for worker in fleet
+        ]
+        if all(per_worker):
+            errors += per_worker[0]
+    return errors

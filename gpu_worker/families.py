@@ -1,0 +1,119 @@
+"""Pipeline families: what each diffusers pipeline family takes, and how a batch maps onto its one call.
+
+A family is data, not a branch in the runner: its ``ModelTraits`` (announced by the worker; the api refuses what
+the model cannot do, naming the field), the pipeline classes it covers, and the call arguments it adds. The runner
+picks the family of its loaded pipeline by class (``family_of``). A pipeline no family claims runs request by
+request inside its batch (the seed's fallback for pipelines that do not declare batch support), with permissive
+traits, and the worker says so at start.
+
+Every family here takes a list of prompts (and of negative prompts), ``num_images_per_prompt`` and one
+``torch.Generator`` per output, so a fused row equals its solo run (tests/unit/test_tiny_*.py prove it per family).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from shared.contracts import ModelTraits, RequestSpec
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineFamily:
+    """One family: its traits, the pipeline classes it covers, and what it adds to every call."""
+
+    traits: ModelTraits
+    pipeline_classes: frozenset[str]
+    fixed_kwargs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """Call arguments every call of this family needs (e.g. ``use_resolution_binning=False``: the requested size,
+    not the nearest of the family's trained aspect-ratio bins)."""
+    fps_kwarg: str | None = None
+    """The name the pipeline gives the frame rate (``frame_rate`` for LTX-Video), where it takes one."""
+
+    @property
+    def name(self) -> str:
+        return self.traits.family
+
+    def call_kwargs(self, head: RequestSpec, accepts: frozenset[str]) -> dict[str, Any]:
+        """This family's arguments for a batch whose requests all share ``head``'s key (``accepts``: the call's
+        parameter names; what the call does not take is left out)."""
+        kwargs = {name: value for name, value in self.fixed_kwargs.items() if name in accepts}
+        if head.true_cfg_scale is not None and "true_cfg_scale" in accepts:
+            kwargs["true_cfg_scale"] = head.true_cfg_scale
+        if head.max_sequence_length is not None and "max_sequence_length" in accepts:
+            kwargs["max_sequence_length"] = head.max_sequence_length
+        if self.traits.video:
+            kwargs["num_frames"] = head.num_frames or self.traits.default_frames
+            fps = head.fps or self.traits.default_fps
+            if self.fps_kwarg is not None and fps is not None and self.fps_kwarg in accepts:
+                kwargs[self.fps_kwarg] = fps
+        return kwargs
+
+
+def _family(name: str, classes: set[str], **traits: Any) -> tuple[str, PipelineFamily]:
+    fixed = traits.pop("fixed_kwargs", {})
+    fps_kwarg = traits.pop("fps_kwarg", None)
+    family = PipelineFamily(ModelTraits(family=name, **traits), frozenset(classes), MappingProxyType(fixed), fps_kwarg)
+    return name, family
+
+
+FAMILIES: Mapping[str, PipelineFamily] = MappingProxyType(
+    dict(
+        [
+            _family("stable-diffusion", {"StableDiffusionPipeline"}),
+            _family("stable-diffusion-xl", {"StableDiffusionXLPipeline"}),
+            _family(
+                "stable-diffusion-3",
+                {"StableDiffusion3Pipeline"},
+                size_multiple=16,
+                guidance_rescale=False,
+                max_sequence_length=512,
+            ),
+            _family(
+                "flux",
+                {"FluxPipeline"},
+                size_multiple=16,
+                negative_prompt=False,
+                guidance_rescale=False,
+                true_cfg_scale=True,
+                max_sequence_length=512,
+            ),
+            _family(
+                "pixart",
+                {"PixArtAlphaPipeline", "PixArtSigmaPipeline"},
+                guidance_rescale=False,
+                max_sequence_length=300,
+                fixed_kwargs={"use_resolution_binning": False},
+            ),
+            _family(
+                "sana",
+                {"SanaPipeline"},
+                size_multiple=32,
+                guidance_rescale=False,
+                max_sequence_length=300,
+                fixed_kwargs={"use_resolution_binning": False},
+            ),
+            _family(
+                "qwen-image",
+                {"QwenImagePipeline"},
+                size_multiple=16,
+                negative_prompt=False,
+                guidance_rescale=False,
+                true_cfg_scale=True,
+                max_sequence_length=1024,
+            ),
+        ]
+    )
+)
+"""Every known family by name."""
+
+
+def family_of(pipeline: object) -> PipelineFamily:
+    """The family of ``pipeline``'s class; an unknown class gets a family of its own that is not fused."""
+    name = type(pipeline).__name__
+    for family in FAMILIES.values():
+        if name in family.pipeline_classes:
+            return family
+    return PipelineFamily(ModelTraits(family=name, fused=False), frozenset({name}))
