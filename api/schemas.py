@@ -259,8 +259,9 @@ class RequestView(BaseModel):
     """The public state of one request.
 
     ``progress.total`` is the worker's reported step count once running, else the requested steps.
-    ``images`` lists relative URLs of the images (in ``params.output_format``), only once the request succeeded
-    and while they are stored; ``images_evicted_at`` says when the Redis result store's size cap dropped them.
+    ``images`` lists relative URLs of the images (in ``params.output_format``; a video request's frames, video by
+    video), ``videos`` those of a video request's MP4s, only once the request succeeded and while they are stored;
+    ``images_evicted_at`` says when the Redis result store's size cap dropped them.
     """
 
     id: str
@@ -272,6 +273,9 @@ class RequestView(BaseModel):
     progress: Progress
     error: ErrorView | None
     images: list[str]
+    videos: list[str] = Field(
+        default_factory=list, description="Video models: URLs of the MP4s (their frames are in images, video by video)."
+    )
     images_evicted_at: datetime | None = None
     created_at: datetime | None
     scheduled_at: datetime | None
@@ -283,8 +287,10 @@ class RequestView(BaseModel):
     def from_state(cls, state: RequestState) -> RequestView:
         spec = state.spec
         images: list[str] = []
+        videos: list[str] = []
         if state.status is RequestStatus.SUCCEEDED and state.results_evicted_at is None:
             images = [f"/v1/requests/{spec.id}/images/{k}" for k in range(state.image_count)]
+            videos = [f"/v1/requests/{spec.id}/videos/{k}" for k in range(len(state.video_keys))]
         return cls(
             id=spec.id,
             status=state.status,
@@ -295,6 +301,7 @@ class RequestView(BaseModel):
             progress=Progress(step=state.step, total=state.total or spec.num_inference_steps),
             error=ErrorView(type=state.error.type, message=state.error.message) if state.error else None,
             images=images,
+            videos=videos,
             images_evicted_at=_utc(state.results_evicted_at),
             created_at=_utc(spec.created_at),
             scheduled_at=_utc(state.scheduled_at),

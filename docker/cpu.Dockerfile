@@ -10,7 +10,7 @@ COPY scheduler ./scheduler
 COPY gpu_worker ./gpu_worker
 COPY shared ./shared
 COPY fusefleet ./fusefleet
-RUN pip install . && useradd --create-home --uid 10001 fusefleet
+RUN pip install '.[s3]' && useradd --create-home --uid 10001 fusefleet
 
 USER fusefleet
 EXPOSE 8000

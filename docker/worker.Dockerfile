@@ -11,8 +11,8 @@ COPY scheduler ./scheduler
 COPY gpu_worker ./gpu_worker
 COPY shared ./shared
 COPY fusefleet ./fusefleet
-# torch comes with the base image; the worker extra adds diffusers, transformers, peft, ...
-RUN pip install '.[worker]' && useradd --create-home --uid 10001 fusefleet && mkdir -p /models \
+# torch comes with the base image; the worker extra adds diffusers, transformers, peft, ...; s3 adds boto3
+RUN pip install '.[worker,s3]' && useradd --create-home --uid 10001 fusefleet && mkdir -p /models \
     && chown fusefleet /models
 
 USER fusefleet

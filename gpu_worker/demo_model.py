@@ -1,16 +1,21 @@
-"""The built-in demo model: a tiny, randomly initialised Stable Diffusion pipeline built offline.
+"""The built-in demo models: tiny, randomly initialised pipelines built offline, one per pipeline family.
 
-It uses diffusers' own test-suite component sizes (~1M UNet parameters, ~4 MB on disk), so a worker can serve
-real pipeline calls on a laptop CPU without downloading anything. Weights come from a fixed torch seed: every
-process builds byte-identical weights. Images are noise-like, but fused, seeded and LoRA behaviour is real.
+The default is a Stable Diffusion 1.x pipeline with diffusers' own test-suite component sizes (~1M UNet
+parameters, ~4 MB on disk), so a worker can serve real pipeline calls on a laptop CPU without downloading
+anything; ``FUSEFLEET_DEMO_FAMILY`` picks another family's tiny pipeline (``DEMO_FAMILIES``, built by
+``gpu_worker/tiny_models/``). Weights come from a fixed torch seed: every process builds byte-identical weights.
+Images are noise-like, but fused, seeded and LoRA behaviour is real.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -18,6 +23,18 @@ DEMO_MODEL_NAME = "demo"
 """The ``RequestSpec.model`` value that selects the demo model."""
 
 DEMO_MODEL_DIRNAME = "demo-sd-v1"
+DEFAULT_DEMO_FAMILY = "stable-diffusion"
+DEMO_FAMILIES: dict[str, str] = {
+    "stable-diffusion": "gpu_worker.demo_model:build_demo_pipeline",
+    "stable-diffusion-xl": "gpu_worker.tiny_models.sdxl:build",
+    "stable-diffusion-3": "gpu_worker.tiny_models.sd3:build",
+    "flux": "gpu_worker.tiny_models.flux:build",
+    "pixart": "gpu_worker.tiny_models.pixart:build",
+    "sana": "gpu_worker.tiny_models.sana:build",
+    "qwen-image": "gpu_worker.tiny_models.qwen_image:build",
+    "ltx-video": "gpu_worker.tiny_models.video:build",
+}
+"""Family name (as ``gpu_worker.families`` names it) -> 'module:function' building its tiny pipeline."""
 _MARKER = "model_index.json"
 _SEED = 0
 _SPECIAL_TOKENS = ("<|startoftext|>", "<|endoftext|>")  # ids 0 (bos) and 1 (eos = pad)
@@ -125,21 +142,35 @@ def build_demo_pipeline() -> object:
     )
 
 
-def ensure_demo_model(cache_dir: Path) -> Path:
-    """Return ``cache_dir/demo-sd-v1``, building and saving the demo pipeline there first if it is missing.
+def demo_builder(family: str) -> Callable[[], Any]:
+    """The function that builds ``family``'s tiny pipeline; ValueError listing the families when unknown."""
+    try:
+        module_name, _, function = DEMO_FAMILIES[family].partition(":")
+    except KeyError:
+        known = ", ".join(sorted(DEMO_FAMILIES))
+        raise ValueError(f"unknown demo family {family!r} (FUSEFLEET_DEMO_FAMILY); known: {known}") from None
+    builder: Callable[[], Any] = getattr(importlib.import_module(module_name), function)
+    return builder
+
+
+def ensure_demo_model(cache_dir: Path, family: str = DEFAULT_DEMO_FAMILY) -> Path:
+    """Return the folder of ``family``'s demo pipeline under ``cache_dir`` (``demo-sd-v1`` for the default,
+    ``demo-<family>`` otherwise), building and saving it there first if it is missing.
 
     Idempotent and safe across processes: the model is saved into a temporary sibling folder and renamed into
     place; when another process won the race, its copy (identical bytes) is kept and ours discarded.
     """
-    target = Path(cache_dir) / DEMO_MODEL_DIRNAME
+    build = demo_builder(family)
+    dirname = DEMO_MODEL_DIRNAME if family == DEFAULT_DEMO_FAMILY else f"demo-{family}"
+    target = Path(cache_dir) / dirname
     if (target / _MARKER).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{DEMO_MODEL_DIRNAME}-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dirname}-", dir=target.parent))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared by the workers of a host
-        pipe = build_demo_pipeline()
-        pipe.save_pretrained(tmp, safe_serialization=True)  # type: ignore[attr-defined]
+        pipe = build()
+        pipe.save_pretrained(tmp, safe_serialization=True)
         try:
             os.rename(tmp, target)
         except OSError:

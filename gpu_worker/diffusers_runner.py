@@ -1,13 +1,15 @@
 """The default runner: one diffusers pipeline, loaded once, called once per fused batch.
 
-All specs of a batch share one compatibility key (size, steps, guidance, n, LoRA, negative-prompt presence, task,
-strength), so the batch maps onto a single pipeline call: prompts, negative prompts, input images and masks become
-lists, and every output image gets its own generator seeded ``spec.seed + k``, which makes each row equal (to
-float rounding) to a solo run.
+All specs of a batch share one compatibility key (size, frames, steps, guidance, n, LoRA, negative-prompt presence,
+task, strength, ...), so the batch maps onto a single pipeline call: one row per output image (a request's prompt,
+negative prompt, input image and mask repeated ``n`` times), and every output gets its own generator seeded
+``spec.seed + k``, which makes each row equal (to float rounding) to a solo run.
 
-Image-to-image and inpainting run on the same loaded weights: their pipelines are derived with diffusers'
-``from_pipe`` (which shares every component, so no second copy is in memory). A family without such a pipeline
-simply does not list the task in ``tasks``.
+What differs between pipeline families (their extra arguments, what they take, how many outputs per prompt they
+call it, videos) is the family's (``gpu_worker.families``), chosen by the loaded pipeline's class. Image-to-image
+and inpainting run on the same loaded weights: their pipelines are derived with diffusers' ``from_pipe`` (which
+shares every component, so no second copy is in memory). A family without such a pipeline simply does not list
+the task in ``tasks``.
 """
 
 from __future__ import annotations
@@ -21,12 +23,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from PIL import Image
 
 from gpu_worker.demo_model import ensure_demo_model
 from gpu_worker.families import family_of
 from gpu_worker.lora import LoraActivator
-from gpu_worker.runner import InputImages, StepCallback
+from gpu_worker.runner import InputImages, StepCallback, Video
 from shared.compat import compat_key
 from shared.contracts import ModelTraits, RequestSpec, Task
 from shared.settings import Settings
@@ -64,6 +65,18 @@ def make_generators(specs: Sequence[RequestSpec], device: torch.device | str) ->
     return [torch.Generator(device).manual_seed(spec.seed + k) for spec in specs for k in range(spec.n)]
 
 
+def absent_components(source: str) -> dict[str, None]:
+    """The components a saved pipeline left out (``[null, null]`` in its model_index.json, e.g. Stable Diffusion 3
+    without its T5 encoder), as ``None`` keyword arguments: ``from_pretrained`` refuses to load them otherwise."""
+    from diffusers import DiffusionPipeline
+
+    try:
+        index = DiffusionPipeline.load_config(source)
+    except Exception:  # noqa: BLE001 - from_pretrained then reports what is wrong with the source
+        return {}
+    return {name: None for name, value in index.items() if value == [None, None] and not name.startswith("_")}
+
+
 def check_batch(specs: Sequence[RequestSpec]) -> RequestSpec:
     """Return the first spec after checking that every spec shares its compatibility key (one pipeline call)."""
     if not specs:
@@ -89,12 +102,19 @@ class DiffusersRunner:
             torch.set_num_threads(settings.torch_threads)
         self.device = resolve_device(settings.device)
         self.dtype = resolve_dtype(settings.torch_dtype, self.device)
-        source = settings.model or str(ensure_demo_model(settings.model_cache_dir))
+        source = settings.model
+        if not source:  # unset or empty (compose passes FUSEFLEET_MODEL through, empty by default)
+            source = str(ensure_demo_model(settings.model_cache_dir, settings.demo_family))
+            log.warning(
+                "serving the %s DEMO model: tiny, random weights, its images are noise (set FUSEFLEET_MODEL to a "
+                "real diffusers pipeline)",
+                settings.demo_family,
+            )
         with warnings.catch_warnings():
             # Recent diffusers prefer `dtype=` (FutureWarning); `torch_dtype=` works on all supported ones.
             warnings.filterwarnings("ignore", message=".*torch_dtype.*", category=FutureWarning)
             pipe: Any = DiffusionPipeline.from_pretrained(  # type: ignore[no-untyped-call]
-                source, torch_dtype=self.dtype
+                source, torch_dtype=self.dtype, **absent_components(source)
             )
         if getattr(pipe, "safety_checker", None) is not None:
             pipe.safety_checker = None
@@ -164,8 +184,9 @@ class DiffusersRunner:
         specs: Sequence[RequestSpec],
         on_step: StepCallback,
         inputs: Mapping[str, InputImages] | None = None,
-    ) -> list[list[Image.Image]]:
-        """Run ``specs`` in one pipeline call and return ``spec.n`` PIL images per spec, in order.
+    ) -> list[list[Any]]:
+        """Run ``specs`` in one pipeline call and return ``spec.n`` PIL images (videos, for a video family) per
+        spec, in order.
 
         Image tasks take each request's input image (and mask) from ``inputs``, already of the output size.
         """
@@ -175,12 +196,16 @@ class DiffusersRunner:
         pipe = self._pipes[head.task]
         accepts = self._call_params[head.task]
         steps = head.num_inference_steps
+        # One row per output (each prompt repeated n times, one output per prompt) rather than
+        # num_images_per_prompt=n: the same call, and immune to pipelines that order the repeated rows of one input
+        # differently (Sana's and Qwen-Image's prompt masks with n > 1, diffusers 0.42). Generators are per output.
+        rows = [spec for spec in specs for _ in range(spec.n)]
         self.loras.activate(head.lora)
 
         kwargs: dict[str, Any] = {
-            "prompt": [spec.prompt for spec in specs],
+            "prompt": [spec.prompt for spec in rows],
             "generator": make_generators(specs, self.device),
-            "num_images_per_prompt": head.n,
+            self.family.per_prompt_kwarg: 1,
             "num_inference_steps": steps,
             "guidance_scale": head.guidance_scale,
             "output_type": "pil",
@@ -188,17 +213,17 @@ class DiffusersRunner:
         if "width" in accepts:  # image-to-image pipelines take the size of their input image
             kwargs.update(width=head.width, height=head.height)
         if head.negative_prompt is not None:
-            kwargs["negative_prompt"] = [spec.negative_prompt for spec in specs]
+            kwargs["negative_prompt"] = [spec.negative_prompt for spec in rows]
         if head.guidance_rescale and "guidance_rescale" in accepts:
             kwargs["guidance_rescale"] = head.guidance_rescale
         kwargs.update(self.family.call_kwargs(head, accepts))
         if head.task.needs_image:
             if inputs is None:
                 raise ValueError(f"{head.task} needs the requests' input images")
-            kwargs["image"] = [inputs[spec.id].image for spec in specs]
+            kwargs["image"] = [inputs[spec.id].image for spec in rows]
             kwargs["strength"] = head.strength
             if head.task is Task.INPAINT:
-                kwargs["mask_image"] = [inputs[spec.id].mask for spec in specs]
+                kwargs["mask_image"] = [inputs[spec.id].mask for spec in rows]
 
         def step_end(pipe: Any, step: int, timestep: Any, callback_kwargs: dict[str, Any]) -> dict[str, Any]:
             # image tasks denoise only the last `strength` part of the schedule: report the steps really run
@@ -208,11 +233,19 @@ class DiffusersRunner:
 
         if "callback_on_step_end" in accepts:
             kwargs["callback_on_step_end"] = step_end
-        images: list[Image.Image] = list(pipe(**kwargs).images)
-        if "callback_on_step_end" not in accepts:
-            on_step(steps, steps)
+        elif "callback" in accepts:  # older pipelines (PixArt): progress only, no stop before the forward ends
 
+            def legacy_step(step: int, timestep: Any, latents: Any) -> None:
+                on_step(step + 1, steps)
+
+            kwargs.update(callback=legacy_step, callback_steps=1)
+        result = pipe(**kwargs)
+        if "callback_on_step_end" not in accepts and "callback" not in accepts:
+            on_step(steps, steps)
+        outputs: list[Any] = list(result.images) if not self.traits.video else [
+            Video(frames=list(frames), fps=self.family.fps(head)) for frames in result.frames
+        ]
         expected = len(specs) * head.n
-        if len(images) != expected:
-            raise RuntimeError(f"pipeline returned {len(images)} images, expected {expected}")
-        return [images[i * head.n : (i + 1) * head.n] for i in range(len(specs))]
+        if len(outputs) != expected:
+            raise RuntimeError(f"pipeline returned {len(outputs)} outputs, expected {expected}")
+        return [outputs[i * head.n : (i + 1) * head.n] for i in range(len(specs))]

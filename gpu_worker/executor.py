@@ -25,15 +25,25 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from celery.exceptions import SoftTimeLimitExceeded
 from PIL import Image
 
 from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.images import encode
-from gpu_worker.runner import BatchRunner, ConditionedRunner, InputImages, StepCallback, runner_tasks
+from gpu_worker.runner import (
+    BatchRunner,
+    ConditionedRunner,
+    InputImages,
+    StepCallback,
+    Video,
+    runner_tasks,
+    runner_traits,
+    video_frames,
+)
 from gpu_worker.store import Claimed, Locked, RowSignal, WorkerStore
+from gpu_worker.video import encode_mp4
 from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus, Task
 from shared.results import ResultStore, result_keys
 from shared.retry import TRANSIENT_ERRORS, call_with_retry, is_transient
@@ -88,16 +98,36 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc)
 
 
-def output_problem(spec: RequestSpec, images: object) -> str | None:
-    """Why ``images`` is not a valid result for ``spec`` (``spec.n`` PIL images), or None."""
-    if not isinstance(images, Sequence) or isinstance(images, str | bytes):
-        return f"runner returned {type(images).__name__} instead of a list of images"
-    if len(images) != spec.n:
-        return f"runner returned {len(images)} images, expected {spec.n}"
-    wrong = [type(image).__name__ for image in images if not isinstance(image, Image.Image)]
-    if wrong:
-        return f"runner returned {wrong[0]} instead of an image"
+def output_problem(spec: RequestSpec, outputs: object, frames: int | None = None) -> str | None:
+    """Why ``outputs`` is not a valid result for ``spec`` (``spec.n`` PIL images; or, for a video model,
+    ``spec.n`` videos of ``frames`` frames each), or None."""
+    kind = "images" if frames is None else "videos"
+    if not isinstance(outputs, Sequence) or isinstance(outputs, str | bytes):
+        return f"runner returned {type(outputs).__name__} instead of a list of {kind}"
+    if len(outputs) != spec.n:
+        return f"runner returned {len(outputs)} {kind}, expected {spec.n}"
+    if frames is None:
+        wrong = [type(image).__name__ for image in outputs if not isinstance(image, Image.Image)]
+        return f"runner returned {wrong[0]} instead of an image" if wrong else None
+    for video in outputs:
+        if not isinstance(video, Video):
+            return f"runner returned {type(video).__name__} instead of a video"
+        if len(video.frames) != frames or not all(isinstance(frame, Image.Image) for frame in video.frames):
+            return f"runner returned a video of {len(video.frames)} frames, expected {frames} images"
     return None
+
+
+def encode_outputs(spec: RequestSpec, outputs: Sequence[Any]) -> list[bytes]:
+    """The stored bytes of a request's outputs, in ``result_keys`` order: each image in the request's format; or
+    each video's MP4 followed by its frames."""
+    encoded: list[bytes] = []
+    for output in outputs:
+        if isinstance(output, Video):
+            encoded.append(encode_mp4(output.frames, output.fps))
+            encoded += [encode(frame, spec.output_format, spec.output_compression) for frame in output.frames]
+        else:
+            encoded.append(encode(output, spec.output_format, spec.output_compression))
+    return encoded
 
 
 class BatchExecutor:
@@ -116,6 +146,7 @@ class BatchExecutor:
         self._store = store
         self._results = results
         self._runner = runner
+        self._traits = runner_traits(runner)
         self._worker = worker
         self._heartbeat = heartbeat
         self._outage_retry_s = outage_retry_s
@@ -153,7 +184,7 @@ class BatchExecutor:
         statuses, run, specs = self._prepare(claim)
         if not specs:
             return statuses
-        keys = [key for spec in specs for key in result_keys(spec, run.token)]
+        keys = [key for spec in specs for key in result_keys(spec, run.token, video_frames(spec, self._traits))]
         self._redis(lambda: self._store.record_results(keys), "journaling result keys")
         if self._runner.fused:
             return {**statuses, **self._run_group(specs, run)}
@@ -246,18 +277,19 @@ class BatchExecutor:
         stored: dict[str, list[str]] = {}
         errors: dict[str, ErrorInfo] = {}
         for spec, output in zip(specs, images, strict=True):
-            problem = output_problem(spec, output)
+            frames = video_frames(spec, self._traits)
+            problem = output_problem(spec, output, frames)
             if problem is not None:
                 errors[spec.id] = ErrorInfo(type="RunnerError", message=problem)
                 continue
             assert isinstance(output, Sequence)
             try:
-                encoded = [encode(image, spec.output_format, spec.output_compression) for image in output]
+                encoded = encode_outputs(spec, output)
             except Exception as exc:  # noqa: BLE001 - a bad image fails its request, not the batch
                 message = f"encoding the image failed: {type(exc).__name__}: {exc}"
                 errors[spec.id] = ErrorInfo(type="RunnerError", message=message)
                 continue
-            keys = result_keys(spec, token)
+            keys = result_keys(spec, token, frames)
             try:
                 for key, data in zip(keys, encoded, strict=True):
                     self._put(key, data)

@@ -31,6 +31,8 @@ class PipelineFamily:
     not the nearest of the family's trained aspect-ratio bins)."""
     fps_kwarg: str | None = None
     """The name the pipeline gives the frame rate (``frame_rate`` for LTX-Video), where it takes one."""
+    per_prompt_kwarg: str = "num_images_per_prompt"
+    """The name of the outputs-per-prompt argument (``num_videos_per_prompt`` for video pipelines)."""
 
     @property
     def name(self) -> str:
@@ -46,16 +48,25 @@ class PipelineFamily:
             kwargs["max_sequence_length"] = head.max_sequence_length
         if self.traits.video:
             kwargs["num_frames"] = head.num_frames or self.traits.default_frames
-            fps = head.fps or self.traits.default_fps
-            if self.fps_kwarg is not None and fps is not None and self.fps_kwarg in accepts:
-                kwargs[self.fps_kwarg] = fps
+            if self.fps_kwarg is not None and self.fps_kwarg in accepts:
+                kwargs[self.fps_kwarg] = self.fps(head)
         return kwargs
+
+    def fps(self, head: RequestSpec) -> int:
+        """The frame rate of ``head``'s videos: its own, else the family's default."""
+        return head.fps or self.traits.default_fps or DEFAULT_FPS
+
+
+DEFAULT_FPS = 24
 
 
 def _family(name: str, classes: set[str], **traits: Any) -> tuple[str, PipelineFamily]:
     fixed = traits.pop("fixed_kwargs", {})
     fps_kwarg = traits.pop("fps_kwarg", None)
-    family = PipelineFamily(ModelTraits(family=name, **traits), frozenset(classes), MappingProxyType(fixed), fps_kwarg)
+    per_prompt = "num_videos_per_prompt" if traits.get("video") else "num_images_per_prompt"
+    family = PipelineFamily(
+        ModelTraits(family=name, **traits), frozenset(classes), MappingProxyType(fixed), fps_kwarg, per_prompt
+    )
     return name, family
 
 
@@ -83,9 +94,10 @@ FAMILIES: Mapping[str, PipelineFamily] = MappingProxyType(
             _family(
                 "pixart",
                 {"PixArtAlphaPipeline", "PixArtSigmaPipeline"},
+                size_multiple=16,  # its own check says 8; the transformer's patches need 16
                 guidance_rescale=False,
                 max_sequence_length=300,
-                fixed_kwargs={"use_resolution_binning": False},
+                fixed_kwargs={"use_resolution_binning": False, "clean_caption": False},  # prompts as sent
             ),
             _family(
                 "sana",
@@ -103,6 +115,17 @@ FAMILIES: Mapping[str, PipelineFamily] = MappingProxyType(
                 guidance_rescale=False,
                 true_cfg_scale=True,
                 max_sequence_length=1024,
+            ),
+            _family(
+                "ltx-video",
+                {"LTXPipeline"},
+                size_multiple=32,
+                max_sequence_length=512,
+                video=True,
+                frames_multiple=8,
+                default_frames=161,  # LTXPipeline's own defaults
+                default_fps=25,
+                fps_kwarg="frame_rate",
             ),
         ]
     )

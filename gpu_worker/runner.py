@@ -32,6 +32,23 @@ TEXT_ONLY: frozenset[Task] = frozenset({Task.TEXT_TO_IMAGE})
 
 
 @dataclass(frozen=True, slots=True)
+class Video:
+    """One generated video: its frames, in order, and its frame rate. A runner whose ``traits.video`` is set
+    returns ``spec.n`` of these per request instead of images."""
+
+    frames: Sequence[Image.Image]
+    fps: float
+
+
+def video_frames(spec: RequestSpec, traits: ModelTraits) -> int | None:
+    """Frames per video of ``spec`` on a model with ``traits`` (its own or the family's default); None for an
+    image model."""
+    if not traits.video:
+        return None
+    return spec.num_frames or traits.default_frames
+
+
+@dataclass(frozen=True, slots=True)
 class InputImages:
     """What an image-conditioned request is conditioned on, decoded: RGB image and, for inpainting, an 8-bit mask
     (white = repaint), both already of the request's output size."""

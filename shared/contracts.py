@@ -12,6 +12,8 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_SEED = 2**63 - 1
+VIDEO_EXTENSION = "mp4"
+"""The extension (and container) of a video result; its frames are images in the request's ``output_format``."""
 
 
 class Frozen(BaseModel):
@@ -171,5 +173,15 @@ class RequestState(Frozen):
     finished_at: float | None = None
 
     @property
+    def image_keys(self) -> tuple[str, ...]:
+        """Its images' keys: every image of an image request; every frame, video by video, of a video request."""
+        return tuple(key for key in self.result_keys if not key.endswith(f".{VIDEO_EXTENSION}"))
+
+    @property
+    def video_keys(self) -> tuple[str, ...]:
+        """Its videos' keys (MP4), one per output of a video request."""
+        return tuple(key for key in self.result_keys if key.endswith(f".{VIDEO_EXTENSION}"))
+
+    @property
     def image_count(self) -> int:
-        return len(self.result_keys)
+        return len(self.image_keys)

@@ -82,6 +82,11 @@ class Settings(BaseSettings):
         None,
         description="Local path or hub id of a diffusers text-to-image pipeline; unset = the built-in tiny demo model.",
     )
+    demo_family: str = Field(
+        "stable-diffusion",
+        description="Which tiny random-weight demo pipeline a worker serves when no model is set: stable-diffusion, "
+        "stable-diffusion-xl, stable-diffusion-3, flux, pixart, sana, qwen-image or ltx-video (its outputs are noise).",
+    )
     model_cache_dir: Path = Field(
         default_factory=_default_cache_dir,
         description="Folder where the demo model is built once and cached (shared by all workers of a host).",

@@ -203,7 +203,7 @@ async def _images(
             for k in range(state.image_count)
         ]
     images: list[ImageObject] = []
-    for k, key in enumerate(state.result_keys):
+    for k, key in enumerate(state.image_keys):
         data = await store.result(key)
         if data is None or state.results_evicted_at is not None:
             raise _lost(request_id, f"image {k} of request {request_id} is gone from the result store")

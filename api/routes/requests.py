@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from typing import Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 from fastapi.responses import RedirectResponse
 
 from api.deps import SettingsDep, StoreDep, WaiterDep
-from api.responses import BAD_BODY, NOT_FOUND, QUEUE_FULL_OR_UNAVAILABLE, UNAVAILABLE
+from api.responses import BAD_BODY, NOT_FOUND, QUEUE_FULL_OR_UNAVAILABLE, UNAVAILABLE, Responses
 from api.schemas import (
     AbortResult,
     Accepted,
@@ -20,10 +21,11 @@ from api.schemas import (
     GenerateRequest,
     RequestView,
 )
-from api.store import Forgotten
+from api.store import Forgotten, RequestStore
 from api.submission import accept
 from shared.contracts import RequestStatus
-from shared.results import output_format_of
+from shared.results import media_type_of
+from shared.settings import Settings
 
 router = APIRouter(prefix="/v1/requests", tags=["requests"])
 
@@ -84,36 +86,35 @@ async def get_request(
     return RequestView.from_state(state)
 
 
-@router.get(
-    "/{request_id}/images/{index}",
-    response_class=Response,
-    responses={
-        200: {
-            "content": {"image/png": {}, "image/jpeg": {}, "image/webp": {}},
-            "description": "The image, in the request's output_format.",
-        },
-        307: {"description": "Redirect to a presigned URL of the image (result_delivery=redirect, S3 store)."},
-        404: {"model": ErrorMessage, "description": "The image does not exist (yet): not done, unknown or expired."},
-        410: {"model": ErrorMessage, "description": "The image was stored, and is gone (the detail says why)."},
+def _result_responses(kind: str, content: dict[str, Any]) -> Responses:
+    return {
+        200: {"content": content, "description": f"The {kind}."},
+        307: {"description": f"Redirect to a presigned URL of the {kind} (result_delivery=redirect, S3 store)."},
+        404: {"model": ErrorMessage, "description": f"The {kind} does not exist (yet): not done, unknown or expired."},
+        410: {"model": ErrorMessage, "description": f"The {kind} was stored, and is gone (the detail says why)."},
         **UNAVAILABLE,
-    },
-)
-async def get_image(request_id: str, store: StoreDep, settings: SettingsDep, index: int = Path(ge=0)) -> Response:
-    """Image ``index`` of a succeeded request, from the result store: its bytes, or a redirect to a presigned URL
-    (``result_delivery=redirect`` where the store has them)."""
+    }
+
+
+async def _serve_result(
+    request_id: str, index: int, kind: str, store: RequestStore, settings: Settings
+) -> Response:
+    """Output ``index`` of a succeeded request (``kind``: image or video), from the result store: its bytes, or a
+    redirect to a presigned URL (``result_delivery=redirect`` where the store has them)."""
     state = await store.get(request_id)
-    if state is None or state.status is not RequestStatus.SUCCEEDED or index >= state.image_count:
+    keys = (state.image_keys if kind == "image" else state.video_keys) if state is not None else ()
+    if state is None or state.status is not RequestStatus.SUCCEEDED or index >= len(keys):
         raise HTTPException(
             status.HTTP_404_NOT_FOUND,
-            detail=f"image {index} of request {request_id!r} does not exist (not done, unknown or expired)",
+            detail=f"{kind} {index} of request {request_id!r} does not exist (not done, unknown or expired)",
         )
     if state.results_evicted_at is not None:
         raise HTTPException(
             status.HTTP_410_GONE,
-            detail=f"the images of request {request_id!r} were dropped by the Redis result store's size cap "
+            detail=f"the outputs of request {request_id!r} were dropped by the Redis result store's size cap "
             f"(result_redis_max_bytes={settings.result_redis_max_bytes}); the fleet keeps the newest results only",
         )
-    key = state.result_keys[index]
+    key = keys[index]
     if settings.result_delivery == "redirect":
         url = await store.result_url(key)
         if url is not None:
@@ -121,9 +122,36 @@ async def get_image(request_id: str, store: StoreDep, settings: SettingsDep, ind
     data = await store.result(key)
     if data is None:
         raise HTTPException(
-            status.HTTP_410_GONE, detail=f"image {index} of request {request_id!r} is gone from the result store"
+            status.HTTP_410_GONE, detail=f"{kind} {index} of request {request_id!r} is gone from the result store"
         )
-    return Response(content=data, media_type=output_format_of(key).media_type)
+    return Response(content=data, media_type=media_type_of(key))
+
+
+@router.get(
+    "/{request_id}/images/{index}",
+    response_class=Response,
+    responses=_result_responses("image", {"image/png": {}, "image/jpeg": {}, "image/webp": {}}),
+)
+async def get_image(request_id: str, store: StoreDep, settings: SettingsDep, index: int = Path(ge=0)) -> Response:
+    """Image ``index`` of a succeeded request, in its ``output_format`` (a video request's frames, video by video):
+    its bytes, or a redirect to a presigned URL (``result_delivery=redirect`` where the store has them)."""
+    return await _serve_result(request_id, index, "image", store, settings)
+
+
+@router.get(
+    "/{request_id}/videos/{index}",
+    response_class=Response,
+    responses=_result_responses("video", {"video/mp4": {}}),
+)
+async def get_video(request_id: str, store: StoreDep, settings: SettingsDep, index: int = Path(ge=0)) -> Response:
+    """Video ``index`` (MP4) of a succeeded video request, or a redirect to a presigned URL."""
+    return await _serve_result(request_id, index, "video", store, settings)
+
+
+@router.get("/{request_id}/video", response_class=Response, responses=_result_responses("video", {"video/mp4": {}}))
+async def get_first_video(request_id: str, store: StoreDep, settings: SettingsDep) -> Response:
+    """The (first) video of a succeeded video request: ``/videos/0``."""
+    return await _serve_result(request_id, 0, "video", store, settings)
 
 
 @router.delete(

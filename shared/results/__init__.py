@@ -8,14 +8,22 @@ a presigned URL), and the scheduler's sweeper deletes what fell due. ``docs/depl
 
 from shared.results.factory import build_result_store
 from shared.results.journal import ResultJournal
-from shared.results.store import ResultStore, ResultStoreError, output_format_of, result_key, result_keys
+from shared.results.store import (
+    ResultStore,
+    ResultStoreError,
+    is_video_key,
+    media_type_of,
+    result_key,
+    result_keys,
+)
 
 __all__ = [
     "ResultJournal",
     "ResultStore",
     "ResultStoreError",
     "build_result_store",
-    "output_format_of",
+    "is_video_key",
+    "media_type_of",
     "result_key",
     "result_keys",
 ]

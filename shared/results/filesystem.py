@@ -44,8 +44,8 @@ class FilesystemResultStore:
             raise ResultStoreError(f"reading {key} under {self.root} failed: {exc}") from exc
 
     def delete(self, keys: Sequence[str]) -> None:
-        for key in keys:
-            path = self._path(key)
+        paths = [self._path(key) for key in keys]  # every key checked before anything is deleted
+        for key, path in zip(keys, paths, strict=True):
             try:
                 path.unlink(missing_ok=True)
             except OSError as exc:
@@ -55,4 +55,5 @@ class FilesystemResultStore:
                     folder.rmdir()
 
     def url(self, key: str) -> str | None:
+        check_key(key)
         return None

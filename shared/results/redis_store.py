@@ -52,6 +52,7 @@ class RedisResultStore:
             self._delete(keys=[k.redis_results_order, k.redis_results_sizes, k.redis_results_used, *objects])
 
     def url(self, key: str) -> str | None:
+        check_key(key)
         return None
 
     def used_bytes(self) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from shared.results.store import ResultStoreError, check_key, output_format_of
+from shared.results.store import ResultStoreError, check_key, media_type_of
 
 DELETE_PAGE = 1000  # DeleteObjects takes at most this many keys
 
@@ -27,18 +27,21 @@ class S3ResultStore:
         self._url_ttl_s = url_ttl_s
 
     def _object(self, key: str) -> str:
+        """The object name of ``key``; ValueError (never ResultStoreError) when it is not a result key, so it is
+        called outside the ``try`` blocks below."""
         return self.prefix + check_key(key)
 
     def put(self, key: str, data: bytes) -> None:
-        media_type = output_format_of(key).media_type
+        name, media_type = self._object(key), media_type_of(key)  # ValueError before any call
         try:
-            self._s3.put_object(Bucket=self.bucket, Key=self._object(key), Body=data, ContentType=media_type)
+            self._s3.put_object(Bucket=self.bucket, Key=name, Body=data, ContentType=media_type)
         except Exception as exc:  # noqa: BLE001 - botocore's many error types: one meaning here
             raise ResultStoreError(f"storing {key} in s3://{self.bucket}/{self.prefix} failed: {exc}") from exc
 
     def get(self, key: str) -> bytes | None:
+        name = self._object(key)
         try:
-            reply = self._s3.get_object(Bucket=self.bucket, Key=self._object(key))
+            reply = self._s3.get_object(Bucket=self.bucket, Key=name)
             data: bytes = reply["Body"].read()
         except self._s3.exceptions.NoSuchKey:
             return None
@@ -63,9 +66,10 @@ class S3ResultStore:
                 )
 
     def url(self, key: str) -> str | None:
+        name = self._object(key)
         try:
             url: str = self._s3.generate_presigned_url(
-                "get_object", Params={"Bucket": self.bucket, "Key": self._object(key)}, ExpiresIn=self._url_ttl_s
+                "get_object", Params={"Bucket": self.bucket, "Key": name}, ExpiresIn=self._url_ttl_s
             )
         except Exception as exc:  # noqa: BLE001
             raise ResultStoreError(f"presigning {key} failed: {exc}") from exc
@@ -75,7 +79,9 @@ class S3ResultStore:
 def build_s3_client(
     *, endpoint_url: str | None, region: str | None, timeout_s: float, path_style: bool
 ) -> Any:
-    """A boto3 S3 client with bounded calls. ImportError says to install the ``s3`` extra."""
+    """A boto3 S3 client with bounded calls. An empty ``endpoint_url`` or ``region`` counts as unset (AWS, boto3's
+    default region), as ``FUSEFLEET_S3_ENDPOINT_URL=`` in an env file means. ImportError says to install the ``s3``
+    extra."""
     try:
         import boto3
         from botocore.config import Config
@@ -88,4 +94,4 @@ def build_s3_client(
         s3={"addressing_style": "path" if path_style else "auto"},
         signature_version="s3v4",
     )
-    return boto3.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
+    return boto3.client("s3", endpoint_url=endpoint_url or None, region_name=region or None, config=config)

@@ -1,9 +1,10 @@
 """The result store's interface, its key scheme, and its one error type.
 
-A result-store key names one image of one run: ``{request_id}/{claim_token}/{index}.{format}``. The claim token
-makes the keys of two runs of the same request distinct, so a late writer (a run fenced off after its lock
-lapsed) never overwrites the images a later run stored; its objects fall due in the results journal and are
-swept. The extension is the request's ``output_format``, which gives the media type.
+A result-store key names one object of one run: ``{request_id}/{claim_token}/{name}``, where ``name`` is
+``{k}.{format}`` for image ``k`` of an image request, and for video ``k`` of a video request ``{k}.mp4`` followed
+by its frames ``{k}-{f}.{format}``. The claim token makes the keys of two runs of the same request distinct, so a
+late writer (a run fenced off after its lock lapsed) never overwrites what a later run stored; its objects fall
+due in the results journal and are swept. The extension gives the media type.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import re
 from collections.abc import Sequence
 from typing import Protocol
 
-from shared.contracts import OutputFormat, RequestSpec
+from shared.contracts import VIDEO_EXTENSION, OutputFormat, RequestSpec
 
-KEY_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}/[A-Za-z0-9_-]{1,128}/[0-9]{1,4}\.(png|jpeg|webp)$")
+KEY_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}/[A-Za-z0-9_-]{1,128}/[0-9]{1,4}(-[0-9]{1,5})?\.(png|jpeg|webp|mp4)$")
+VIDEO_MEDIA_TYPE = "video/mp4"
 
 
 class ResultStoreError(Exception):
@@ -25,13 +27,26 @@ def result_key(request_id: str, token: str, index: int, output_format: OutputFor
     return f"{request_id}/{token}/{index}.{output_format.value}"
 
 
-def result_keys(spec: RequestSpec, token: str) -> list[str]:
-    """The keys of the ``spec.n`` images the run under ``token`` stores for ``spec``."""
-    return [result_key(spec.id, token, index, spec.output_format) for index in range(spec.n)]
+def result_keys(spec: RequestSpec, token: str, frames: int | None = None) -> list[str]:
+    """The keys of what the run under ``token`` stores for ``spec``: its ``spec.n`` images, or, for a video request
+    of ``frames`` frames, each video's MP4 followed by its frames."""
+    if frames is None:
+        return [result_key(spec.id, token, index, spec.output_format) for index in range(spec.n)]
+    keys: list[str] = []
+    for k in range(spec.n):
+        keys.append(f"{spec.id}/{token}/{k}.{VIDEO_EXTENSION}")
+        keys += [f"{spec.id}/{token}/{k}-{f}.{spec.output_format.value}" for f in range(frames)]
+    return keys
 
 
-def output_format_of(key: str) -> OutputFormat:
-    return OutputFormat(key.rsplit(".", 1)[-1])
+def is_video_key(key: str) -> bool:
+    return key.endswith("." + VIDEO_EXTENSION)
+
+
+def media_type_of(key: str) -> str:
+    """The media type of a result key's object (by its extension)."""
+    extension = key.rsplit(".", 1)[-1]
+    return VIDEO_MEDIA_TYPE if extension == VIDEO_EXTENSION else OutputFormat(extension).media_type
 
 
 def check_key(key: str) -> str:

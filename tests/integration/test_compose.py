@@ -2,7 +2,11 @@
 environments are run here against a test Redis, and a request submitted through that api must succeed.
 
 Only what is host-specific is replaced: the Redis address (the compose ``redis`` service), the folders of the
-model cache and LoRA volumes, and the api's published port (a free one). Everything else is taken as written.
+model cache and LoRA volumes, the api's published port (a free one) and, with the ``s3`` profile, the MinIO
+address (an S3-protocol server of moto's on a free port). Everything else is taken as written. The ``s3``
+profile's wiring is checked as compose would resolve it: its variables reach every fleet service and build the
+S3 result store, and the bucket-creating one-shot (run with a stand-in ``mc``) creates the fleet's bucket with
+MinIO's credentials.
 """
 
 from __future__ import annotations
@@ -10,34 +14,88 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import sys
 import uuid
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import boto3
 import httpx
 import pytest
 import yaml
+from fakeredis import FakeRedis
+from moto.server import ThreadedMotoServer
 
+from shared.results import build_result_store
+from shared.results.redis_store import RedisResultStore
+from shared.results.s3 import S3ResultStore
+from shared.settings import Settings
 from tests.support.processes import REPO_ROOT, Service, wait_for
 from tests.support.redis_server import RedisServer, free_port
 
 COMPOSE = REPO_ROOT / "docker-compose.yml"
 FUSEFLEET_SERVICES = ("api", "scheduler", "gpu-worker")
-_INTERPOLATION = re.compile(r"\$\{(?P<name>\w+)(?::-(?P<default>[^}]*))?\}")
+S3_WIRING = (
+    "FUSEFLEET_RESULT_STORE",
+    "FUSEFLEET_S3_BUCKET",
+    "FUSEFLEET_S3_ENDPOINT_URL",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+)
+_NAME = re.compile(r"\w+")
 
 
 def compose() -> dict[str, Any]:
     return dict(yaml.safe_load(COMPOSE.read_text()))
 
 
-def interpolate(value: object) -> str:
-    """Compose's ${NAME:-default} with an empty environment: the defaults the file ships with."""
-    return _INTERPOLATION.sub(lambda m: m.group("default") or "", str(value))
+def _interpolate(text: str, start: int, env: Mapping[str, str], *, until_brace: bool) -> tuple[str, int]:
+    out: list[str] = []
+    i = start
+    while i < len(text):
+        char = text[i]
+        if until_brace and char == "}":
+            return "".join(out), i + 1
+        if text.startswith("$$", i):
+            out.append("$")
+            i += 2
+        elif text.startswith("${", i):
+            name = _NAME.match(text, i + 2)
+            assert name is not None, f"bad interpolation in {text!r}"
+            i = name.end()
+            value = env.get(name.group())
+            if text.startswith(":-", i) or text.startswith("-", i):
+                use_default = not value if text[i] == ":" else value is None
+                default, i = _interpolate(text, i + (2 if text[i] == ":" else 1), env, until_brace=True)
+                out.append(default if use_default else str(value))
+            else:
+                assert text[i] == "}", f"unsupported interpolation in {text!r}"
+                out.append(value or "")
+                i += 1
+        else:
+            out.append(char)
+            i += 1
+    assert not until_brace, f"unclosed ${{ in {text!r}"
+    return "".join(out), i
 
 
-def service_env(service: dict[str, Any]) -> dict[str, str]:
-    return {name: interpolate(value) for name, value in (service.get("environment") or {}).items()}
+def interpolate(value: object, env: Mapping[str, str] | None = None) -> str:
+    """Compose's interpolation (${NAME}, ${NAME:-default}, ${NAME-default}, nested defaults, $$) with ``env`` as
+    the shell and .env; with no ``env``, the defaults the file ships with."""
+    return _interpolate(str(value), 0, env or {}, until_brace=False)[0]
+
+
+def service_env(service: dict[str, Any], env: Mapping[str, str] | None = None) -> dict[str, str]:
+    return {name: interpolate(value, env) for name, value in (service.get("environment") or {}).items()}
+
+
+def test_interpolation_follows_compose() -> None:
+    env = {"SET": "x", "EMPTY": ""}
+    assert interpolate("${SET:-d} ${EMPTY:-d} ${UNSET:-d}", env) == "x d d"
+    assert interpolate("${SET-d} ${EMPTY-d} ${UNSET-d}", env) == "x  d"
+    assert interpolate("${UNSET-${EMPTY:-${SET}}}/$${SET}/${SET}", env) == "x/${SET}/x"
 
 
 def local_argv(command: list[str], port: int) -> list[str]:
@@ -72,10 +130,133 @@ def test_compose_file_keeps_its_promises() -> None:
                 assert f"# {variable}=" in env_example, f"{variable} missing from .env.example"
 
 
+def fleet_settings(env: Mapping[str, str]) -> Settings:
+    """The Settings a fleet service builds from these FUSEFLEET_* variables (and nothing else)."""
+    prefix = "FUSEFLEET_"
+    return Settings.model_validate(
+        {name.removeprefix(prefix).lower(): value for name, value in env.items() if name.startswith(prefix)}
+    )
+
+
+MINIO_CASES = {
+    "defaults": {"FUSEFLEET_RESULT_STORE": "s3"},
+    "own credentials and bucket": {
+        "FUSEFLEET_RESULT_STORE": "s3",
+        "FUSEFLEET_S3_BUCKET": "team-images",
+        "MINIO_ROOT_USER": "admin",
+        "MINIO_ROOT_PASSWORD": "a-long-secret",
+    },
+}
+
+
+def test_s3_profile_adds_minio_without_publishing_it() -> None:
+    services = compose()["services"]
+    minio, init = services["minio"], services["minio-init"]
+    assert minio["profiles"] == ["s3"] and init["profiles"] == ["s3"]
+    assert minio["image"].startswith("minio/minio") and init["image"].startswith("minio/mc")
+    assert minio["command"][:2] == ["server", "/data"] and "--console-address" in minio["command"]
+    assert "ports" not in minio, "MinIO (its console above all) stays inside the compose network"
+    assert minio["healthcheck"]["test"] and any(volume.endswith(":/data") for volume in minio["volumes"])
+    assert init["depends_on"]["minio"]["condition"] == "service_healthy"
+    assert init["restart"] == "no"
+    credentials = service_env(minio)
+    assert credentials["MINIO_ROOT_USER"] and len(credentials["MINIO_ROOT_PASSWORD"]) >= 8  # MinIO's minimum
+    bucket_first = services["gpu-worker"]["depends_on"]["minio-init"]
+    assert bucket_first == {"condition": "service_completed_successfully", "required": False}
+    for name, service in services.items():  # the profile's services only: a plain `up` stays as it was
+        assert ("s3" in service.get("profiles", [])) == (name in ("minio", "minio-init")), name
+
+
+@pytest.mark.parametrize("case", list(MINIO_CASES))
+def test_s3_profile_points_every_fleet_service_at_minio(case: str) -> None:
+    services = compose()["services"]
+    env = MINIO_CASES[case]
+    minio = service_env(services["minio"], env)
+    bucket = env.get("FUSEFLEET_S3_BUCKET", "fusefleet-results")
+    for name in FUSEFLEET_SERVICES:
+        fleet = service_env(services[name], env)
+        assert fleet["FUSEFLEET_RESULT_STORE"] == "s3", name
+        assert fleet["FUSEFLEET_S3_BUCKET"] == bucket, name
+        assert fleet["FUSEFLEET_S3_ENDPOINT_URL"] == "http://minio:9000", name
+        assert fleet["AWS_ACCESS_KEY_ID"] == minio["MINIO_ROOT_USER"], name
+        assert fleet["AWS_SECRET_ACCESS_KEY"] == minio["MINIO_ROOT_PASSWORD"], name
+        store = build_result_store(fleet_settings(fleet), FakeRedis())
+        assert isinstance(store, S3ResultStore) and store.bucket == bucket, name
+        assert store._s3.meta.endpoint_url == "http://minio:9000", name
+
+
+def test_without_the_profile_the_fleet_keeps_redis_and_aws_needs_no_minio() -> None:
+    services = compose()["services"]
+    aws = {
+        "FUSEFLEET_RESULT_STORE": "s3",
+        "FUSEFLEET_S3_BUCKET": "prod-images",
+        "FUSEFLEET_S3_ENDPOINT_URL": "",  # set empty: AWS itself
+        "AWS_ACCESS_KEY_ID": "",  # set empty: boto3's other sources (a profile, an instance role)
+        "AWS_SECRET_ACCESS_KEY": "",
+    }
+    for name in FUSEFLEET_SERVICES:
+        plain = service_env(services[name])
+        assert set(S3_WIRING) <= set(plain), f"{name} lacks part of the result-store wiring"
+        assert isinstance(build_result_store(fleet_settings(plain), FakeRedis()), RedisResultStore)
+        on_aws = service_env(services[name], aws)
+        assert on_aws["FUSEFLEET_S3_ENDPOINT_URL"] == "" and on_aws["AWS_ACCESS_KEY_ID"] == ""
+        store = build_result_store(fleet_settings({**on_aws, "FUSEFLEET_S3_REGION": "eu-west-1"}), FakeRedis())
+        assert isinstance(store, S3ResultStore) and store.bucket == "prod-images"
+        assert store._s3.meta.endpoint_url == "https://s3.eu-west-1.amazonaws.com"
+
+
+FAKE_MC = """#!/bin/sh
+# stands in for MinIO's client: records each call, one argument a line
+for arg in "$@"; do printf '%s\n' "$arg"; done >> "$MC_LOG"
+echo --- >> "$MC_LOG"
+"""
+
+
+@pytest.mark.parametrize("case", list(MINIO_CASES))
+def test_minio_init_creates_the_fleets_bucket_with_minios_credentials(case: str, tmp_path: Path) -> None:
+    services = compose()["services"]
+    env = MINIO_CASES[case]
+    init, minio = services["minio-init"], service_env(services["minio"], env)
+    fleet = service_env(services["gpu-worker"], env)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "mc").write_text(FAKE_MC)
+    (bin_dir / "mc").chmod(0o755)
+    log = tmp_path / "mc.log"
+    argv = [interpolate(part, env) for part in [*init["entrypoint"], *init["command"]]]
+    container_env = {**service_env(init, env), "PATH": f"{bin_dir}:/usr/bin:/bin", "MC_LOG": str(log)}
+    subprocess.run(argv, env=container_env, check=True, timeout=30)
+    calls = [call.strip("\n").split("\n") for call in log.read_text().split("---\n") if call.strip()]
+    endpoint = fleet["FUSEFLEET_S3_ENDPOINT_URL"]
+    assert calls == [
+        ["alias", "set", "local", endpoint, minio["MINIO_ROOT_USER"], minio["MINIO_ROOT_PASSWORD"]],
+        ["mb", "--ignore-existing", f"local/{fleet['FUSEFLEET_S3_BUCKET']}"],
+    ]
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 server on a free port, standing in for the compose ``minio`` service."""
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("profile", ["default", "s3"])
 def test_compose_commands_serve_a_request(
-    redis_server: RedisServer, model_cache: Path, lora_dir: Path, tmp_path: Path
+    request: pytest.FixtureRequest,
+    profile: str,
+    redis_server: RedisServer,
+    model_cache: Path,
+    lora_dir: Path,
+    tmp_path: Path,
 ) -> None:
+    """As ``docker compose up``, and as ``FUSEFLEET_RESULT_STORE=s3 docker compose --profile s3 up``."""
     services = compose()["services"]
     port = free_port()
     prefix = f"ff-compose-{uuid.uuid4().hex[:8]}"
@@ -87,11 +268,21 @@ def test_compose_commands_serve_a_request(
         "FUSEFLEET_KEY_PREFIX": prefix,  # isolates this test's keys in the shared test server
         "FUSEFLEET_QUEUE_NAME": f"{prefix}.batches",
     }
-    clean_env = {k: v for k, v in os.environ.items() if not k.startswith("FUSEFLEET_")}
+    shell = {"FUSEFLEET_RESULT_STORE": "s3"} if profile == "s3" else {}
+    bucket = None
+    if profile == "s3":
+        endpoint = request.getfixturevalue("s3_endpoint")
+        fleet = service_env(services["gpu-worker"], shell)
+        bucket = fleet["FUSEFLEET_S3_BUCKET"]
+        s3 = s3_client(endpoint, fleet)
+        s3.create_bucket(Bucket=bucket)  # what minio-init does
+        host_specific["FUSEFLEET_S3_ENDPOINT_URL"] = endpoint  # the compose minio service's address, here
+    clean_env = {k: v for k, v in os.environ.items() if not k.startswith(("FUSEFLEET_", "AWS_"))}
     processes = []
     for name in FUSEFLEET_SERVICES:
-        env = {**clean_env, **service_env(services[name]), **host_specific}
+        env = {**clean_env, **service_env(services[name], shell), **host_specific}
         assert env["FUSEFLEET_REDIS_URL"] == redis_server.url
+        assert env["FUSEFLEET_RESULT_STORE"] == ("s3" if profile == "s3" else "redis")
         argv = local_argv(services[name]["command"], port)
         processes.append(Service(name, argv, env, tmp_path, inherit_env=False))
     try:
@@ -114,7 +305,24 @@ def test_compose_commands_serve_a_request(
 
         state = wait_for(finished, 180, f"the request to finish (logs in {tmp_path})")
         assert isinstance(state, dict) and state["status"] == "succeeded", state
-        assert httpx.get(f"{base}/v1/requests/{rid}/images/0", timeout=10).headers["content-type"] == "image/png"
+        image = httpx.get(f"{base}/v1/requests/{rid}/images/0", timeout=10)
+        assert image.status_code == 200 and image.headers["content-type"] == "image/png"
+        if bucket is not None:  # the image came from the bucket: the object is there, under the fleet's prefix
+            listed = s3.list_objects_v2(Bucket=bucket, Prefix=f"fusefleet/{rid}/")
+            objects = [item["Key"] for item in listed.get("Contents", [])]
+            assert len(objects) == 1 and objects[0].endswith("/0.png"), objects
+            assert s3.get_object(Bucket=bucket, Key=objects[0])["Body"].read() == image.content
     finally:
         for service in processes:
             service.stop()
+
+
+def s3_client(endpoint: str, fleet: Mapping[str, str]) -> Any:
+    """A client of ``endpoint`` with the fleet's own credentials (compose's defaults)."""
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=fleet["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=fleet["AWS_SECRET_ACCESS_KEY"],
+    )

@@ -184,6 +184,22 @@ def test_images_go_to_the_result_store_and_a_refused_one_fails_alone(
     assert {key.split("/")[0] for key in journaled} == {"ok", "refused", "ok2"}
 
 
+class OneAtATimeRunner(ScriptedRunner):
+    """A pipeline not known to take prompt lists: the worker must call it once per request."""
+
+    fused = False
+
+
+def test_an_unfused_runner_runs_a_batch_request_by_request(client: fakeredis.FakeRedis, settings: Settings) -> None:
+    runner = OneAtATimeRunner()
+    outcome = run(client, settings, ["ok1", "raise", "ok2"], runner)
+    assert runner.forwards == [1, 1, 1]  # three forwards, never a fused one
+    assert outcome.statuses == {"ok1": "succeeded", "raise": "failed", "ok2": "succeeded"}
+    assert error(client, settings, "raise") == ("ValueError", "raise cannot be drawn")
+    keys = SchedulerStore(client, settings).keys
+    assert all(client.hget(keys.request(rid), "results") for rid in ("ok1", "ok2"))
+
+
 def test_time_limit_fails_what_is_unfinished(client: fakeredis.FakeRedis, settings: Settings) -> None:
     outcome = run(client, settings, ["timeout", "ok"], ScriptedRunner())
     assert outcome.statuses == {"timeout": "failed", "ok": "failed"}

@@ -1,0 +1,1 @@
+"""Tiny random-weight pipelines of every supported family, built offline (demo models and tests)."""

@@ -1,0 +1,408 @@
+"""One conformance suite for the three result stores: Redis (fakeredis with the real Lua scripts), a folder, and
+S3 against a real S3-protocol HTTP server (moto's server mode on a free port). Then what only one backend does:
+the Redis store's size cap, the filesystem store's atomic writes and folder cleanup, and S3's presigned URLs,
+delete paging and bounded failures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import fakeredis
+import httpx
+import pytest
+from fakeredis.commands_mixins import server_mixin
+from moto.server import ThreadedMotoServer
+
+from shared.keys import RedisKeys
+from shared.results import ResultStore, ResultStoreError
+from shared.results.filesystem import FilesystemResultStore
+from shared.results.redis_store import RedisResultStore
+from shared.results.s3 import DELETE_PAGE, S3ResultStore, build_s3_client
+from tests.support.redis_server import free_port
+
+PREFIX = "t"
+S3_PREFIX = "fusefleet/"
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4  # not valid UTF-8: bytes must come back untouched
+BAD_KEYS = ["../x", "a/b", "a/b/0.gif", "../../etc/passwd.png", "a/b/../0.png", "a/b/0.png/", ""]
+
+
+@dataclass
+class Backend:
+    """A store under test and a view of what its backend really holds (read around the store)."""
+
+    store: ResultStore
+    stored: Callable[[], set[str]]
+    """The result keys whose objects the backend holds now."""
+
+
+@dataclass
+class S3Server:
+    endpoint_url: str
+
+    def client(self, timeout_s: float = 5) -> Any:
+        return build_s3_client(endpoint_url=self.endpoint_url, region="us-east-1", timeout_s=timeout_s, path_style=True)
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[S3Server]:
+    """moto's S3 server on a free port for this module, with dummy credentials (nothing leaves the machine)."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AWS_ACCESS_KEY_ID", "fusefleet-test")
+        env.setenv("AWS_SECRET_ACCESS_KEY", "fusefleet-test-secret")
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ENDPOINT_URL"):
+            env.delenv(name, raising=False)
+        port = free_port()
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        try:
+            yield S3Server(f"http://127.0.0.1:{port}")
+        finally:
+            server.stop()
+
+
+def redis_backend() -> tuple[Backend, fakeredis.FakeRedis, RedisResultStore]:
+    client = fakeredis.FakeRedis(decode_responses=False)
+    store = RedisResultStore(client, RedisKeys(PREFIX), max_bytes=10_000_000, keep_s=60)
+    objects = RedisKeys(PREFIX).result("")
+
+    def stored() -> set[str]:
+        return {key.decode()[len(objects) :] for key in client.scan_iter(match=f"{objects}*")}
+
+    return Backend(store, stored), client, store
+
+
+def filesystem_backend(root: Path) -> Backend:
+    def stored() -> set[str]:  # every file, a stray temporary one included
+        return {path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file()}
+
+    return Backend(FilesystemResultStore(root), stored)
+
+
+def s3_backend(server: S3Server) -> tuple[Backend, Any, str]:
+    client = server.client()
+    bucket = f"results-{uuid.uuid4().hex[:12]}"  # one bucket per test: nothing leaks between tests
+    client.create_bucket(Bucket=bucket)
+
+    def stored() -> set[str]:
+        keys: set[str] = set()
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            for item in page.get("Contents", []):
+                assert item["Key"].startswith(S3_PREFIX), item["Key"]
+                keys.add(item["Key"][len(S3_PREFIX) :])
+        return keys
+
+    return Backend(S3ResultStore(client, bucket, prefix=S3_PREFIX, url_ttl_s=300), stored), client, bucket
+
+
+@pytest.fixture(params=["redis", "filesystem", "s3"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    if request.param == "redis":
+        return redis_backend()[0]
+    if request.param == "filesystem":
+        return filesystem_backend(tmp_path / "results")
+    return s3_backend(request.getfixturevalue("s3_server"))[0]
+
+
+# --- the conformance suite: every backend --------------------------------------------------------------------------
+
+
+def test_put_then_get_returns_the_bytes(backend: Backend) -> None:
+    backend.store.put("req1/tok1/0.png", PNG)
+    backend.store.put("req1/tok1/1.webp", b"webp bytes")
+    assert backend.store.get("req1/tok1/0.png") == PNG
+    assert backend.store.get("req1/tok1/1.webp") == b"webp bytes"
+    assert backend.stored() == {"req1/tok1/0.png", "req1/tok1/1.webp"}
+    backend.store.put("req1/tok1/0.png", b"second write")  # a retried write replaces the object
+    assert backend.store.get("req1/tok1/0.png") == b"second write"
+
+
+def test_get_of_a_missing_key_is_none(backend: Backend) -> None:
+    assert backend.store.get("req1/tok1/0.png") is None
+    backend.store.put("req1/tok1/0.png", PNG)
+    assert backend.store.get("req1/tok1/1.png") is None
+    assert backend.store.get("req1/tok2/0.png") is None
+    assert backend.store.get("req1/tok1/0.jpeg") is None  # the format is part of the key
+
+
+def test_delete_removes_and_missing_keys_are_fine(backend: Backend) -> None:
+    keep, gone = "req1/tok1/0.png", ["req1/tok1/1.png", "req2/tok9/0.jpeg"]
+    for key in [keep, *gone]:
+        backend.store.put(key, PNG)
+    backend.store.delete([*gone, "req3/tok3/0.png"])  # one never stored
+    assert backend.store.get(gone[0]) is None and backend.store.get(gone[1]) is None
+    assert backend.store.get(keep) == PNG
+    assert backend.stored() == {keep}
+    backend.store.delete(gone)  # again: already gone
+    backend.store.delete([])
+    assert backend.stored() == {keep}
+
+
+def test_delete_of_more_keys_than_one_s3_page(backend: Backend) -> None:
+    keys = [f"req1/tok1/{index}.png" for index in range(DELETE_PAGE + 500)]
+    written = [keys[i] for i in (0, 1, DELETE_PAGE - 1, DELETE_PAGE, DELETE_PAGE + 1, len(keys) - 1)]
+    written += keys[3::97]  # a spread over both pages
+    for key in written:
+        backend.store.put(key, b"x")
+    backend.store.put("req2/tok2/0.png", b"kept")
+    assert backend.stored() == {*written, "req2/tok2/0.png"}
+    backend.store.delete(keys)
+    assert backend.stored() == {"req2/tok2/0.png"}
+
+
+@pytest.mark.parametrize("bad", BAD_KEYS)
+def test_keys_that_are_not_result_keys_are_refused_before_the_backend(backend: Backend, bad: str) -> None:
+    backend.store.put("req1/tok1/0.png", PNG)
+    before = backend.stored()
+    with pytest.raises(ValueError, match="not a result-store key"):
+        backend.store.put(bad, PNG)
+    with pytest.raises(ValueError, match="not a result-store key"):
+        backend.store.get(bad)
+    with pytest.raises(ValueError, match="not a result-store key"):
+        backend.store.url(bad)
+    with pytest.raises(ValueError, match="not a result-store key"):
+        backend.store.delete(["req1/tok1/0.png", bad])  # the good key first: nothing is deleted either
+    assert backend.stored() == before
+    assert backend.store.get("req1/tok1/0.png") == PNG
+
+
+def test_url_is_none_where_the_backend_has_no_urls(backend: Backend) -> None:
+    backend.store.put("req1/tok1/0.png", PNG)
+    url = backend.store.url("req1/tok1/0.png")
+    if backend.store.kind == "s3":
+        assert url is not None and url.startswith("http://127.0.0.1:")
+    else:
+        assert url is None
+
+
+# --- S3 only -------------------------------------------------------------------------------------------------------
+
+
+def test_s3_presigned_url_serves_the_bytes_with_their_media_type(s3_server: S3Server) -> None:
+    backend, _, bucket = s3_backend(s3_server)
+    backend.store.put("req1/tok1/0.png", PNG)
+    backend.store.put("req1/tok1/1.webp", b"webp bytes")
+    url = backend.store.url("req1/tok1/0.png")
+    assert url is not None and f"/{bucket}/{S3_PREFIX}req1/tok1/0.png?" in url and "X-Amz-Signature=" in url
+    reply = httpx.get(url, timeout=5)
+    assert reply.status_code == 200
+    assert reply.content == PNG
+    assert reply.headers["content-type"] == "image/png"
+    webp = httpx.get(str(backend.store.url("req1/tok1/1.webp")), timeout=5)
+    assert webp.status_code == 200 and webp.headers["content-type"] == "image/webp"
+
+
+def test_s3_delete_sends_pages_of_at_most_1000_keys(s3_server: S3Server) -> None:
+    backend, client, _ = s3_backend(s3_server)
+    pages: list[int] = []
+
+    def record(params: dict[str, Any], **_: Any) -> None:
+        pages.append(len(params["Delete"]["Objects"]))
+
+    client.meta.events.register("provide-client-params.s3.DeleteObjects", record)
+    keys = [f"req1/tok1/{index}.png" for index in range(2 * DELETE_PAGE + 1)]
+    for key in (keys[0], keys[DELETE_PAGE], keys[-1]):
+        backend.store.put(key, PNG)
+    backend.store.delete(keys)
+    assert pages == [DELETE_PAGE, DELETE_PAGE, 1]
+    assert backend.stored() == set()
+
+
+@contextlib.contextmanager
+def failing_endpoint(failure: str) -> Iterator[str]:
+    """An S3 endpoint that fails: a closed port (refused), or one that accepts TCP connections (the kernel's
+    backlog) and never answers."""
+    if failure == "closed port":
+        yield f"http://127.0.0.1:{free_port()}"
+        return
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+TIMEOUT_S = 0.2
+BOUND_S = {
+    "closed port": 5.0,
+    # 3 attempts, each its read timeout plus botocore's 1 s wait for "100 Continue" (a put), with up to 1 + 2 s of
+    # backoff between them, plus slack
+    "no answer": 3 * (TIMEOUT_S + 1.0) + 3.0 + 1.5,
+}
+
+
+@pytest.mark.usefixtures("s3_server")  # only for its dummy credentials: the endpoint here is not it
+@pytest.mark.parametrize("failure", ["closed port", "no answer"])
+def test_s3_endpoint_failures_raise_result_store_error_quickly(failure: str) -> None:
+    with failing_endpoint(failure) as endpoint:
+        client = build_s3_client(endpoint_url=endpoint, region="us-east-1", timeout_s=TIMEOUT_S, path_style=True)
+        store = S3ResultStore(client, "results", prefix=S3_PREFIX)
+        calls: list[Callable[[], object]] = [
+            lambda: store.put("req1/tok1/0.png", PNG),
+            lambda: store.get("req1/tok1/0.png"),
+            lambda: store.delete(["req1/tok1/0.png", "req1/tok1/1.png"]),
+        ]
+
+        def outcome(call: Callable[[], object]) -> tuple[BaseException | None, float]:
+            started = time.monotonic()
+            try:
+                call()
+            except Exception as exc:  # noqa: BLE001 - the type is what is checked
+                return exc, time.monotonic() - started
+            return None, time.monotonic() - started
+
+        # at once: each call's timeouts, retries and backoff take their worst case in parallel
+        with ThreadPoolExecutor(len(calls)) as pool:
+            outcomes = list(pool.map(outcome, calls))
+    for (error, elapsed), verb in zip(outcomes, ["storing", "reading", "deleting"], strict=True):
+        assert isinstance(error, ResultStoreError), error
+        assert str(error).startswith(verb) and "s3://results/" in str(error)
+        assert elapsed < BOUND_S[failure], (verb, elapsed)
+
+
+def test_s3_empty_endpoint_and_region_mean_unset(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``FUSEFLEET_S3_ENDPOINT_URL=`` (as in .env.example, or compose's way to pick AWS) is AWS itself."""
+    for name in ("AWS_DEFAULT_REGION", "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    aws = build_s3_client(endpoint_url="", region="", timeout_s=1, path_style=False)
+    assert aws.meta.endpoint_url.startswith("https://s3.") and aws.meta.endpoint_url.endswith(".amazonaws.com")
+    regional = build_s3_client(endpoint_url=None, region="eu-west-1", timeout_s=1, path_style=False)
+    assert regional.meta.endpoint_url == "https://s3.eu-west-1.amazonaws.com"
+
+
+# --- filesystem only -----------------------------------------------------------------------------------------------
+
+
+def test_filesystem_writes_whole_files_and_delete_removes_empty_folders(tmp_path: Path) -> None:
+    root = tmp_path / "results"
+    backend = filesystem_backend(root)
+    for key in ("req1/tok1/0.png", "req1/tok1/1.png", "req1/tok2/0.png", "req2/tok3/0.jpeg"):
+        backend.store.put(key, PNG)
+    assert not list(root.rglob("*.partial")) and not list(root.rglob(".*"))
+    backend.store.delete(["req1/tok1/0.png"])
+    assert (root / "req1" / "tok1").is_dir()  # its other image is still there
+    backend.store.delete(["req1/tok1/1.png"])
+    assert not (root / "req1" / "tok1").exists() and (root / "req1" / "tok2").is_dir()
+    backend.store.delete(["req1/tok2/0.png", "req2/tok3/0.jpeg"])
+    assert sorted(root.iterdir()) == []  # the request folders went with their last run
+    assert root.is_dir()  # the root itself stays
+
+
+def test_filesystem_failed_write_leaves_no_partial_file(tmp_path: Path) -> None:
+    root = tmp_path / "results"
+    store = FilesystemResultStore(root)
+    (root / "req1" / "tok1" / "0.png").mkdir(parents=True)  # the rename onto a folder fails
+    with pytest.raises(ResultStoreError, match="writing req1/tok1/0.png"):
+        store.put("req1/tok1/0.png", PNG)
+    assert [path.name for path in (root / "req1" / "tok1").iterdir()] == ["0.png"]
+    (root / "blocked").write_bytes(b"")  # a file where a request folder would go: mkdir fails
+    with pytest.raises(ResultStoreError, match="writing blocked/tok1/0.png"):
+        store.put("blocked/tok1/0.png", PNG)
+    assert not list(root.rglob("*.partial"))
+
+
+# --- Redis only: the size cap --------------------------------------------------------------------------------------
+
+
+FROZEN_NOW = 1_750_000_000.25
+
+
+@pytest.fixture
+def capped(monkeypatch: pytest.MonkeyPatch) -> tuple[RedisResultStore, fakeredis.FakeRedis]:
+    """A store capped at 100 bytes on a Redis whose clock (TIME) stands still: every put lands in the same
+    millisecond, as a batch's images often do, so their order cannot come from put times alone."""
+    monkeypatch.setattr(server_mixin, "time", SimpleNamespace(time=lambda: FROZEN_NOW))
+    client = fakeredis.FakeRedis(decode_responses=False)
+    return RedisResultStore(client, RedisKeys(PREFIX), max_bytes=100, keep_s=60), client
+
+
+def accounted(store: RedisResultStore, client: fakeredis.FakeRedis) -> int:
+    """The bytes the store's objects really take, checked against its own bookkeeping."""
+    keys = RedisKeys(PREFIX)
+    objects = list(client.scan_iter(match=f"{keys.result('')}*"))
+    total = sum(len(client.get(key) or b"") for key in objects)
+    assert client.zcard(keys.redis_results_order) == len(objects) == client.hlen(keys.redis_results_sizes)
+    assert store.used_bytes() == total
+    return total
+
+
+def test_redis_cap_drops_the_oldest_first_and_marks_their_requests(
+    capped: tuple[RedisResultStore, fakeredis.FakeRedis],
+) -> None:
+    store, client = capped
+    keys = RedisKeys(PREFIX)
+    client.hset(keys.request("zzz"), mapping={"status": "succeeded"})
+    # put in the order opposite to the keys' sort order, within one millisecond
+    store.put("zzz/tok/0.png", b"a" * 40)
+    store.put("yyy/tok/0.png", b"b" * 40)
+    assert accounted(store, client) == 80
+    store.put("xxx/tok/0.png", b"c" * 40)  # 120 > 100: the oldest (zzz) goes
+    assert store.get("zzz/tok/0.png") is None
+    assert store.get("yyy/tok/0.png") == b"b" * 40 and store.get("xxx/tok/0.png") == b"c" * 40
+    assert accounted(store, client) == 80
+    assert float(client.hget(keys.request("zzz"), "evicted_at") or 0) == pytest.approx(FROZEN_NOW, abs=0.001)
+    assert client.hget(keys.request("zzz"), "status") == b"succeeded"
+    store.put("www/tok/0.png", b"d" * 90)  # needs both others gone
+    assert store.get("yyy/tok/0.png") is None and store.get("xxx/tok/0.png") is None
+    assert not client.exists(keys.request("yyy")) and not client.exists(keys.request("xxx"))  # no hash made up
+    assert accounted(store, client) == 90
+
+
+def test_redis_cap_bookkeeping_stays_exact(capped: tuple[RedisResultStore, fakeredis.FakeRedis]) -> None:
+    store, client = capped
+    keys = RedisKeys(PREFIX)
+    client.hset(keys.request("r1"), mapping={"status": "running"})
+    client.hset(keys.request("r2"), mapping={"status": "succeeded"})
+    store.put("r1/tok/0.png", b"a" * 30)
+    store.put("r2/tok/0.png", b"b" * 30)
+    store.put("r2/tok/0.png", b"b" * 50)  # written again (a retried put): counted once, at its new size
+    assert accounted(store, client) == 80
+    # r1 is the oldest object again: rewriting it must make room by dropping r2, never by dropping itself
+    store.put("r1/tok/0.png", b"a" * 80)
+    assert store.get("r1/tok/0.png") == b"a" * 80 and store.get("r2/tok/0.png") is None
+    assert accounted(store, client) == 80
+    assert client.hexists(keys.request("r2"), "evicted_at")
+    assert not client.hexists(keys.request("r1"), "evicted_at")  # its image is there
+    store.put("r3/tok/0.png", b"c" * 20)
+    assert accounted(store, client) == 100
+    store.delete(["r1/tok/0.png", "r9/tok/0.png"])  # r9 never existed
+    assert accounted(store, client) == 20
+    store.delete(["r3/tok/0.png", "r3/tok/0.png", "r2/tok/0.png"])  # twice, and one already evicted
+    assert accounted(store, client) == 0
+    for index in range(12):  # churn: an eviction on most puts
+        store.put(f"r4/tok/{index}.png", bytes(7 + index))
+        assert accounted(store, client) <= 100
+    assert store.get("r4/tok/11.png") == bytes(18) and store.get("r4/tok/0.png") is None
+
+
+def test_redis_object_larger_than_the_cap_is_refused_unwritten(
+    capped: tuple[RedisResultStore, fakeredis.FakeRedis],
+) -> None:
+    store, client = capped
+    store.put("r1/tok/0.png", b"a" * 60)
+    with pytest.raises(ResultStoreError, match="exceeds the Redis result store's cap"):
+        store.put("r2/tok/0.png", b"b" * 101)
+    with pytest.raises(ResultStoreError):
+        store.put("r1/tok/0.png", b"a" * 101)  # nor does it replace an object
+    assert store.get("r2/tok/0.png") is None
+    assert store.get("r1/tok/0.png") == b"a" * 60
+    assert accounted(store, client) == 60
+    store.put("r3/tok/0.png", b"c" * 100)  # exactly the cap fits
+    assert accounted(store, client) == 100
+
+
+def test_redis_objects_get_a_backstop_ttl() -> None:
+    client = fakeredis.FakeRedis(decode_responses=False)
+    store = RedisResultStore(client, RedisKeys(PREFIX), max_bytes=1000, keep_s=600)
+    store.put("r1/tok/0.png", PNG[:10])
+    ttl = client.ttl(RedisKeys(PREFIX).result("r1/tok/0.png"))
+    assert 600 < ttl <= 600 + 86_400
