@@ -59,6 +59,11 @@ def limit_errors(request: GenerateRequest, settings: Settings, loc: Loc = ("body
                 "max_inference_steps",
             )
         )
+    if request.num_frames is not None and request.num_frames > settings.max_num_frames:
+        errors.append(
+            _too_large((*loc, "num_frames"), request.num_frames, settings.max_num_frames, "max_num_frames")
+        )
+        sizes_ok = False
     if request.n > settings.max_images_per_request:
         errors.append(_too_large((*loc, "n"), request.n, settings.max_images_per_request, "max_images_per_request"))
         sizes_ok = False
@@ -89,12 +94,13 @@ def _pixel_budget_errors(request: GenerateRequest, settings: Settings, loc: Loc)
     if pixels <= limit:
         return []
     field = "width" if request.n == 1 else "n"
+    frames_term, frames = (" x num_frames", f" x {request.num_frames}") if request.num_frames else ("", "")
     return [
         {
             "type": "batch_pixels_exceeded",
             "loc": (*loc, field),
-            "msg": f"n x width x height = {request.n} x {request.width} x {request.height} = {pixels} pixels exceeds "
-            f"this server's max_batch_pixels ({limit})",
+            "msg": f"n x width x height{frames_term} = {request.n} x {request.width} x {request.height}{frames} = "
+            f"{pixels} pixels exceeds this server's max_batch_pixels ({limit})",
             "input": getattr(request, field),
             "ctx": {"pixels": pixels, "max_batch_pixels": limit},
         }

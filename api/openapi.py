@@ -2,8 +2,9 @@
 a request is acceptable without sending it.
 
 The pydantic models carry the fixed bounds only; ``Settings`` adds per-fleet ones (``api.limits``). Here they are
-written into the served schema of ``GenerateRequest``: ``maxLength`` of the prompts, ``maximum`` of the sides,
-steps and ``n``, and the LoRA adapter names present in the LoRA folder (read each time the document is served).
+written into the served schema of ``GenerateRequest``: ``maxLength`` of the prompts, ``maximum`` of the
+sides, steps, ``n`` and ``num_frames``, and the LoRA adapter names present in the LoRA folder (read each time the
+document is served).
 The per-batch pixel budget (a product of fields) cannot be stated in JSON Schema; its description names it.
 """
 
@@ -69,10 +70,11 @@ def state_limits(document: Schema, settings: Settings) -> None:
     _set(props, "height", maximum=settings.max_image_side)
     _set(props, "num_inference_steps", maximum=settings.max_inference_steps)
     _set(props, "n", maximum=settings.max_images_per_request)
+    _set(props, "num_frames", maximum=settings.max_num_frames)
     _set(props, "seed", maximum=MAX_SEED)  # exact: the generated float 9.223372036854776e18 is 2**63
     request["description"] = (
         f"{request.get('description', '')} This server also refuses (422) a request whose n x width x height "
-        f"exceeds its max_batch_pixels ({settings.max_batch_pixels})."
+        f"(x num_frames) exceeds its max_batch_pixels ({settings.max_batch_pixels})."
     ).strip()
     if "lora" in props and "LoraRef" in schemas:
         props["lora"] = _lora(schemas["LoraRef"], lora_adapters(settings), props["lora"].get("description"))

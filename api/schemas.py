@@ -37,6 +37,13 @@ COMPRESSION_NEEDS_LOSSY = (
 )
 
 
+LOSSY_ONLY: dict[str, Any] = {
+    "if": {"required": ["output_compression"], "properties": {"output_compression": {"not": {"type": "null"}}}},
+    "then": {"required": ["output_format"], "properties": {"output_format": {"enum": ["jpeg", "webp"]}}},
+}
+"""JSON Schema for "a non-null ``output_compression`` needs a lossy ``output_format``" (``_lossy_only``)."""
+
+
 def _needs_image(field: str) -> dict[str, Any]:
     """JSON Schema for "a non-null ``field`` requires a non-null ``image``" (what ``_needs_image`` checks)."""
     return {
@@ -52,7 +59,9 @@ class GenerateRequest(BaseModel):
     ``mask_image`` = inpainting. Unknown fields are refused.
     """
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"allOf": [_needs_image(f) for f in IMAGE_OPTIONS]})
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"allOf": [*(_needs_image(f) for f in IMAGE_OPTIONS), LOSSY_ONLY]}
+    )
 
     prompt: str = Field(min_length=1, description="The text prompt (one string; one prompt per request).")
     negative_prompt: str | None = Field(None, description="What the image should not show.")
@@ -64,13 +73,14 @@ class GenerateRequest(BaseModel):
         strict=True,
         description=f"Denoising steps (default {DEFAULT_STEPS} suits the demo model; real ones want 20-50).",
     )
-    guidance_scale: float = Field(5.0, ge=0.0, le=50.0, allow_inf_nan=False)
-    guidance_rescale: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    guidance_scale: float = Field(5.0, ge=0.0, le=50.0, allow_inf_nan=False, strict=True)
+    guidance_rescale: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False, strict=True)
     true_cfg_scale: float | None = Field(
         None,
         ge=1.0,
         le=50.0,
         allow_inf_nan=False,
+        strict=True,
         description="Flux, Qwen-Image: true classifier-free guidance; above 1 the negative prompt is used too.",
     )
     max_sequence_length: int | None = Field(
@@ -96,6 +106,7 @@ class GenerateRequest(BaseModel):
         gt=0.0,
         le=1.0,
         allow_inf_nan=False,
+        strict=True,
         description=f"Image tasks: how much of the input image is replaced (default {DEFAULT_STRENGTH}); needs image.",
     )
     output_format: OutputFormat = Field(OutputFormat.PNG, description="Encoding of the images: png, jpeg or webp.")

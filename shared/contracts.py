@@ -73,7 +73,7 @@ class LoraRef(Frozen):
     """One LoRA adapter (a sub-folder of the LoRA folder) applied at ``scale``."""
 
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    scale: float = Field(1.0, ge=-10.0, le=10.0)
+    scale: float = Field(1.0, ge=-10.0, le=10.0, strict=True)
 
 
 class RequestSpec(Frozen):

@@ -124,6 +124,7 @@ class Settings(BaseSettings):
     max_image_side: int = Field(2048, ge=8, description="Largest accepted width or height in pixels.")
     max_inference_steps: int = Field(200, ge=1, description="Largest accepted num_inference_steps.")
     max_images_per_request: int = Field(8, ge=1, description="Largest accepted n (images for one prompt).")
+    max_num_frames: int = Field(257, ge=1, description="Largest accepted num_frames (frames of one video).")
     max_prompt_chars: int = Field(4000, ge=1, description="Longest accepted prompt or negative prompt.")
     max_body_bytes: int = Field(
         32 * 1024 * 1024,

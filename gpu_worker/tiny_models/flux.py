@@ -20,13 +20,13 @@ from typing import Any
 
 import torch
 
-from gpu_worker.tiny_models.encoders import SEED, clip_text_config, eval_modules, t5_encoder
+from gpu_worker.tiny_models.components import SEED, clip_text_config, eval_modules, flow_vae, t5_encoder
 from gpu_worker.tiny_models.tokenizers import clip_tokenizer, t5_tokenizer
 
 
 def build() -> Any:
     """A fresh tiny ``FluxPipeline`` (not saved)."""
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextModel
 
     torch.manual_seed(SEED)
@@ -46,20 +46,7 @@ def build() -> Any:
     text_encoder = CLIPTextModel(clip_text_config(tokenizer))
     tokenizer_2 = t5_tokenizer()
     text_encoder_2 = t5_encoder(tokenizer_2)
-    torch.manual_seed(SEED)
-    vae = AutoencoderKL(  # type: ignore[no-untyped-call]
-        sample_size=32,
-        in_channels=3,
-        out_channels=3,
-        block_out_channels=(4,),
-        layers_per_block=1,
-        latent_channels=1,
-        norm_num_groups=1,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-        shift_factor=0.0609,
-        scaling_factor=1.5035,
-    )
+    vae = flow_vae(latent_channels=1)
     scheduler = FlowMatchEulerDiscreteScheduler()  # type: ignore[no-untyped-call]
     pipe = FluxPipeline(  # type: ignore[no-untyped-call]
         scheduler=scheduler,

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from gpu_worker.tiny_models.encoders import SEED
+from gpu_worker.tiny_models.components import SEED
 from gpu_worker.tiny_models.tokenizers import qwen2_tokenizer, vocab_size
 
 

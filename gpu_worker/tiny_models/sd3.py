@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from gpu_worker.tiny_models.encoders import SEED, clip_text_config, eval_modules, t5_encoder
+from gpu_worker.tiny_models.components import SEED, clip_text_config, eval_modules, flow_vae, t5_encoder
 from gpu_worker.tiny_models.tokenizers import clip_tokenizer, t5_tokenizer
 
 
@@ -39,7 +39,6 @@ def build(with_t5: bool = False) -> Any:
     """A fresh tiny ``StableDiffusion3Pipeline`` (not saved); without T5, ``text_encoder_3``/``tokenizer_3`` are None
     and the pipeline feeds zeros in place of the T5 embeddings, as for SD3 run without its T5."""
     from diffusers import (
-        AutoencoderKL,
         FlowMatchEulerDiscreteScheduler,
         SD3Transformer2DModel,
         StableDiffusion3Pipeline,
@@ -67,20 +66,7 @@ def build(with_t5: bool = False) -> Any:
     text_encoder_2 = CLIPTextModelWithProjection(clip_text_config(tokenizer_2))
     tokenizer_3 = t5_tokenizer() if with_t5 else None
     text_encoder_3 = t5_encoder(tokenizer_3) if with_t5 else None
-    torch.manual_seed(SEED)
-    vae = AutoencoderKL(  # type: ignore[no-untyped-call]
-        sample_size=32,
-        in_channels=3,
-        out_channels=3,
-        block_out_channels=(4,),
-        layers_per_block=1,
-        latent_channels=16,
-        norm_num_groups=1,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-        shift_factor=0.0609,
-        scaling_factor=1.5035,
-    )
+    vae = flow_vae(latent_channels=16)
     scheduler = FlowMatchEulerDiscreteScheduler()  # type: ignore[no-untyped-call]
     pipe = StableDiffusion3Pipeline(  # type: ignore[no-untyped-call]
         transformer=transformer,

@@ -21,14 +21,14 @@ from typing import Any
 
 import torch
 
-from gpu_worker.tiny_models.encoders import SEED
-from gpu_worker.tiny_models.tokenizers import clip_tokenizer, vocab_size
+from gpu_worker.tiny_models.components import SEED, clip_text_config
+from gpu_worker.tiny_models.tokenizers import clip_tokenizer
 
 
 def build() -> Any:
     """A fresh tiny ``StableDiffusionXLPipeline`` (not saved); default size 64x64, any multiple of 8 works."""
     from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
     tokenizer = clip_tokenizer()
     tokenizer_2 = clip_tokenizer()
@@ -69,20 +69,7 @@ def build() -> Any:
         latent_channels=4,
         sample_size=128,
     )
-    text_encoder_config = CLIPTextConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        hidden_size=32,
-        intermediate_size=37,
-        layer_norm_eps=1e-05,
-        num_attention_heads=4,
-        num_hidden_layers=5,
-        vocab_size=vocab_size(tokenizer),
-        max_position_embeddings=tokenizer.model_max_length,
-        hidden_act="gelu",
-        projection_dim=32,
-    )
+    text_encoder_config = clip_text_config(tokenizer)
     torch.manual_seed(SEED)
     text_encoder = CLIPTextModel(text_encoder_config).eval()  # type: ignore[no-untyped-call]
     torch.manual_seed(SEED)

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from gpu_worker.tiny_models.encoders import SEED, eval_modules, t5_encoder
+from gpu_worker.tiny_models.components import SEED, eval_modules, t5_encoder
 from gpu_worker.tiny_models.tokenizers import t5_tokenizer
 
 FAMILY = "ltx-video"

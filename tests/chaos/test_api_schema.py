@@ -58,9 +58,10 @@ def running_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningApi
         "FUSEFLEET_REDIS_URL": server.url,
         "FUSEFLEET_KEY_PREFIX": f"ff-schema-{uuid.uuid4().hex[:8]}",
         # The pixel budget is the one limit JSON Schema cannot state (a product of fields); with these limits
-        # no schema-valid request reaches it (4 x 1024 x 1024 pixels). tests/unit/test_api_input.py covers it.
+        # no schema-valid request reaches it (4 x 1024 x 1024 x 1 frame). tests/unit/test_api_input.py covers it.
         "FUSEFLEET_MAX_IMAGE_SIDE": "1024",
         "FUSEFLEET_MAX_IMAGES_PER_REQUEST": "4",
+        "FUSEFLEET_MAX_NUM_FRAMES": "1",  # frames multiply the pixels too
         "FUSEFLEET_MAX_BATCH_PIXELS": str(4 * 1024 * 1024),
         "FUSEFLEET_MAX_BODY_BYTES": str(BODY_LIMIT),  # far above any body schemathesis builds
     }
@@ -104,6 +105,9 @@ def test_schema_lists_every_route(api_schema: BaseSchema) -> None:
         "POST /v1/requests/batch",
         "GET /v1/requests/{request_id}",
         "GET /v1/requests/{request_id}/images/{index}",
+        "GET /v1/requests/{request_id}/videos/{index}",
+        "GET /v1/requests/{request_id}/video",
+        "DELETE /v1/requests/{request_id}",
         "POST /v1/requests/{request_id}/abort",
         "GET /healthz",
     }

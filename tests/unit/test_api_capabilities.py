@@ -7,8 +7,11 @@ from typing import Any
 
 import pytest
 
+from api.limits import limit_errors
+from api.schemas import GenerateRequest
 from gpu_worker.families import FAMILIES
 from shared.contracts import ModelTraits, Task, WorkerCapabilities
+from shared.settings import Settings
 from tests.support.api import Api
 
 pytestmark = pytest.mark.anyio
@@ -81,3 +84,19 @@ async def test_batch_errors_name_the_request_they_belong_to(api: Api) -> None:
     response = await api.http.post("/v1/requests/batch", json=body)
     assert response.status_code == 422
     assert [error["loc"] for error in response.json()["detail"]] == [["body", "requests", 1, "height"]]
+
+
+async def test_frames_have_a_server_limit_and_count_against_the_pixel_budget(api: Api) -> None:
+    too_many = api.settings.max_num_frames + 1
+    assert [field for field, _ in await refused(api, num_frames=too_many)] == ["num_frames"]
+    small_budget = Settings(max_batch_pixels=64 * 64 * 8, max_num_frames=257)
+    video = GenerateRequest(prompt="a fox", width=64, height=64, num_frames=9)
+    (error,) = limit_errors(video, small_budget)
+    assert error["loc"] == ("body", "width") and error["ctx"]["pixels"] == 64 * 64 * 9
+    assert error["msg"].startswith("n x width x height x num_frames = 1 x 64 x 64 x 9 = 36864 pixels")
+    assert limit_errors(video.model_copy(update={"num_frames": 8}), small_budget) == []
+
+
+async def test_booleans_are_not_numbers(api: Api) -> None:
+    errors = await refused(api, guidance_scale=False, true_cfg_scale=True, lora={"name": "style", "scale": True})
+    assert {field for field, _ in errors} == {"guidance_scale", "true_cfg_scale", "scale"}

@@ -1,4 +1,5 @@
-"""What the tiny pipelines share: their seed, diffusers' tiny CLIP and T5 text-encoder sizes, and eval mode.
+"""What the tiny pipelines share: their seed, diffusers' tiny CLIP and T5 text encoders and flow-matching VAE, and
+eval mode.
 
 Every component is built right after ``torch.manual_seed(SEED)``, so every process builds identical weights.
 """
@@ -60,3 +61,24 @@ def t5_encoder(tokenizer: Any) -> Any:
         eos_token_id=1,
     )
     return T5EncoderModel(config)
+
+
+def flow_vae(latent_channels: int) -> Any:
+    """diffusers' tiny ``AutoencoderKL`` of its SD3 and Flux tests (one block of 4 channels, no quant convs, SD3's
+    shift and scaling factors), seeded."""
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(SEED)
+    return AutoencoderKL(  # type: ignore[no-untyped-call]
+        sample_size=32,
+        in_channels=3,
+        out_channels=3,
+        block_out_channels=(4,),
+        layers_per_block=1,
+        latent_channels=latent_channels,
+        norm_num_groups=1,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        shift_factor=0.0609,
+        scaling_factor=1.5035,
+    )
