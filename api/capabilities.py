@@ -48,6 +48,9 @@ def trait_errors(request: GenerateRequest, traits: ModelTraits, model: str, loc:
     elif length is not None and traits.max_sequence_length is not None and length > traits.max_sequence_length:
         message = f"max_sequence_length must be at most {traits.max_sequence_length} for {name}"
         errors.append(_error("less_than_equal", loc, "max_sequence_length", message, length))
+    if request.lora is not None and not traits.lora:
+        message = f"{name} does not take LoRA adapters"
+        errors.append(_error("parameter_unsupported", loc, "lora", message, request.lora.name))
     errors += _frame_errors(request, traits, name, loc)
     return errors
 

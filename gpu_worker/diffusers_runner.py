@@ -162,11 +162,10 @@ class DiffusersRunner:
 
     @property
     def traits(self) -> ModelTraits:
-        """The family's traits (what the worker announces); ``settings.fused``, when set, overrides fusing."""
-        traits = self.family.traits
-        if self.settings.fused is not None and self.settings.fused != traits.fused:
-            traits = traits.model_copy(update={"fused": self.settings.fused})
-        return traits
+        """The family's traits (what the worker announces), with whether this pipeline loads LoRA adapters;
+        ``settings.fused``, when set, overrides fusing."""
+        fused = self.settings.fused if self.settings.fused is not None else self.family.traits.fused
+        return self.family.traits.model_copy(update={"fused": fused, "lora": hasattr(self.pipe, "load_lora_weights")})
 
     @property
     def fused(self) -> bool:

@@ -122,6 +122,7 @@ class ModelTraits(Frozen):
     max_sequence_length: int | None = Field(
         None, description="Largest max_sequence_length the text encoder takes; None: not a parameter."
     )
+    lora: bool = Field(True, description="Whether LoRA adapters can be loaded into the pipeline.")
     video: bool = Field(False, description="Whether outputs are videos (num_frames, fps).")
     frames_multiple: int = Field(1, ge=1, description="Video: num_frames must be a multiple of this, plus one.")
     default_frames: int | None = Field(None, description="Video: frames when a request sets none.")

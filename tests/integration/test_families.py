@@ -15,8 +15,9 @@ from gpu_worker.demo_model import DEMO_FAMILIES, ensure_demo_model
 from gpu_worker.diffusers_runner import DiffusersRunner, check_batch
 from gpu_worker.families import FAMILIES
 from gpu_worker.runner import Video
-from shared.contracts import RequestSpec
+from shared.contracts import LoraRef, RequestSpec
 from shared.settings import Settings
+from tests.support.lora import make_family_lora
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -80,7 +81,7 @@ def test_every_family_has_a_demo_and_a_test() -> None:
 def test_fused_equals_solo(family: str, cache_dir: Path) -> None:
     runner = runner_for(family, cache_dir)
     assert runner.pipeline_name == PIPELINES[family]
-    assert runner.traits == FAMILIES[family].traits and runner.fused
+    assert runner.traits == FAMILIES[family].traits.model_copy(update={"lora": family != "pixart"}) and runner.fused
     specs = specs_for(family, ["a red fox", "a blue whale in the sea", "a lighthouse"], side=32)
     fused = runner.run(specs, lambda step, total: False)
     assert [len(outputs) for outputs in fused] == [1, 1, 1]
@@ -108,3 +109,25 @@ def test_different_sizes_never_share_a_call() -> None:
     small, large = specs_for("flux", ["a"], side=32)[0], specs_for("flux", ["b"], side=48)[0]
     with pytest.raises(ValueError, match="width"):
         check_batch([small, large])
+
+
+LORA_FAMILIES = ["stable-diffusion-xl", "stable-diffusion-3", "flux", "sana", "qwen-image", "ltx-video"]
+
+
+@pytest.mark.parametrize("family", LORA_FAMILIES)
+def test_a_lora_changes_the_output_and_stays_fused_equal_solo(family: str, cache_dir: Path, tmp_path: Path) -> None:
+    model_dir = ensure_demo_model(cache_dir, family)
+    make_family_lora(model_dir, tmp_path, "style", seed=3)
+    runner = DiffusersRunner(
+        Settings(model=None, demo_family=family, model_cache_dir=cache_dir, lora_dir=tmp_path, torch_threads=2)
+    )
+    plain = specs_for(family, ["a red fox", "a blue whale"], side=32)
+    styled = specs_for(family, ["a red fox", "a blue whale"], side=32, lora=LoraRef(name="style", scale=1.0))
+    without = runner.run(plain, lambda step, total: False)
+    fused = runner.run(styled, lambda step, total: False)
+    assert np.abs(pixels(fused[0][0]) - pixels(without[0][0])).max() > 1, f"{family}: the LoRA changed nothing"
+    for spec, outputs in zip(styled, fused, strict=True):
+        (alone,) = runner.run([spec], lambda step, total: False)
+        assert np.abs(pixels(outputs[0]) - pixels(alone[0])).max() <= 1, f"{family}: {spec.id} fused != solo"
+    again = runner.run(plain, lambda step, total: False)  # no LoRA: the bare model again
+    assert np.abs(pixels(again[0][0]) - pixels(without[0][0])).max() <= 1

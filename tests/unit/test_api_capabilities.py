@@ -60,6 +60,13 @@ async def test_stable_diffusion_refuses_flux_only_and_video_parameters(api: Api)
     assert await refused(api, width=72, negative_prompt="blurry", guidance_rescale=0.7) == []
 
 
+async def test_a_model_without_lora_support_refuses_an_adapter(api: Api) -> None:
+    await announce(api, "w1", FAMILIES["pixart"].traits.model_copy(update={"lora": False}), "PixArtSigmaPipeline")
+    assert dict(await refused(api, width=64, lora={"name": "style", "scale": 0.5})) == {
+        "lora": "this fleet's model (demo, pixart) does not take LoRA adapters"
+    }
+
+
 async def test_a_video_model_checks_its_frame_rule(api: Api) -> None:
     await announce(api, "w1", VIDEO, "LTXPipeline")
     assert dict(await refused(api, width=64, height=64, num_frames=10)) == {
