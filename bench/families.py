@@ -1,0 +1,115 @@
+"""Every pipeline family's tiny demo pipeline through the real runner: fused == solo (max pixel difference) and the
+speed of one fused call against the same requests run one by one. Prints the Markdown table of docs/models.md.
+
+``python -m bench.families [--batch 4] [--steps 4] [--rounds 3]`` (CPU, ~1-2 minutes on 2 cores). The tiny models
+are far too small for their batching gain to mean anything about a GPU: the figure shows the fused call works and
+what it saves in per-call overhead, not a real model's speed-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpu_worker.demo_model import DEMO_FAMILIES, ensure_demo_model
+from gpu_worker.diffusers_runner import DiffusersRunner
+from gpu_worker.families import FAMILIES
+from gpu_worker.runner import Video
+from shared.contracts import RequestSpec
+from shared.settings import Settings
+
+PROMPTS = ("a red fox", "a blue whale in the sea", "a lighthouse at night", "a green forest", "a city", "a bird")
+
+
+def specs(family: str, batch: int, steps: int) -> list[RequestSpec]:
+    traits = FAMILIES[family].traits
+    side = max(32, traits.size_multiple)
+    extra: dict[str, Any] = {}
+    if traits.true_cfg_scale:
+        extra["true_cfg_scale"] = 2.0
+    if traits.video:
+        extra.update(num_frames=traits.frames_multiple + 1, fps=8)
+    return [
+        RequestSpec(
+            id=f"{family}-{i}",
+            model="demo",
+            prompt=PROMPTS[i % len(PROMPTS)],
+            negative_prompt="blurry",
+            seed=10 + i,
+            width=side,
+            height=side,
+            num_inference_steps=steps,
+            guidance_scale=4.0,
+            created_at=0.0,
+            **extra,
+        )
+        for i in range(batch)
+    ]
+
+
+def pixels(output: Any) -> np.ndarray:
+    if isinstance(output, Video):
+        return np.stack([np.asarray(frame.convert("RGB"), dtype=np.int16) for frame in output.frames])
+    return np.asarray(output.convert("RGB"), dtype=np.int16)
+
+
+def measure(family: str, cache: Path, batch: int, steps: int, rounds: int) -> dict[str, Any]:
+    ensure_demo_model(cache, family)
+    runner = DiffusersRunner(Settings(model=None, demo_family=family, model_cache_dir=cache, torch_threads=2))
+    batch_specs = specs(family, batch, steps)
+    runner.run(batch_specs[:1], lambda step, total: False)  # warm-up
+    fused_s, serial_s, difference = [], [], 0
+    for _ in range(rounds):
+        started = time.perf_counter()
+        fused = runner.run(batch_specs, lambda step, total: False)
+        fused_s.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        solo = [runner.run([spec], lambda step, total: False)[0] for spec in batch_specs]
+        serial_s.append(time.perf_counter() - started)
+        for mine, alone in zip(fused, solo, strict=True):
+            difference = max(difference, int(np.abs(pixels(mine[0]) - pixels(alone[0])).max()))
+    return {
+        "family": family,
+        "pipeline": runner.pipeline_name,
+        "side": batch_specs[0].width,
+        "max_difference": difference,
+        "fused_s": statistics.median(fused_s),
+        "serial_s": statistics.median(serial_s),
+    }
+
+
+def table(rows: list[dict[str, Any]], batch: int, steps: int) -> str:
+    lines = [
+        f"| family | pipeline | size | max pixel difference fused vs solo (/255) | {batch} fused / {batch} serial (s) "
+        "| speed-up |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        speedup = row["serial_s"] / row["fused_s"]
+        lines.append(
+            f"| `{row['family']}` | `{row['pipeline']}` | {row['side']} px, {steps} steps | {row['max_difference']} | "
+            f"{row['fused_s']:.3f} / {row['serial_s']:.3f} | {speedup:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--families", default=",".join(DEMO_FAMILIES))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="fusefleet-families-") as cache:
+        rows = [measure(f, Path(cache), args.batch, args.steps, args.rounds) for f in args.families.split(",")]
+    print(table(rows, args.batch, args.steps))
+
+
+if __name__ == "__main__":
+    main()
