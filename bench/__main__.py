@@ -95,6 +95,62 @@ def session(
     typer.echo(json.dumps(figures, indent=2))
 
 
+@cli.command()
+def gpu(
+    device: Annotated[str, typer.Option(help="cuda (default; exits 2 without one), cuda:N or cpu.")] = "cuda",
+    tiny: Annotated[bool, typer.Option(help="The tiny demo model instead of the SD1.5-size one.")] = False,
+    size: Annotated[int, typer.Option(help="Image side in px.")] = 512,
+    steps: Annotated[int, typer.Option(help="Denoising steps.")] = 20,
+    batches: Annotated[str, typer.Option(help="Pipeline-alone batch sizes, comma separated.")] = "1,2,4,8,16",
+    seqs: Annotated[str, typer.Option(help="Fleet max_num_seqs values, comma separated.")] = "1,4,8",
+    seconds: Annotated[float, typer.Option(help="Timed window per pipeline-alone point.")] = 4.0,
+    fleet_seconds: Annotated[float, typer.Option(help="Target length of each closed-loop fleet run.")] = 8.0,
+    poisson_seconds: Annotated[float, typer.Option(help="Arrivals window of the Poisson run.")] = 15.0,
+    poisson_load: Annotated[float, typer.Option(help="Poisson offered load / pipeline-alone capacity.")] = 0.8,
+    budget_s: Annotated[float, typer.Option(help="Total time budget; points past it are skipped.")] = 480.0,
+    torch_threads: Annotated[int | None, typer.Option(help="torch.set_num_threads (4 on cuda, 2 on cpu).")] = None,
+    cache_dir: Annotated[
+        Path | None, typer.Option(help="Where the model is saved once (FUSEFLEET_MODEL_CACHE_DIR).")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="The JSON results.")] = Path("bench-results/gpu.json"),
+    markdown: Annotated[Path, typer.Option(help="The Markdown table.")] = Path("bench-results/gpu.md"),
+) -> None:
+    """One-command GPU run (bench/gpu.sh): SD1.5-size random pipeline alone, fleet P1/P2, a Poisson run."""
+    import sys
+
+    from bench.gpu import GpuRunConfig, NoCudaError, parse_sizes, run_gpu
+    from shared.settings import Settings
+
+    try:
+        cfg = GpuRunConfig(
+            device=device,
+            tiny=tiny,
+            size=size,
+            steps=steps,
+            batches=parse_sizes(batches),
+            seqs=parse_sizes(seqs),
+            seconds=seconds,
+            fleet_seconds=fleet_seconds,
+            poisson_seconds=poisson_seconds,
+            poisson_load=poisson_load,
+            budget_s=budget_s,
+            torch_threads=torch_threads,
+            cache_dir=cache_dir or Settings().model_cache_dir,
+            out=out,
+            markdown=markdown,
+            log_dir=out.parent / "logs" / "gpu",
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    try:
+        run_gpu(cfg, log=lambda line: typer.echo(line, err=True))
+    except NoCudaError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    typer.echo(markdown.read_text())
+    typer.echo(f"results: {out}, {markdown}", err=True)
+
+
 def _pattern(value: str) -> Pattern:
     if value not in ("poisson", "closed", "burst"):
         raise typer.BadParameter("pattern must be poisson, closed or burst")

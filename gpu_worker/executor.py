@@ -13,15 +13,15 @@ Failure handling, from the narrowest to the widest (``docs/reliability.md`` has 
 * Anything else that escapes (a bug, the soft time limit) fails the requests this claim still runs, with the
   error; Redis calls that end requests are retried through an outage for ``redis_outage_retry_s``. If even
   that fails, the batch stays in flight and its lock lapses: the scheduler's reaper publishes it again.
-* Abort flags and ownership are read between denoising steps (``progress.lua``): the forward stops once every
-  row is aborted or was claimed by another run; results are written only under this run's claim token.
+* Abort flags and ownership come back with each progress write, made off the denoising loop
+  (``gpu_worker.step_reporter``): the forward stops once every row is aborted or was claimed by another run;
+  results are written only under this run's claim token.
 """
 
 from __future__ import annotations
 
 import io
 import logging
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,23 +36,22 @@ from gpu_worker.runner import (
     BatchRunner,
     ConditionedRunner,
     InputImages,
-    StepCallback,
     Video,
     runner_tasks,
     runner_traits,
     video_frames,
 )
-from gpu_worker.store import Claimed, Locked, RowSignal, WorkerStore
+from gpu_worker.step_reporter import StepReporter
+from gpu_worker.store import Claimed, Locked, WorkerStore
 from gpu_worker.video import encode_mp4
 from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus, Task
 from shared.results import ResultStore, result_keys
-from shared.retry import TRANSIENT_ERRORS, call_with_retry, is_transient
+from shared.retry import call_with_retry, is_transient
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Statuses = dict[str, RequestStatus | None]
-PROGRESS_PAUSE_S = 1.0  # after a failed progress write, skip progress writes this long (Redis is away)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,12 +257,16 @@ class BatchExecutor:
         return self._redis(lambda: self._store.finish_many({}, errors, token), "failing requests")
 
     def _forward(self, specs: Sequence[RequestSpec], run: _Run) -> list[list[Image.Image]]:
-        on_step = self._step_callback(specs, run.token)
-        if specs[0].task.needs_image:  # one key per batch: every spec has this task
-            runner = cast(ConditionedRunner, self._runner)  # it lists the task (checked in _prepare)
-            images = runner.run(specs, on_step, inputs={spec.id: run.inputs[spec.id] for spec in specs})
-        else:
-            images = self._runner.run(specs, on_step)
+        reporter = StepReporter(self._store, [spec.id for spec in specs], run.token)
+        try:
+            if specs[0].task.needs_image:  # one key per batch: every spec has this task
+                runner = cast(ConditionedRunner, self._runner)  # it lists the task (checked in _prepare)
+                inputs = {spec.id: run.inputs[spec.id] for spec in specs}
+                images = runner.run(specs, reporter.on_step, inputs=inputs)
+            else:
+                images = self._runner.run(specs, reporter.on_step)
+        finally:
+            reporter.close()
         if not isinstance(images, Sequence) or len(images) != len(specs):
             count = len(images) if isinstance(images, Sequence) else type(images).__name__
             raise RunnerError(f"runner returned {count} results for {len(specs)} requests")
@@ -306,25 +309,6 @@ class BatchExecutor:
     def _put(self, key: str, data: bytes) -> None:
         """Write one image to the result store (a Redis store's writes are retried through an outage)."""
         self._redis(lambda: self._results.put(key, data), "storing an image")
-
-    def _step_callback(self, specs: Sequence[RequestSpec], token: str) -> StepCallback:
-        ids = [spec.id for spec in specs]
-        paused_until = 0.0
-
-        def on_step(step: int, total: int) -> bool:
-            nonlocal paused_until
-            now = time.monotonic()
-            if now < paused_until:
-                return False
-            try:
-                signals = self._store.progress(ids, step, total, token)
-            except TRANSIENT_ERRORS as exc:  # progress is best effort: the forward goes on through an outage
-                log.warning("progress not recorded (%s); going on", exc)
-                paused_until = now + PROGRESS_PAUSE_S
-                return False
-            return all(signal is not RowSignal.GO_ON for signal in signals)
-
-        return on_step
 
     def _release_memory(self) -> None:
         release: Callable[[], None] | None = getattr(self._runner, "release_memory", None)

@@ -1,0 +1,87 @@
+"""Progress and abort signals of one forward, off the denoising loop.
+
+The step callback only records the step and returns what is known of the rows (``RowSignal``): it never waits on
+Redis. A thread writes the latest step (``progress.lua``) as soon as the previous write returned, and keeps the
+signals that write answers: aborted rows, and rows another run claimed since (a stalled worker replaced after its
+lock lapsed). The forward stops at the step after every row is known to be aborted or not ours, so an abort
+reaches the loop within one Redis round trip plus one step, and a slow or stalled Redis slows nothing but the
+reports. While Redis fails, reports pause for ``PAUSE_S`` and the forward goes on. ``close`` writes the final
+step (so a finished request shows ``step == total``) and stops the thread, within ``CLOSE_TIMEOUT_S``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+from gpu_worker.store import RowSignal, WorkerStore
+from shared.retry import TRANSIENT_ERRORS
+
+log = logging.getLogger(__name__)
+
+PAUSE_S = 1.0  # after a failed write, skip writes this long (Redis is away)
+CLOSE_TIMEOUT_S = 2.0  # the longest close waits for the final write
+
+
+class StepReporter:
+    """Reports one forward's steps for the requests ``request_ids`` of the claim ``token``."""
+
+    def __init__(self, store: WorkerStore, request_ids: Sequence[str], token: str) -> None:
+        self._store = store
+        self._ids = list(request_ids)
+        self._token = token
+        self._lock = threading.Lock()
+        self._pending: tuple[int, int] | None = None
+        self._signals = [RowSignal.GO_ON] * len(self._ids)
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="step-reporter", daemon=True)
+        self._thread.start()
+
+    def on_step(self, step: int, total: int) -> bool:
+        """The runner's step callback: record the step, and whether to stop (every row aborted or not ours)."""
+        with self._lock:
+            self._pending = (step, total)
+            stop = all(signal is not RowSignal.GO_ON for signal in self._signals)
+        self._wake.set()
+        return stop
+
+    @property
+    def signals(self) -> list[RowSignal]:
+        with self._lock:
+            return list(self._signals)
+
+    def close(self) -> None:
+        """Write the last step not yet written, then stop the thread (bounded by ``CLOSE_TIMEOUT_S``)."""
+        self._closed.set()
+        self._wake.set()
+        self._thread.join(CLOSE_TIMEOUT_S)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                pending, self._pending = self._pending, None
+            if pending is not None:
+                self._write(*pending)
+            if self._closed.is_set():
+                with self._lock:
+                    last = self._pending
+                if last is not None:
+                    self._write(*last)
+                return
+
+    def _write(self, step: int, total: int) -> None:
+        try:
+            signals = self._store.progress(self._ids, step, total, self._token)
+        except TRANSIENT_ERRORS as exc:  # progress is best effort: the forward goes on through an outage
+            log.warning("progress not recorded (%s); going on", exc)
+            self._closed.wait(PAUSE_S)
+            return
+        except Exception:  # noqa: BLE001 - a reporting bug must not end the forward
+            log.exception("progress write failed")
+            return
+        with self._lock:
+            self._signals = signals

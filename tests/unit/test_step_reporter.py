@@ -1,0 +1,98 @@
+"""The step reporter: the denoising loop never waits on Redis, yet learns of aborts and lost rows, and the final
+step is written."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import fakeredis
+import pytest
+import redis
+
+from gpu_worker.step_reporter import StepReporter
+from gpu_worker.store import Claimed, RowSignal, WorkerStore
+from shared import keys as k
+from shared.settings import Settings
+from tests.support.processes import wait_for
+from tests.unit.test_executor import scheduled_batch
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return Settings(key_prefix="t", batch_lock_ttl_s=5, result_ttl_s=60)
+
+
+def claimed(client: fakeredis.FakeRedis, settings: Settings, ids: list[str]) -> WorkerStore:
+    store = WorkerStore(client, settings)
+    assert isinstance(store.claim(scheduled_batch(client, settings, ids), "tok", "w1"), Claimed)
+    return store
+
+
+class SlowStore(WorkerStore):
+    """Every progress write takes ``delay_s`` (a slow or distant Redis); ``fail`` makes writes raise."""
+
+    delay_s = 0.3
+    fail = False
+    writes = 0
+
+    def progress(self, request_ids: Sequence[str], step: int, total: int, token: str) -> list[RowSignal]:
+        time.sleep(self.delay_s)
+        self.writes += 1
+        if self.fail:
+            raise redis.ConnectionError("Connection refused")
+        return super().progress(request_ids, step, total, token)
+
+
+def test_the_loop_never_waits_and_the_last_step_is_written(settings: Settings) -> None:
+    client = fakeredis.FakeRedis(decode_responses=True)
+    claimed(client, settings, ["a", "b"])
+    store = SlowStore(client, settings)
+    reporter = StepReporter(store, ["a", "b"], "tok")
+    started = time.perf_counter()
+    for step in range(1, 21):
+        assert reporter.on_step(step, 20) is False
+    assert time.perf_counter() - started < 0.1  # 20 steps, each write 0.3 s: the loop did not wait on one
+    reporter.close()
+    assert client.hget(store.keys.request("a"), "step") == "20"
+    assert store.writes < 20  # writes are coalesced: only the latest step is written
+
+
+def test_an_abort_stops_the_forward_once_every_row_is_aborted(settings: Settings) -> None:
+    client = fakeredis.FakeRedis(decode_responses=True)
+    store = claimed(client, settings, ["a", "b"])
+    reporter = StepReporter(store, ["a", "b"], "tok")
+    abort = client.register_script(k.ABORT)
+    assert abort(keys=[store.keys.request("a")], args=[time.time(), 60, "ch", "a"]) == "running"
+    reporter.on_step(1, 10)
+    wait_for(lambda: reporter.signals == [RowSignal.ABORTED, RowSignal.GO_ON], 5, "the abort to come back")
+    assert reporter.on_step(2, 10) is False  # b still runs
+    abort(keys=[store.keys.request("b")], args=[time.time(), 60, "ch", "b"])
+    reporter.on_step(3, 10)
+    wait_for(lambda: reporter.on_step(4, 10), 5, "the forward to be told to stop")
+    reporter.close()
+
+
+def test_rows_another_run_claimed_stop_the_forward(settings: Settings) -> None:
+    client = fakeredis.FakeRedis(decode_responses=True)
+    store = claimed(client, settings, ["a"])
+    client.hset(store.keys.request("a"), "claim", "another-run")  # our lock lapsed; another worker runs it
+    reporter = StepReporter(store, ["a"], "tok")
+    reporter.on_step(1, 4)
+    wait_for(lambda: reporter.on_step(2, 4), 5, "the stale run to learn it lost its row")
+    reporter.close()
+
+
+def test_an_outage_pauses_reports_and_the_forward_goes_on(settings: Settings) -> None:
+    client = fakeredis.FakeRedis(decode_responses=True)
+    claimed(client, settings, ["a"])
+    store = SlowStore(client, settings)
+    store.delay_s, store.fail = 0.0, True
+    reporter = StepReporter(store, ["a"], "tok")
+    for step in range(1, 6):
+        assert reporter.on_step(step, 5) is False
+        time.sleep(0.01)
+    started = time.perf_counter()
+    reporter.close()
+    assert time.perf_counter() - started < 2.5  # bounded by CLOSE_TIMEOUT_S even while writes fail
+    assert store.writes >= 1
