@@ -144,9 +144,10 @@ class Budget:
 def build_sd15_random_pipeline() -> Any:
     """A StableDiffusionPipeline with SD1.5's architecture and seeded random weights (fp32, on the CPU, not saved)."""
     import torch
-    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from diffusers import AutoencoderKL, StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
+    from gpu_worker.demo_model import sd_scheduler
     from gpu_worker.tiny_models.tokenizers import clip_tokenizer
 
     torch.manual_seed(_SEED)
@@ -199,21 +200,12 @@ def build_sd15_random_pipeline() -> Any:
             pad_token_id=1,
         )
     )
-    scheduler = DDIMScheduler(  # type: ignore[no-untyped-call]
-        num_train_timesteps=1000,
-        beta_start=0.00085,
-        beta_end=0.012,
-        beta_schedule="scaled_linear",
-        clip_sample=False,
-        set_alpha_to_one=False,
-        steps_offset=1,
-    )
     return StableDiffusionPipeline(  # type: ignore[no-untyped-call]
         vae=vae,
         text_encoder=text_encoder,
         tokenizer=clip_tokenizer(77),
         unet=unet,
-        scheduler=scheduler,
+        scheduler=sd_scheduler(),
         safety_checker=None,
         feature_extractor=None,
         requires_safety_checker=False,

@@ -78,9 +78,23 @@ def build_demo_tokenizer_data() -> tuple[dict[str, int], list[tuple[str, str]]]:
     return vocab, merges
 
 
+def sd_scheduler() -> Any:
+    """Stable Diffusion 1.x's DDIM schedule (scaled-linear betas 0.00085..0.012, steps offset 1)."""
+    from diffusers import DDIMScheduler
+
+    return DDIMScheduler(  # type: ignore[no-untyped-call]
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        clip_sample=False,
+        set_alpha_to_one=False,
+        steps_offset=1,
+    )
+
+
 def build_demo_pipeline() -> object:
     """A fresh tiny StableDiffusionPipeline with seeded random weights (not saved)."""
-    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from diffusers import AutoencoderKL, StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
     torch.manual_seed(_SEED)
@@ -122,20 +136,12 @@ def build_demo_pipeline() -> object:
     )
     vocab, merges = build_demo_tokenizer_data()
     tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=77)  # type: ignore[arg-type]
-    scheduler = DDIMScheduler(  # type: ignore[no-untyped-call]
-        beta_start=0.00085,
-        beta_end=0.012,
-        beta_schedule="scaled_linear",
-        clip_sample=False,
-        set_alpha_to_one=False,
-        steps_offset=1,
-    )
     return StableDiffusionPipeline(  # type: ignore[no-untyped-call]
         vae=vae,
         text_encoder=text_encoder,
         tokenizer=tokenizer,
         unet=unet,
-        scheduler=scheduler,
+        scheduler=sd_scheduler(),
         safety_checker=None,
         feature_extractor=None,
         requires_safety_checker=False,
