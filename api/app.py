@@ -12,6 +12,8 @@ from redis import Redis as SyncRedis
 from redis.exceptions import RedisError
 
 from api.body_limit import BodyLimit
+from api.metrics import ApiMetrics, FleetReader
+from api.metrics import router as metrics_router
 from api.openai import install as install_openai
 from api.openapi import serve_limits
 from api.outage import StoreUnavailable, store_unavailable_response
@@ -68,6 +70,8 @@ def create_app(
             result_ttl_s=settings.result_ttl_s,
             call_timeout_s=settings.redis_socket_timeout_s,
         )
+        reader = FleetReader(text, keys, worker_ttl_s=settings.worker_ttl_s, timeout_s=settings.redis_socket_timeout_s)
+        app.state.metrics.attach(app.state.store, reader)
         try:
             yield
         finally:
@@ -79,12 +83,14 @@ def create_app(
 
     app = FastAPI(title="fusefleet", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
+    app.state.metrics = ApiMetrics()  # GET /metrics (api.metrics), its own registry
     app.add_exception_handler(RequestValidationError, validation_error_response)
     app.add_exception_handler(StoreUnavailable, store_unavailable_response)
     app.add_exception_handler(RedisError, store_unavailable_response)  # a Redis call outside the store
     app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes)
     app.include_router(requests.router)
     app.include_router(health.router)
+    app.include_router(metrics_router)  # not in the OpenAPI schema
     install_openai(app)  # OpenAI Images API: its routes, errors in OpenAI's shape (api/openai/)
     serve_limits(app, settings)
     return app

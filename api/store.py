@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Literal, Protocol, TypeVar
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -21,6 +21,18 @@ from shared.state import STATE_FIELDS, parse_state
 _T = TypeVar("_T")
 _A = TypeVar("_A")
 CAPABILITIES_TTL_S = 2.0  # how long the api trusts what it read of the workers' announcements
+
+
+RefusalReason = Literal["invalid", "queue_full"]
+"""Why a submission was refused: a 422 (limits, capabilities, input images) or a full queue (503)."""
+
+
+class SubmissionCounters(Protocol):
+    """What the api counts of submissions (``api.metrics.ApiMetrics``)."""
+
+    def count_submitted(self, count: int) -> None: ...
+
+    def count_refused(self, reason: RefusalReason) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +69,7 @@ class RequestStore:
         self._result_ttl_s = result_ttl_s
         self._call_timeout_s = call_timeout_s
         self._capabilities: tuple[float, list[WorkerCapabilities]] | None = None
+        self.counters: SubmissionCounters | None = None  # set by api.metrics at start-up
         self._submit = redis.register_script(SUBMIT)
         self._abort = redis.register_script(ABORT)
         self._forget = redis.register_script(FORGET)

@@ -22,7 +22,7 @@ from api.input_images import StoredInputs, prepare_inputs
 from api.limits import ErrorDict, Loc, limit_errors
 from api.outage import retry_after_headers
 from api.schemas import GenerateRequest
-from api.store import RequestStore
+from api.store import RefusalReason, RequestStore
 from shared.contracts import MAX_SEED, RequestSpec
 from shared.settings import Settings
 
@@ -39,6 +39,11 @@ def _inputs_of(
     return inputs, errors
 
 
+def _count_refused(store: RequestStore, reason: RefusalReason) -> None:
+    if store.counters is not None:
+        store.counters.count_refused(reason)
+
+
 async def accept(
     requests: Sequence[GenerateRequest], settings: Settings, store: RequestStore, locs: Sequence[Loc]
 ) -> list[RequestSpec]:
@@ -49,11 +54,13 @@ async def accept(
     if not errors:
         errors = capability_errors(requests, await store.fleet_capabilities(), locs)
     if errors:
+        _count_refused(store, "invalid")
         raise RequestValidationError(errors)
     inputs: list[StoredInputs | None] = [None] * len(requests)
     if any(request.image is not None for request in requests):
         inputs, errors = await to_thread.run_sync(_inputs_of, requests, settings, locs)
         if errors:
+            _count_refused(store, "invalid")
             raise RequestValidationError(errors)
     model = settings.model_id
     now = time.time()
@@ -67,9 +74,12 @@ async def accept(
         for request in requests
     ]
     if not await store.submit(specs, inputs):
+        _count_refused(store, "queue_full")
         raise HTTPException(
             status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
             detail="the request queue is full; retry later",
             headers=retry_after_headers(),
         )
+    if store.counters is not None:
+        store.counters.count_submitted(len(specs))
     return specs
