@@ -488,6 +488,10 @@ class Client(_Base):
         view = view if view is not None else self.get(request_id)
         return [self.image(request_id, k) for k in range(len(view.images))]
 
+    def video(self, request_id: str, index: int = 0) -> bytes:
+        """MP4 bytes of video ``index`` of a succeeded video request (its frames are its ``images``)."""
+        return self._call("GET", _path(request_id, "videos", index)).content
+
     def generate(
         self,
         requests: Sequence[RequestLike],
@@ -700,6 +704,10 @@ class AsyncClient(_Base):
     async def image(self, request_id: str, index: int = 0) -> bytes:
         """Bytes of image ``index`` of a succeeded request, in its ``output_format``."""
         return (await self._call("GET", _path(request_id, "images", index))).content
+
+    async def video(self, request_id: str, index: int = 0) -> bytes:
+        """MP4 bytes of video ``index`` of a succeeded video request (see ``Client.video``)."""
+        return (await self._call("GET", _path(request_id, "videos", index))).content
 
     async def images(self, request_id: str, view: RequestView | None = None) -> list[bytes]:
         """Every image of the request (none unless it succeeded), fetched concurrently."""

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from fusefleet.client import Client
 from gpu_worker.demo_model import ensure_demo_model
 from gpu_worker.video import decode_mp4
 from tests.integration.conftest import running_fleet
@@ -72,6 +73,8 @@ def test_video_requests_are_fused_stored_and_served(
             assert decoded.shape == (frames, SIDE, SIDE, 3)
             first_png = Image.open(io.BytesIO(fleet.image(rid, 0)))
             assert first_png.size == (SIDE, SIDE)
+            with Client(fleet.base_url) as client:
+                assert client.video(rid) == video.content
 
         # the fused video equals a solo run of the same request (PNG frames: lossless, within 1/255)
         (solo,) = fleet.submit_batch([video_body("a fox", 1)])
