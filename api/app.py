@@ -12,7 +12,7 @@ from redis import Redis as SyncRedis
 from redis.exceptions import RedisError
 
 from api.body_limit import BodyLimit
-from api.metrics import ApiMetrics, FleetReader
+from api.metrics import ApiMetrics
 from api.metrics import router as metrics_router
 from api.openai import install as install_openai
 from api.openapi import serve_limits
@@ -21,6 +21,7 @@ from api.routes import health, requests
 from api.store import RequestStore
 from api.validation import validation_error_response
 from api.waiter import CompletionWaiter
+from shared.fleet_state import FleetReader
 from shared.keys import RedisKeys
 from shared.redis_conn import async_client, sync_client
 from shared.results import ResultStore, build_result_store

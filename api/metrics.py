@@ -19,60 +19,15 @@ sets the store's ``counters`` at start-up (a store without them counts nothing).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
-from dataclasses import dataclass
 
-import redis.asyncio as aioredis
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from api.outage import REDIS_FAILURES
 from api.store import RefusalReason, RequestStore
-from shared.keys import RedisKeys
-
-
-@dataclass(frozen=True, slots=True)
-class FleetSnapshot:
-    """What one scrape read of Redis."""
-
-    queue_depth: int
-    oldest_waiting_s: float
-    batches_in_flight: int
-    workers_live: int
-
-
-class FleetReader:
-    """Reads the fleet gauges of one scrape: one pipelined round trip, bounded by ``timeout_s``."""
-
-    def __init__(self, redis: aioredis.Redis, keys: RedisKeys, *, worker_ttl_s: float, timeout_s: float) -> None:
-        self._redis = redis
-        self._keys = keys
-        self._worker_ttl_ms = worker_ttl_s * 1000
-        self._timeout_s = timeout_s
-
-    async def read(self) -> FleetSnapshot | None:
-        """The gauges, or None when Redis fails or does not answer in time."""
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.time()
-        pipe.xlen(self._keys.requests)
-        pipe.xrange(self._keys.requests, count=1)
-        pipe.zcard(self._keys.inflight)
-        pipe.zrange(self._keys.workers, 0, -1, withscores=True)
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                (seconds, micros), depth, first, inflight, workers = await pipe.execute()
-        except REDIS_FAILURES:
-            return None
-        now_ms = int(seconds) * 1000 + int(micros) / 1000
-        oldest_s = 0.0
-        if first:
-            entry_ms = int(str(first[0][0]).split("-", 1)[0])
-            oldest_s = max(0.0, (now_ms - entry_ms) / 1000)
-        live = sum(1 for _, score in workers if now_ms - float(score) < self._worker_ttl_ms)
-        return FleetSnapshot(int(depth), oldest_s, int(inflight), live)
+from shared.fleet_state import FleetReader, FleetSnapshot
 
 
 class _FleetCollector(Collector):

@@ -97,6 +97,21 @@ def up(
 
 
 @cli.command()
+def status() -> None:
+    """Print what the fleet is doing now (queue, batches in flight, each worker and what it serves), read from
+    FUSEFLEET_REDIS_URL; exits 1 when that Redis does not answer."""
+    from fusefleet.status import render
+    from fusefleet.status import status as read
+
+    current = Settings()
+    snapshot = read(current)
+    if snapshot is None:
+        typer.echo(f"error: Redis at {current.redis_url} does not answer", err=True)
+        raise typer.Exit(1)
+    typer.echo(render(snapshot))
+
+
+@cli.command()
 def settings(
     markdown: Annotated[bool, typer.Option(help="A markdown table (docs/configuration.md) instead.")] = False,
 ) -> None:
