@@ -14,6 +14,7 @@ from redis.exceptions import RedisError
 from api.input_images import StoredInputs
 from api.outage import REDIS_FAILURES, StoreUnavailable
 from shared.contracts import RequestSpec, RequestState, RequestStatus, WorkerCapabilities
+from shared.fleet_state import parse_capabilities
 from shared.keys import ABORT, FORGET, SUBMIT, RedisKeys
 from shared.results import ResultStore, ResultStoreError
 from shared.state import STATE_FIELDS, parse_state
@@ -130,17 +131,16 @@ class RequestStore:
         return RequestStatus(status) if status else None
 
     async def fleet_capabilities(self) -> list[WorkerCapabilities]:
-        """What the live workers announce about their model (cached for ``CAPABILITIES_TTL_S``); empty while no
-        worker is known (then nothing can be refused up front)."""
+        """What the live workers announce about their model (cached for ``CAPABILITIES_TTL_S``; one round trip);
+        empty while no worker is known (then nothing can be refused up front)."""
         now = asyncio.get_running_loop().time()
         if self._capabilities is None or now - self._capabilities[0] > CAPABILITIES_TTL_S:
-            workers = [str(name) for name in await self._bounded(self._redis.zrange(self._keys.workers, 0, -1))]
-            announced = await self._bounded(self._redis.hmget(self._keys.capabilities, workers)) if workers else []
-            parsed = []
-            for raw in announced:
-                with contextlib.suppress(ValueError):  # absent or from another version: not counted
-                    parsed.append(WorkerCapabilities.model_validate_json(raw or ""))
-            self._capabilities = (now, parsed)
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.zrange(self._keys.workers, 0, -1)
+            pipe.hgetall(self._keys.capabilities)
+            workers, announced = await self._bounded(pipe.execute())
+            parsed = [parse_capabilities(announced.get(worker)) for worker in workers]
+            self._capabilities = (now, [capabilities for capabilities in parsed if capabilities is not None])
         return self._capabilities[1]
 
     async def ping(self) -> bool:

@@ -121,6 +121,12 @@ class DiffusersRunner:
         pipe.set_progress_bar_config(disable=True)
         self.pipe: Any = pipe.to(self.device)
         self.family = family_of(self.pipe)
+        fused = settings.fused if settings.fused is not None else self.family.traits.fused
+        self.traits: ModelTraits = self.family.traits.model_copy(
+            update={"fused": fused, "lora": hasattr(self.pipe, "load_lora_weights")}
+        )
+        """The family's traits (what the worker announces), with whether this pipeline loads LoRA adapters;
+        ``settings.fused``, when set, overrides fusing."""
         if not self.traits.fused:
             log.warning(
                 "%s is not a pipeline family known to take prompt and generator lists: batches run request by "
@@ -159,13 +165,6 @@ class DiffusersRunner:
     def tasks(self) -> frozenset[Task]:
         """Text-to-image, plus image-to-image and inpainting where the family has those pipelines."""
         return frozenset(self._pipes)
-
-    @property
-    def traits(self) -> ModelTraits:
-        """The family's traits (what the worker announces), with whether this pipeline loads LoRA adapters;
-        ``settings.fused``, when set, overrides fusing."""
-        fused = self.settings.fused if self.settings.fused is not None else self.family.traits.fused
-        return self.family.traits.model_copy(update={"fused": fused, "lora": hasattr(self.pipe, "load_lora_weights")})
 
     @property
     def fused(self) -> bool:

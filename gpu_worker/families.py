@@ -6,8 +6,9 @@ picks the family of its loaded pipeline by class (``family_of``). A pipeline no 
 request inside its batch (the seed's fallback for pipelines that do not declare batch support), with permissive
 traits, and the worker says so at start.
 
-Every family here takes a list of prompts (and of negative prompts), ``num_images_per_prompt`` and one
-``torch.Generator`` per output, so a fused row equals its solo run (tests/unit/test_tiny_*.py prove it per family).
+Every family here takes a list of prompts (and of negative prompts) and one ``torch.Generator`` per output; the
+runner passes one row per output, so a fused row equals its solo run (tests/integration/test_families.py proves
+it per family).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from gpu_worker.runner import video_frames
 from shared.contracts import ModelTraits, RequestSpec
 
 
@@ -31,12 +33,15 @@ class PipelineFamily:
     not the nearest of the family's trained aspect-ratio bins)."""
     fps_kwarg: str | None = None
     """The name the pipeline gives the frame rate (``frame_rate`` for LTX-Video), where it takes one."""
-    per_prompt_kwarg: str = "num_images_per_prompt"
-    """The name of the outputs-per-prompt argument (``num_videos_per_prompt`` for video pipelines)."""
 
     @property
     def name(self) -> str:
         return self.traits.family
+
+    @property
+    def per_prompt_kwarg(self) -> str:
+        """The name of the outputs-per-prompt argument (``num_videos_per_prompt`` for video pipelines)."""
+        return "num_videos_per_prompt" if self.traits.video else "num_images_per_prompt"
 
     def call_kwargs(self, head: RequestSpec, accepts: frozenset[str]) -> dict[str, Any]:
         """This family's arguments for a batch whose requests all share ``head``'s key (``accepts``: the call's
@@ -47,7 +52,7 @@ class PipelineFamily:
         if head.max_sequence_length is not None and "max_sequence_length" in accepts:
             kwargs["max_sequence_length"] = head.max_sequence_length
         if self.traits.video:
-            kwargs["num_frames"] = head.num_frames or self.traits.default_frames
+            kwargs["num_frames"] = video_frames(head, self.traits)
             if self.fps_kwarg is not None and self.fps_kwarg in accepts:
                 kwargs[self.fps_kwarg] = self.fps(head)
         return kwargs
@@ -63,10 +68,7 @@ DEFAULT_FPS = 24
 def _family(name: str, classes: set[str], **traits: Any) -> tuple[str, PipelineFamily]:
     fixed = traits.pop("fixed_kwargs", {})
     fps_kwarg = traits.pop("fps_kwarg", None)
-    per_prompt = "num_videos_per_prompt" if traits.get("video") else "num_images_per_prompt"
-    family = PipelineFamily(
-        ModelTraits(family=name, **traits), frozenset(classes), MappingProxyType(fixed), fps_kwarg, per_prompt
-    )
+    family = PipelineFamily(ModelTraits(family=name, **traits), frozenset(classes), MappingProxyType(fixed), fps_kwarg)
     return name, family
 
 

@@ -71,14 +71,15 @@ class FleetReader:
                 name=str(name),
                 last_beat_s=max(0.0, (now_ms - float(score)) / 1000),
                 live=now_ms - float(score) < self._worker_ttl_ms,
-                capabilities=_capabilities(announced.get(name)),
+                capabilities=parse_capabilities(announced.get(name)),
             )
             for name, score in workers
         )
         return FleetSnapshot(int(depth), oldest_s, int(inflight), states)
 
 
-def _capabilities(raw: str | bytes | None) -> WorkerCapabilities | None:
+def parse_capabilities(raw: str | bytes | None) -> WorkerCapabilities | None:
+    """A worker's announcement (``P:capabilities``), or None when absent or unreadable."""
     try:
         return WorkerCapabilities.model_validate_json(raw) if raw else None
     except ValueError:  # from another version: shown as unknown
