@@ -2,18 +2,24 @@
 forward sleeps ``a + b * B``, reporting every denoising step, CPU free as while a CUDA forward runs).
 
 ``python -m bench.gap [--requests 200] [--steps 20] [--seqs 4]``: one worker, a backlog of ``requests`` compatible
-requests submitted at once (the worker never waits for work), then from every request's recorded times:
+requests submitted at once (the worker never waits for work); the runner traces each forward's start and end
+(``FUSEFLEET_SIM_TRACE``), and from those:
 
-- **per-forward overhead**: the batch's claim-to-last-finish time minus the simulated forward ``a + b * B``
-  (claiming, reading specs, journaling result keys, encoding and storing the images, finishing, step reports);
-- **idle gap**: from a batch's last finish to the next batch's claim on the same worker (releasing the batch, the
-  task's return to Celery, the scheduler publishing the next batch, Celery delivering it).
-Both are worker-clock differences (claim and finish times are stamped by the worker).
+- **idle gap**: from the end of one forward to the start of the next on the same worker: whatever the worker does
+  between forwards that the accelerator waits for (handing the batch to the finisher, freeing the slot, the
+  scheduler publishing the next batch, Celery delivering it, claiming it, reading its specs, journaling its keys);
+- **in-forward overhead**: each forward's duration minus the simulated ``a + b * B`` (the step reports, sleeping
+  granularity);
+- **efficiency**: the simulated forward time over the wall time from the first forward's start to the last one's
+  end (1.0 = the accelerator never waits).
+Storing each batch's images and finishing its requests runs behind the next forward (``gpu_worker.finisher``), so
+it shows in neither figure unless it takes longer than a forward.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -32,7 +38,12 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def measure(requests: int, steps: int, seqs: int, log_dir: Path) -> dict[str, Any]:
-    env = {"FUSEFLEET_SIM_BASE_MS": str(SIM_BASE_MS), "FUSEFLEET_SIM_PER_IMAGE_MS": str(SIM_PER_IMAGE_MS)}
+    trace = log_dir / "forwards.jsonl"
+    env = {
+        "FUSEFLEET_SIM_BASE_MS": str(SIM_BASE_MS),
+        "FUSEFLEET_SIM_PER_IMAGE_MS": str(SIM_PER_IMAGE_MS),
+        "FUSEFLEET_SIM_TRACE": str(trace),
+    }
     with bench_fleet(
         max_num_seqs=seqs, wait_ms=0, runner="bench.runners:SimulatedGpuRunner", log_dir=log_dir, extra_env=env
     ) as base, httpx.Client(base_url=base, timeout=60) as http:
@@ -40,34 +51,31 @@ def measure(requests: int, steps: int, seqs: int, log_dir: Path) -> dict[str, An
         warm = http.post("/v1/requests/batch", json={"requests": [body] * seqs}).json()["ids"]
         for rid in warm:
             http.get(f"/v1/requests/{rid}", params={"wait_s": 60})
+        warm_forwards = len(trace.read_text().splitlines())
         ids: list[str] = []
         for start in range(0, requests, 256):
             chunk = [body] * min(256, requests - start)
             ids += http.post("/v1/requests/batch", json={"requests": chunk}).json()["ids"]
         views = [http.get(f"/v1/requests/{rid}", params={"wait_s": 60}).json() for rid in ids]
-    batches: dict[str, list[dict[str, Any]]] = {}
     for view in views:
         assert view["status"] == "succeeded", view
-        batches.setdefault(view["batch_id"], []).append(view)
-    spans = []
-    for members in batches.values():
-        started = min(_seconds(m["started_at"]) for m in members)
-        finished = max(_seconds(m["finished_at"]) for m in members)
-        spans.append((started, finished, len(members)))
-    spans.sort()
-    overheads = [(end - start) * 1000 - (SIM_BASE_MS + SIM_PER_IMAGE_MS * size) for start, end, size in spans]
-    gaps = [(nxt[0] - cur[1]) * 1000 for cur, nxt in zip(spans, spans[1:], strict=False)]
+    forwards = [json.loads(line) for line in trace.read_text().splitlines()[warm_forwards:]]
+    forwards.sort(key=lambda forward: forward["start"])
+    cost_s = [(SIM_BASE_MS + SIM_PER_IMAGE_MS * forward["images"]) / 1000 for forward in forwards]
+    overheads = [(f["end"] - f["start"] - cost) * 1000 for f, cost in zip(forwards, cost_s, strict=True)]
+    gaps = [(nxt["start"] - cur["end"]) * 1000 for cur, nxt in zip(forwards, forwards[1:], strict=False)]
     return {
         "requests": requests,
         "steps": steps,
         "max_num_seqs": seqs,
-        "batches": len(spans),
-        "mean_batch_size": statistics.mean(size for _, _, size in spans),
+        "batches": len(forwards),
+        "mean_batch_size": statistics.mean(forward["images"] for forward in forwards),
         "forward_ms_simulated": f"{SIM_BASE_MS} + {SIM_PER_IMAGE_MS} x B",
         "overhead_ms_p50": statistics.median(overheads),
         "overhead_ms_p90": _percentile(overheads, 0.9),
         "gap_ms_p50": statistics.median(gaps),
         "gap_ms_p90": _percentile(gaps, 0.9),
+        "efficiency": sum(cost_s) / (forwards[-1]["end"] - forwards[0]["start"]),
     }
 
 

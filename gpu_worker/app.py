@@ -1,8 +1,10 @@
-"""The Celery worker: one process per GPU, one batch at a time, the model loaded once in the pool process.
+"""The Celery worker: one process per GPU, one forward at a time, the model loaded once in the pool process.
 
 ``fusefleet worker`` calls ``run_worker``: the parent process stays free of torch (CUDA is not fork-safe); the
 prefork child loads the runner in ``worker_process_init``, starts the heartbeat that makes it a free slot for the
-scheduler, and then executes ``fusefleet.run_batch`` tasks.
+scheduler, and then executes ``fusefleet.run_batch`` tasks. A task returns once its batch's forwards are over: the
+batch is finished (outputs encoded and stored, requests ended) by the process's ``BackgroundFinisher`` while the
+next task runs its forward. At shutdown the process waits up to ``FINISH_ON_SHUTDOWN_S`` for that finish.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from celery import Celery, Task
 from celery.signals import worker_process_init, worker_process_shutdown
 
 from gpu_worker.executor import BatchExecutor
+from gpu_worker.finisher import BackgroundFinisher
 from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.runner import load_runner, runner_tasks, runner_traits
 from gpu_worker.store import Locked, WorkerStore
@@ -29,11 +32,16 @@ from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
+FINISH_ON_SHUTDOWN_S = 60.0
+"""How long a stopping worker process waits for the batch it is finishing; past it the batch's lock lapses and the
+reaper runs it again."""
+
 
 @dataclass
 class _ProcessState:
     executor: BatchExecutor | None = None
     heartbeat: Heartbeat | None = None
+    finisher: BackgroundFinisher | None = None
 
 
 def default_worker_name() -> str:
@@ -55,7 +63,14 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
             tasks=tuple(sorted(runner_tasks(runner))),
             traits=runner_traits(runner),
         )
-        state.heartbeat = Heartbeat(store, worker_name, settings.worker_heartbeat_s, capabilities)
+        state.heartbeat = Heartbeat(
+            store,
+            worker_name,
+            settings.worker_heartbeat_s,
+            capabilities,
+            hold_limit_s=settings.batch_time_limit_s,
+        )
+        state.finisher = BackgroundFinisher()
         state.executor = BatchExecutor(
             store,
             runner,
@@ -63,11 +78,14 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
             state.heartbeat,
             build_result_store(settings, binary),
             outage_retry_s=settings.redis_outage_retry_s,
+            finisher=state.finisher,
         )
         state.heartbeat.start()
         log.info("worker %s ready (runner %s, fused=%s)", worker_name, settings.runner, runner.fused)
 
     def shutdown_process(**_: Any) -> None:
+        if state.finisher is not None and not state.finisher.close(FINISH_ON_SHUTDOWN_S):
+            log.error("stopping with a batch unfinished after %.0f s; the reaper runs it again", FINISH_ON_SHUTDOWN_S)
         if state.heartbeat is not None:
             state.heartbeat.stop()
 
@@ -90,7 +108,6 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
         if isinstance(outcome, Locked):
             # another worker runs this batch (a duplicate delivery): look again when its lock could lapse
             raise self.retry(countdown=outcome.retry_after_s)
-        log.info("batch %s done: %s", batch.batch_id, {k: str(v) for k, v in outcome.statuses.items()})
 
     return app
 

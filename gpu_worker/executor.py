@@ -16,20 +16,29 @@ Failure handling, from the narrowest to the widest (``docs/reliability.md`` has 
 * Abort flags and ownership come back with each progress write, made off the denoising loop
   (``gpu_worker.step_reporter``): the forward stops once every row is aborted or was claimed by another run;
   results are written only under this run's claim token.
+
+Once a batch's forwards are over, what is left (encoding and storing its outputs, finishing its requests, releasing
+the batch) is handed to a ``Finisher`` and ``execute`` returns: the worker's ``BackgroundFinisher`` does it behind
+the next batch's forward, after ``forward_done`` has freed the worker's slot for that batch (``gpu_worker.finisher``
+says what bounds it). A runner that is not fused runs request by request, and its outputs are stored after the
+batch's last forward.
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar, cast
 
 from celery.exceptions import SoftTimeLimitExceeded
 from PIL import Image
 
+from gpu_worker.finisher import Finisher, InlineFinisher
 from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.images import encode
 from gpu_worker.runner import (
@@ -54,24 +63,37 @@ T = TypeVar("T")
 Statuses = dict[str, RequestStatus | None]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BatchOutcome:
-    """What happened to each request of a batch this worker claimed."""
+    """What happened to each request of a batch this worker claimed: ``statuses`` is complete once ``done`` is set
+    (when ``execute`` returns with an inline finisher; once the outputs are stored with a background one)."""
 
     batch_id: str
     statuses: Statuses
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def wait(self, timeout_s: float | None = None) -> Statuses:
+        """The statuses once the batch is finished (or as they stand after ``timeout_s``)."""
+        self.done.wait(timeout_s)
+        return dict(self.statuses)
 
 
 class RunnerError(Exception):
     """The runner's output cannot be mapped back onto the batch's requests."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Run:
-    """One claimed run of a batch: its claim token and the decoded inputs of its image-conditioned requests."""
+    """One claimed run of a batch: its claim token, the decoded inputs of its image-conditioned requests, and the
+    outputs of its forwards that wait to be stored (each forward's requests and their outputs)."""
 
     token: str
-    inputs: dict[str, InputImages]
+    inputs: dict[str, InputImages] = field(default_factory=dict)
+    outputs: list[tuple[list[RequestSpec], list[object]]] = field(default_factory=list)
+
+    @property
+    def waiting_ids(self) -> set[str]:
+        return {spec.id for specs, _ in self.outputs for spec in specs}
 
 
 def decode_inputs(spec: RequestSpec, image: bytes | None, mask: bytes | None) -> InputImages:
@@ -141,6 +163,7 @@ class BatchExecutor:
         results: ResultStore,
         *,
         outage_retry_s: float = 0.0,
+        finisher: Finisher | None = None,
     ) -> None:
         self._store = store
         self._results = results
@@ -149,9 +172,11 @@ class BatchExecutor:
         self._worker = worker
         self._heartbeat = heartbeat
         self._outage_retry_s = outage_retry_s
+        self._finisher = finisher or InlineFinisher()
 
     def execute(self, batch: BatchMessage) -> BatchOutcome | Locked:
-        """Run ``batch`` unless another run holds it (then ``Locked``: retry later).
+        """Run ``batch``'s forwards unless another run holds it (then ``Locked``: retry later), then hand its
+        finishing to the finisher (see the module's docstring) and free the worker's slot.
 
         Raises only when Redis stays unreachable past ``outage_retry_s``; the batch is then left to the reaper.
         """
@@ -161,26 +186,71 @@ class BatchExecutor:
             return claim
         if self._heartbeat is not None:
             self._heartbeat.hold(batch.batch_id, token)
-        statuses = dict(claim.statuses)
+        outcome = BatchOutcome(batch.batch_id, dict(claim.statuses))
+        run = _Run(token=token)
         try:
             try:
-                statuses.update(self._run_claimed(claim))
+                outcome.statuses.update(self._run_claimed(claim, run))
             except Exception as exc:  # noqa: BLE001 - whatever escaped, the requests must end and say why
                 if is_transient(exc):
                     raise  # Redis stayed away: the requests did not fail, the batch runs again (reaper)
                 log.exception("batch %s: %s escaped; failing what this run has not finished", batch.batch_id, exc)
-                statuses.update(self._fail({spec.id: error_info(exc) for spec in claim.specs}, token))
+                waiting = run.waiting_ids  # forwards that did end keep their outputs
+                errors = {spec.id: error_info(exc) for spec in claim.specs if spec.id not in waiting}
+                outcome.statuses.update(self._fail(errors, token))
+            self._finisher.submit(partial(self._finish, batch.batch_id, run, outcome))
+        except BaseException:
+            self._release(batch.batch_id, token)
+            raise
+        if run.outputs:
+            self._free_slot(batch.batch_id, token)
+        return outcome
+
+    def _finish(self, batch_id: str, run: _Run, outcome: BatchOutcome) -> None:
+        """Store the outputs of the run's forwards, finish their requests, release the batch (the finisher's job).
+
+        A store that fails for another reason than a Redis outage fails its requests with the error; through an
+        outage past ``outage_retry_s`` the batch is left to the reaper."""
+        try:
+            for specs, outputs in run.outputs:
+                try:
+                    outcome.statuses.update(self._store_results(specs, outputs, run.token))
+                except Exception as exc:  # noqa: BLE001 - the requests must end and say why
+                    if is_transient(exc):
+                        raise
+                    log.exception("batch %s: storing results failed; failing those requests", batch_id)
+                    outcome.statuses.update(self._fail({spec.id: error_info(exc) for spec in specs}, run.token))
+            run.outputs.clear()
+            self._release(batch_id, run.token)
+            self._redis(lambda: self._store.batch_done(batch_id, run.token), "releasing the batch")
+            log.info("batch %s done: %s", batch_id, {rid: str(status) for rid, status in outcome.statuses.items()})
+        except BaseException as exc:
+            self._release(batch_id, run.token)
+            if is_transient(exc):
+                log.error("batch %s left to the reaper: Redis unavailable (%s)", batch_id, exc)
+            raise
         finally:
-            if self._heartbeat is not None:
-                self._heartbeat.release()
-        self._redis(lambda: self._store.batch_done(batch.batch_id, token), "releasing the batch")
-        return BatchOutcome(batch.batch_id, statuses)
+            outcome.done.set()
+
+    def _release(self, batch_id: str, token: str) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.release(batch_id, token)
+
+    def _free_slot(self, batch_id: str, token: str) -> None:
+        """Tell the scheduler this worker can take its next batch while this one's outputs are stored (best
+        effort: otherwise the slot frees when the batch is done)."""
+        try:
+            self._store.forward_done(batch_id, token)
+        except Exception as exc:  # noqa: BLE001 - only the next batch's start is delayed
+            log.warning("batch %s: could not free the slot early: %s", batch_id, exc)
 
     def _redis(self, call: Callable[[], T], what: str) -> T:
         return call_with_retry(call, what=what, give_up_after_s=self._outage_retry_s)
 
-    def _run_claimed(self, claim: Claimed) -> Statuses:
-        statuses, run, specs = self._prepare(claim)
+    def _run_claimed(self, claim: Claimed, run: _Run) -> Statuses:
+        """Run the claimed requests' forwards; their outputs wait in ``run.outputs``. Returns the statuses of the
+        requests that failed on the way."""
+        statuses, specs = self._prepare(claim, run)
         if not specs:
             return statuses
         keys = [key for spec in specs for key in result_keys(spec, run.token, video_frames(spec, self._traits))]
@@ -189,9 +259,9 @@ class BatchExecutor:
             return {**statuses, **self._run_group(specs, run)}
         return {**statuses, **self._run_each(specs, run)}
 
-    def _prepare(self, claim: Claimed) -> tuple[Statuses, _Run, list[RequestSpec]]:
+    def _prepare(self, claim: Claimed, run: _Run) -> tuple[Statuses, list[RequestSpec]]:
         """Fail what this runner cannot run (a task it does not do, an input that cannot be read); decode the
-        inputs of the rest. Returns the statuses of those failed, the run, and the specs left to run."""
+        inputs of the rest into ``run``. Returns the statuses of those failed and the specs left to run."""
         supported = runner_tasks(self._runner)
         errors: dict[str, ErrorInfo] = {}
         for spec in claim.specs:
@@ -200,7 +270,7 @@ class BatchExecutor:
                 message = f"this fleet's runner ({type(self._runner).__name__}) does not do {spec.task}; it does {does}"
                 errors[spec.id] = ErrorInfo(type="UnsupportedTask", message=message)
         conditioned = [spec for spec in claim.specs if spec.task.needs_image and spec.id not in errors]
-        inputs: dict[str, InputImages] = {}
+        inputs = run.inputs
         if conditioned:
             ids = [spec.id for spec in conditioned]
             stored = self._redis(lambda: self._store.input_images(ids), "reading input images")
@@ -213,8 +283,7 @@ class BatchExecutor:
         if errors:
             log.warning("%d requests cannot run here: %s", len(errors), errors)
             statuses = self._fail(errors, claim.token)
-        run = _Run(token=claim.token, inputs=inputs)
-        return statuses, run, [spec for spec in claim.specs if spec.id not in errors]
+        return statuses, [spec for spec in claim.specs if spec.id not in errors]
 
     def _run_group(self, specs: Sequence[RequestSpec], run: _Run) -> Statuses:
         """One fused forward; on failure split (out of memory) or fall back to one by one (anything else)."""
@@ -232,7 +301,8 @@ class BatchExecutor:
                 return {**self._run_group(specs[:half], run), **self._run_group(specs[half:], run)}
             log.exception("fused forward of %d requests failed; re-running them one by one", len(specs))
             return self._run_each(specs, run)
-        return self._store_results(specs, images, run.token)
+        run.outputs.append((list(specs), list(images)))
+        return {}
 
     def _run_each(self, specs: Sequence[RequestSpec], run: _Run) -> Statuses:
         statuses: Statuses = {}
@@ -249,7 +319,7 @@ class BatchExecutor:
                 log.warning("request %s failed: %s: %s", spec.id, error.type, error.message)
                 statuses.update(self._fail({spec.id: error}, run.token))
                 continue
-            statuses.update(self._store_results([spec], images, run.token))
+            run.outputs.append(([spec], list(images)))
         return statuses
 
     def _fail(self, errors: dict[str, ErrorInfo], token: str) -> Statuses:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from gpu_worker.store import WorkerStore
 from shared.contracts import WorkerCapabilities
@@ -14,19 +15,30 @@ log = logging.getLogger(__name__)
 class Heartbeat:
     """Daemon thread beating every ``interval_s`` until ``stop()``.
 
-    While a batch runs, ``hold(batch_id, token)`` makes each beat renew that batch's lock, so a crashed worker's
-    batch becomes claimable again within ``batch_lock_ttl_s`` while a slow, live one keeps it.
+    From ``hold(batch_id, token)`` to ``release(batch_id, token)`` each beat renews that batch's lock, so a crashed
+    worker's batch becomes claimable again within ``batch_lock_ttl_s`` while a slow, live one keeps it. A worker
+    holds two batches at once while one is finished behind the other's forward (``gpu_worker.finisher``). A hold
+    ends by itself ``hold_limit_s`` after it began (``batch_time_limit_s``): a run stuck past it (a result store that
+    never answers) lets its lock lapse, and the reaper runs the batch again.
     """
 
     def __init__(
-        self, store: WorkerStore, worker: str, interval_s: float, capabilities: WorkerCapabilities
+        self,
+        store: WorkerStore,
+        worker: str,
+        interval_s: float,
+        capabilities: WorkerCapabilities,
+        *,
+        hold_limit_s: float = float("inf"),
     ) -> None:
         self._store = store
         self._worker = worker
         self._capabilities = capabilities
         self._interval_s = interval_s
+        self._hold_limit_s = hold_limit_s
         self._stop = threading.Event()
-        self._held: tuple[str, str] | None = None
+        self._lock = threading.Lock()
+        self._held: dict[tuple[str, str], float] = {}  # (batch id, token) -> monotonic deadline
         self._announced = False  # the first successful beat also wakes the scheduler
         self._thread = threading.Thread(target=self._loop, name="fusefleet-heartbeat", daemon=True)
 
@@ -36,10 +48,18 @@ class Heartbeat:
         self._thread.start()
 
     def hold(self, batch_id: str, token: str) -> None:
-        self._held = (batch_id, token)
+        with self._lock:
+            self._held[(batch_id, token)] = time.monotonic() + self._hold_limit_s
 
-    def release(self) -> None:
-        self._held = None
+    def release(self, batch_id: str, token: str) -> None:
+        with self._lock:
+            self._held.pop((batch_id, token), None)
+
+    @property
+    def held(self) -> list[str]:
+        """The batches whose locks the beat renews."""
+        with self._lock:
+            return [batch_id for batch_id, _ in self._held]
 
     def stop(self) -> None:
         self._stop.set()
@@ -57,8 +77,14 @@ class Heartbeat:
         try:
             self._store.heartbeat(self._worker, self._capabilities, first=not self._announced)
             self._announced = True
-            held = self._held
-            if held is not None and not self._store.renew_lock(*held):
-                log.warning("lost the lock of batch %s: another run may claim it (late writes are ignored)", held[0])
+            now = time.monotonic()
+            with self._lock:
+                held = list(self._held.items())
+            for (batch_id, token), deadline in held:
+                if now > deadline:
+                    log.error("batch %s held past batch_time_limit_s: its lock is left to lapse", batch_id)
+                    self.release(batch_id, token)
+                elif not self._store.renew_lock(batch_id, token):
+                    log.warning("lost the lock of batch %s: another run may claim it (late writes ignored)", batch_id)
         except Exception as exc:  # noqa: BLE001 - a Redis blip must not kill the beat; the next one retries
             log.warning("heartbeat failed: %s", exc)

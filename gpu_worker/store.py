@@ -69,6 +69,7 @@ class WorkerStore:
         self._progress = client.register_script(k.PROGRESS)
         self._finish = client.register_script(k.FINISH)
         self._batch_done = client.register_script(k.BATCH_DONE)
+        self._forward_done = client.register_script(k.FORWARD_DONE)
         self._renew = client.register_script(k.RENEW)
         self._heartbeat = client.register_script(k.HEARTBEAT)
 
@@ -162,10 +163,22 @@ class WorkerStore:
         """Release this run's hold on the batch; True when the batch left flight (nothing of it unfinished)."""
         return bool(
             self._batch_done(
-                keys=[self.keys.batch_lock(batch_id), self.keys.inflight, self.keys.events, self.keys.batch(batch_id)],
+                keys=[
+                    self.keys.batch_lock(batch_id),
+                    self.keys.inflight,
+                    self.keys.events,
+                    self.keys.batch(batch_id),
+                    self.keys.storing,
+                ],
                 args=[token, batch_id, k.EVENTS_MAXLEN, self.keys.prefix, self._settings.result_ttl_s],
             )
         )
+
+    def forward_done(self, batch_id: str, token: str) -> bool:
+        """This run's forward is over and its outputs are being stored: free the worker's slot for the next batch
+        (the batch stays in flight and locked until ``batch_done``). False when the run no longer holds it."""
+        keys = [self.keys.batch_lock(batch_id), self.keys.storing, self.keys.events]
+        return bool(self._forward_done(keys=keys, args=[token, batch_id, k.EVENTS_MAXLEN]))
 
     def renew_lock(self, batch_id: str, token: str) -> bool:
         ttl_ms = int(self._settings.batch_lock_ttl_s * 1000)

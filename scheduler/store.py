@@ -151,13 +151,14 @@ class SchedulerStore:
             pipe.execute()
 
     def free_slots(self) -> int:
-        """Live worker slots (stale heartbeats swept first, by Redis time) minus batches in flight.
+        """Live worker slots (stale heartbeats swept first, by Redis time) minus batches in flight that occupy one.
 
         A batch leaves flight only when none of its requests is unfinished (``batch_done.lua``, ``reap.lua``),
-        so a batch waiting to be published again still holds the slot it will take.
+        so a batch waiting to be published again still holds the slot it will take; a batch whose forward is over
+        while its outputs are stored (``forward_done.lua``) frees its worker's slot for the next batch.
         """
         ttl_ms = int(self._settings.worker_ttl_s * 1000)
-        keys = [self.keys.workers, self.keys.inflight, self.keys.capabilities]
+        keys = [self.keys.workers, self.keys.inflight, self.keys.capabilities, self.keys.storing]
         return int(self._free_slots(keys=keys, args=[ttl_ms]))
 
     def schedule(self, lease_key: str, token: str, batch_id: str, request_ids: Sequence[str]) -> list[str]:
@@ -174,7 +175,7 @@ class SchedulerStore:
     def reap(self) -> Reaped:
         """One pass of the reaper over the batches in flight (see ``reap.lua``)."""
         pairs, removed = self._reap(
-            keys=[self.keys.inflight, self._settings.queue_name],
+            keys=[self.keys.inflight, self._settings.queue_name, self.keys.storing],
             args=[self.keys.prefix, int(self._settings.batch_claim_timeout_s * 1000), self._settings.result_ttl_s],
         )
         ids = {str(pairs[i]): str(pairs[i + 1]).split() for i in range(0, len(pairs), 2)}

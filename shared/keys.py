@@ -25,6 +25,8 @@ key                             type    contents
                                         published_ms (Redis server time); TTL once out of flight
 ``P:batch:{id}:lock``           string  claim token of the run holding the batch (TTL, renewed by heartbeats)
 ``P:inflight``                  zset    batches with unfinished requests, scored by first publish time (ms)
+``P:storing``                   zset    batches in flight whose forward is over while their run stores the outputs
+                                        (they free their worker's slot), scored by when (Redis time, ms)
 ``P:workers``                   zset    live worker node names, scored by last heartbeat (Redis time, ms)
 ``P:capabilities``              hash    worker node name -> WorkerCapabilities JSON (model, pipeline, tasks);
                                         swept with the worker's heartbeat entry
@@ -72,6 +74,10 @@ class RedisKeys:
     @property
     def inflight(self) -> str:
         return f"{self.prefix}:inflight"
+
+    @property
+    def storing(self) -> str:
+        return f"{self.prefix}:storing"
 
     @property
     def workers(self) -> str:
@@ -135,6 +141,7 @@ FINISH = _lua("finish")
 FAIL = _lua("fail")
 ABORT = _lua("abort")
 BATCH_DONE = _lua("batch_done")
+FORWARD_DONE = _lua("forward_done")
 REAP = _lua("reap")
 STAMP_PUBLISHED = _lua("stamp_published")
 HEARTBEAT = _lua("heartbeat")

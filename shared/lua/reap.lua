@@ -7,7 +7,8 @@
 --     waits in the broker queue -> the message was lost: publish it again.
 -- Each decision to publish stamps published_seq and published_ms, so a batch is republished once per claim or
 -- per timeout. Times are Redis server time (ms), so the clocks of scheduler and worker hosts do not matter.
--- KEYS[1] inflight zset, KEYS[2] broker queue (list of Celery messages).
+-- A batch no run holds stores behind no forward: it leaves the storing zset (its worker died while storing).
+-- KEYS[1] inflight zset, KEYS[2] broker queue (list of Celery messages), KEYS[3] storing zset.
 -- ARGV[1] key prefix, ARGV[2] claim timeout (ms), ARGV[3] ttl of a finished batch hash (s).
 -- Returns {{batch id, its request ids (space separated), ...} to publish again, number taken out of flight}.
 local t = redis.call('TIME')
@@ -17,6 +18,7 @@ local removed = 0
 for _, batch_id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   local batch = ARGV[1] .. ':batch:' .. batch_id
   if redis.call('EXISTS', batch .. ':lock') == 0 then
+    redis.call('ZREM', KEYS[3], batch_id)
     local st = redis.call('HMGET', batch, 'ids', 'claimed_seq', 'published_seq', 'published_ms')
     members[batch_id] = st[1] or ''
     local live = false

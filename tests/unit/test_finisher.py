@@ -1,0 +1,168 @@
+"""Storing behind the next forward: the finisher, the worker slot it frees early, and the bounds around it.
+
+The executor runs on fakeredis with the real Lua scripts and a filesystem result store that the test can hold
+shut, so a batch's finish can be caught half-way.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import fakeredis
+import pytest
+
+from gpu_worker.executor import BatchExecutor, BatchOutcome
+from gpu_worker.finisher import BackgroundFinisher
+from gpu_worker.heartbeat import Heartbeat
+from gpu_worker.store import Claimed, WorkerStore
+from scheduler.store import SchedulerStore
+from shared.contracts import Task, WorkerCapabilities
+from shared.results.filesystem import FilesystemResultStore
+from shared.settings import Settings
+from tests.unit.test_executor import ScriptedRunner, scheduled_batch
+
+CAPABILITIES = WorkerCapabilities(model="demo", pipeline="Test", tasks=(Task.TEXT_TO_IMAGE,))
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return Settings(key_prefix="t", max_batch_attempts=3, batch_lock_ttl_s=5, result_ttl_s=60)
+
+
+@pytest.fixture
+def client() -> fakeredis.FakeRedis:
+    return fakeredis.FakeRedis(decode_responses=True)
+
+
+class GatedStore(FilesystemResultStore):
+    """A filesystem result store whose writes wait until the test opens the gate."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.gate = threading.Event()
+        self.waiting = threading.Event()
+
+    def put(self, key: str, data: bytes) -> None:
+        self.waiting.set()
+        assert self.gate.wait(10), "the test never opened the gate"
+        super().put(key, data)
+
+
+def test_background_finisher_runs_jobs_in_order_one_at_a_time() -> None:
+    finisher = BackgroundFinisher()
+    done: list[int] = []
+    release = threading.Event()
+    finisher.submit(lambda: (release.wait(5), done.append(1)) and None)
+    submitted = threading.Event()
+
+    def second() -> None:
+        finisher.submit(lambda: done.append(2))
+        submitted.set()
+
+    threading.Thread(target=second, daemon=True).start()
+    assert not submitted.wait(0.2)  # the first job still runs: the next submit waits for it
+    release.set()
+    assert submitted.wait(5)
+    assert finisher.close(5)
+    assert done == [1, 2]
+
+
+def test_background_finisher_survives_a_failing_job(caplog: pytest.LogCaptureFixture) -> None:
+    finisher = BackgroundFinisher()
+    done: list[str] = []
+
+    def broken() -> None:
+        raise RuntimeError("boom")
+
+    finisher.submit(broken)
+    finisher.submit(lambda: done.append("after"))
+    assert finisher.close(5)
+    assert done == ["after"]
+    assert "finishing a batch failed" in caplog.text
+    with pytest.raises(RuntimeError, match="closed"):
+        finisher.submit(lambda: None)
+
+
+def test_close_reports_a_finish_that_does_not_end() -> None:
+    finisher = BackgroundFinisher()
+    stuck = threading.Event()
+    finisher.submit(lambda: stuck.wait(5) and None)
+    started = time.monotonic()
+    assert not finisher.close(0.2)
+    assert time.monotonic() - started < 2
+    stuck.set()
+
+
+def test_slot_frees_when_the_forward_ends_and_the_batch_stays_in_flight_until_stored(
+    client: fakeredis.FakeRedis, settings: Settings, tmp_path: Path
+) -> None:
+    """While a batch's images are stored, its worker's slot is free for the next batch; the batch stays in flight
+    and locked (the reaper leaves it alone) until its requests are finished; then it leaves flight."""
+    store = WorkerStore(client, settings)
+    scheduler = SchedulerStore(client, settings)
+    store.heartbeat("w1", CAPABILITIES, first=True)
+    results = GatedStore(tmp_path / "results")
+    finisher = BackgroundFinisher()
+    executor = BatchExecutor(store, ScriptedRunner(), "w1", None, results, finisher=finisher)
+    batch = scheduled_batch(client, settings, ["a", "b"])
+    assert scheduler.free_slots() == 0  # the batch in flight occupies the only worker
+
+    outcome = executor.execute(batch)
+    assert isinstance(outcome, BatchOutcome)
+    assert results.waiting.wait(5)  # the finisher is storing the first image
+    assert not outcome.done.is_set()
+    assert scheduler.free_slots() == 1  # the forward is over: the worker can take the next batch
+    assert client.zrange(store.keys.inflight, 0, -1) == ["B1"]
+    assert client.exists(store.keys.batch_lock("B1"))
+    assert scheduler.reap().republish == []  # locked: not the reaper's
+    assert [client.hget(store.keys.request(rid), "status") for rid in ("a", "b")] == ["running", "running"]
+
+    results.gate.set()
+    assert outcome.wait(5) == {"a": "succeeded", "b": "succeeded"}
+    assert finisher.close(5)
+    assert client.zrange(store.keys.inflight, 0, -1) == []
+    assert client.zcard(store.keys.storing) == 0
+    assert scheduler.free_slots() == 1
+
+
+def test_a_worker_that_dies_while_storing_frees_nothing_twice(
+    client: fakeredis.FakeRedis, settings: Settings
+) -> None:
+    """A storing batch whose run died (its lock lapsed) leaves the storing set at the reaper's next pass and is
+    published again: its rerun occupies a slot like any batch in flight."""
+    store = WorkerStore(client, settings)
+    scheduler = SchedulerStore(client, settings)
+    store.heartbeat("w1", CAPABILITIES, first=True)
+    batch = scheduled_batch(client, settings, ["a"])
+    assert isinstance(store.claim(batch, "tok1", "w1"), Claimed)
+    assert store.forward_done("B1", "tok1")
+    assert scheduler.free_slots() == 1
+    client.delete(store.keys.batch_lock("B1"))  # the worker died; its lock lapsed
+    assert scheduler.reap().republish == ["B1"]
+    assert client.zcard(store.keys.storing) == 0
+    assert scheduler.free_slots() == 0  # the rerun will take the worker
+    assert not store.forward_done("B1", "tok1")  # the dead run's late call changes nothing
+
+
+def test_heartbeat_renews_every_held_batch_until_its_limit(client: fakeredis.FakeRedis) -> None:
+    """A worker holds the batch it stores and the batch it runs; a hold past its limit lets the lock lapse."""
+    store = WorkerStore(client, Settings(key_prefix="t", batch_lock_ttl_s=0.4, worker_heartbeat_s=0.05))
+    beat = Heartbeat(store, "w1", 0.05, CAPABILITIES, hold_limit_s=0.5)
+    for batch_id, token in (("B1", "t1"), ("B2", "t2")):
+        client.set(store.keys.batch_lock(batch_id), token, px=150)
+        beat.hold(batch_id, token)
+    beat.start()
+    try:
+        time.sleep(0.3)
+        assert sorted(beat.held) == ["B1", "B2"]
+        assert client.get(store.keys.batch_lock("B1")) == "t1" and client.get(store.keys.batch_lock("B2")) == "t2"
+        beat.release("B2", "t2")
+        time.sleep(0.5)
+        assert beat.held == []  # B1's hold reached its limit
+        time.sleep(0.5)  # batch_lock_ttl_s after its last renewal, the lock lapsed
+        assert client.get(store.keys.batch_lock("B1")) is None
+    finally:
+        beat.stop()
+
