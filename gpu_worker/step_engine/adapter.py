@@ -1,0 +1,145 @@
+"""A pipeline family's half of the step engine: what one diffusers pipeline does per row, taken apart so the engine
+can run it over a changing set of rows.
+
+The engine (:mod:`gpu_worker.step_engine.engine`) owns the rows and the loop; an adapter mirrors its pipeline's
+``__call__`` piece by piece: prompt encoding, each row's scheduler and initial latents, the denoiser call, guidance,
+the scheduler step's extra arguments, and decoding. Each piece is written to match what the pipeline computes for
+that row when called alone (diffusers 0.42; docs/step_mode.md says where the results differ and by how much).
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from gpu_worker.step_engine.rows import Row
+
+Conditioning = Mapping[str, torch.Tensor]
+"""Denoiser keyword -> one row's tensor for it (a batch of one), e.g. ``encoder_hidden_states``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Canvas:
+    """What every row of a running set shares (the step key's part the engine sees): the output size and the
+    prompt sequence length (None: the pipeline's default)."""
+
+    width: int
+    height: int
+    max_sequence_length: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """One row's encoded prompt: the conditional half, and the unconditional half when the row is guided."""
+
+    cond: Conditioning
+    uncond: Conditioning | None
+
+
+def split(batch: Mapping[str, torch.Tensor], count: int) -> list[dict[str, torch.Tensor]]:
+    """A batch of ``count`` rows' tensors, one dict (batch of one) per row."""
+    return [{name: tensor[i : i + 1] for name, tensor in batch.items()} for i in range(count)]
+
+
+class FamilyAdapter(ABC):
+    """One pipeline family's pieces, bound to a loaded pipeline and a canvas."""
+
+    family: ClassVar[str]
+    """The ``gpu_worker.families`` name of the family."""
+    denoiser_name: ClassVar[str]
+    """The pipeline component called once per step (``unet``, ``transformer``)."""
+    scales_initial_noise: ClassVar[bool]
+    """Whether the pipeline multiplies initial latents by ``scheduler.init_noise_sigma``."""
+    rescales_guidance: ClassVar[bool]
+    """Whether the pipeline applies ``guidance_rescale``."""
+
+    def __init__(self, pipe: Any, canvas: Canvas) -> None:
+        self.pipe = pipe
+        self.canvas = canvas
+        multiple = self.size_multiple
+        for name in ("width", "height"):
+            value = getattr(canvas, name)
+            if value <= 0 or value % multiple:
+                raise ValueError(f"{name} must be a positive multiple of {multiple} for {type(pipe).__name__}")
+        step_params = inspect.signature(pipe.scheduler.step).parameters
+        self._step_takes = frozenset(step_params)
+
+    @property
+    def denoiser(self) -> Any:
+        """The pipeline's denoiser module (``unet``, ``transformer``)."""
+        return getattr(self.pipe, self.denoiser_name)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the pipeline runs (what its ``__call__`` uses)."""
+        device: torch.device = self.pipe._execution_device
+        return device
+
+    @property
+    def size_multiple(self) -> int:
+        """What width and height must be multiples of."""
+        return int(self.pipe.vae_scale_factor)
+
+    def latent_shape(self) -> tuple[int, int, int]:
+        """Channels, height, width of one row's latents."""
+        scale = self.pipe.vae_scale_factor
+        channels = int(self.denoiser.config.in_channels)
+        return channels, self.canvas.height // scale, self.canvas.width // scale
+
+    def guided(self, row: Row) -> bool:
+        """Whether the row runs classifier-free guidance (an unconditional half): guidance scale above 1."""
+        return row.guidance_scale > 1.0
+
+    def scheduler_for(self, steps: int) -> Any:
+        """A fresh scheduler of the pipeline's type and config, with its timesteps for ``steps`` set."""
+        scheduler = type(self.pipe.scheduler).from_config(self.pipe.scheduler.config)
+        scheduler.set_timesteps(steps, device=self.device, **self.timestep_kwargs())
+        return scheduler
+
+    def timestep_kwargs(self) -> dict[str, Any]:
+        """What the pipeline adds to ``set_timesteps`` besides the step count and device."""
+        return {}
+
+    def initial_latents(self, rows: Sequence[Row], schedulers: Sequence[Any], dtype: torch.dtype) -> list[torch.Tensor]:
+        """Each row's starting latents: a standard normal draw from its own generator (all rows in one
+        ``randn_tensor`` call with a generator list, which draws each row from its generator alone), scaled by
+        its own scheduler's ``init_noise_sigma`` where the pipeline scales."""
+        from diffusers.utils.torch_utils import randn_tensor
+
+        shape = (len(rows), *self.latent_shape())
+        noise = randn_tensor(shape, generator=[row.generator for row in rows], device=self.device, dtype=dtype)
+        latents = [noise[i : i + 1] for i in range(len(rows))]
+        if self.scales_initial_noise:
+            latents = [x * scheduler.init_noise_sigma for x, scheduler in zip(latents, schedulers, strict=True)]
+        return latents
+
+    @abstractmethod
+    def encode(self, rows: Sequence[Row]) -> list[Prompt]:
+        """Encode every row's prompt (and negative prompt, for guided rows) in one batched call."""
+
+    @abstractmethod
+    def denoise(self, sample: torch.Tensor, timesteps: torch.Tensor, conditioning: Conditioning) -> torch.Tensor:
+        """One denoiser call over ``sample`` (the batch), ``timesteps`` (one per batch row) and the conditioning
+        tensors concatenated in the same row order."""
+
+    def guide(self, uncond: torch.Tensor, cond: torch.Tensor, row: Row) -> torch.Tensor:
+        """Classifier-free guidance of one row with its own scale (and rescale, where the pipeline rescales)."""
+        guided = uncond + row.guidance_scale * (cond - uncond)
+        if self.rescales_guidance and row.guidance_rescale > 0.0:
+            from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import rescale_noise_cfg
+
+            guided = rescale_noise_cfg(guided, cond, guidance_rescale=row.guidance_rescale)  # type: ignore[no-untyped-call]
+        return guided
+
+    def step_kwargs(self, row: Row) -> dict[str, Any]:
+        """Extra arguments of the row's ``scheduler.step``: none unless the family passes some."""
+        return {}
+
+    @abstractmethod
+    def decode(self, latents: torch.Tensor, output_type: str) -> list[Any]:
+        """Decode a batch of final latents in one VAE call; one output (a PIL image for ``pil``) per row."""

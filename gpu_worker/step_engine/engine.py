@@ -1,0 +1,211 @@
+"""The step engine: a denoising loop over a set of rows that changes between steps.
+
+Each :meth:`StepEngine.step` is **one** fused denoiser call over every live row, with a timestep per row; each row
+keeps its own scheduler (a fresh copy of the pipeline's, with its own step count), latents, generator, guidance
+scale and step index. Rows join between steps (:meth:`StepEngine.join`: their prompts encoded and their latents
+drawn in one batch), finished rows leave at the step that finishes them (returned by ``step``, decoded together by
+:meth:`StepEngine.decode`), and an aborted row leaves before the next step (:meth:`StepEngine.abort`): its latents,
+its half of the guidance embeddings, its generator and its scheduler go with it, and its peers go on unchanged.
+
+Threads: ``join``, ``step`` and ``decode`` belong to one loop thread; ``abort``, ``abort_request``, ``progress``
+and ``live`` may be called from any thread (a row aborted while a step runs is computed in that step but never
+returned). A denoiser call that raises leaves every row as it was before the step: the caller may retry it,
+step a subset (``only``) to isolate a culprit, or abort the rows.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gpu_worker.families import family_of
+from gpu_worker.step_engine.adapter import Canvas, FamilyAdapter, Prompt
+from gpu_worker.step_engine.key import StepKey
+from gpu_worker.step_engine.rows import Finished, Row, RowProgress
+from gpu_worker.step_engine.stable_diffusion import StableDiffusionAdapter
+from gpu_worker.step_engine.stable_diffusion_3 import StableDiffusion3Adapter
+from shared.contracts import Task
+
+ADAPTERS: Mapping[str, type[FamilyAdapter]] = {
+    adapter.family: adapter for adapter in (StableDiffusionAdapter, StableDiffusion3Adapter)
+}
+"""Family name (``gpu_worker.families``) -> its step-mode adapter; every other family runs request-level."""
+
+
+class UnsupportedPipeline(ValueError):
+    """The pipeline's family has no step-mode adapter (it keeps request-level batching)."""
+
+
+def supports(pipe: Any) -> bool:
+    """Whether ``pipe``'s family can run in step mode."""
+    return family_of(pipe).name in ADAPTERS
+
+
+@dataclass(slots=True, eq=False)
+class _LiveRow:
+    """A row in the running set: its own scheduler, latents, encoded prompt and step index."""
+
+    row: Row
+    scheduler: Any
+    latents: torch.Tensor
+    prompt: Prompt
+    index: int = 0
+
+    @property
+    def total(self) -> int:
+        """Denoiser calls the row needs: one per entry of its scheduler's timesteps."""
+        return len(self.scheduler.timesteps)
+
+    @property
+    def timestep(self) -> torch.Tensor:
+        """The row's timestep at its next step."""
+        timestep: torch.Tensor = self.scheduler.timesteps[self.index]
+        return timestep
+
+    def scale_model_input(self) -> torch.Tensor:
+        """The row's denoiser input at its timestep (the scheduler's input scaling, where it has one)."""
+        if hasattr(self.scheduler, "scale_model_input"):
+            scaled: torch.Tensor = self.scheduler.scale_model_input(self.latents, self.timestep)
+            return scaled
+        return self.latents
+
+    def progress(self) -> RowProgress:
+        return RowProgress(self.row.id, self.row.request_id, self.index, self.total)
+
+
+class StepEngine:
+    """Step-level denoising over a changing set of rows on one loaded diffusers pipeline.
+
+    Every row shares the canvas (size, prompt sequence length) and whatever is set on the pipeline (its
+    scheduler type and config, an active LoRA): the step key's part. Rows differ in prompt, negative prompt,
+    steps, guidance scale and rescale, and generator.
+    """
+
+    def __init__(self, pipe: Any, width: int, height: int, max_sequence_length: int | None = None) -> None:
+        family = family_of(pipe).name
+        if family not in ADAPTERS:
+            known = ", ".join(sorted(ADAPTERS))
+            raise UnsupportedPipeline(f"{type(pipe).__name__} ({family}) has no step mode; step-mode families: {known}")
+        self.adapter: FamilyAdapter = ADAPTERS[family](pipe, Canvas(width, height, max_sequence_length))
+        self._live: dict[str, _LiveRow] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_key(cls, pipe: Any, key: StepKey) -> StepEngine:
+        """An engine for the requests of ``key``; ValueError naming the field the step engine cannot run."""
+        if key.task is not Task.TEXT_TO_IMAGE:
+            raise ValueError(f"task: step mode runs text-to-image only, not {key.task}")
+        for name in ("num_frames", "true_cfg_scale", "strength"):
+            if getattr(key, name) is not None:
+                raise ValueError(f"{name}: not taken in step mode")
+        return cls(pipe, key.width, key.height, key.max_sequence_length)
+
+    @property
+    def live(self) -> tuple[str, ...]:
+        """Ids of the rows in the running set, in joining order."""
+        with self._lock:
+            return tuple(self._live)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._live)
+
+    def progress(self) -> list[RowProgress]:
+        """Where each live row stands."""
+        with self._lock:
+            return [live.progress() for live in self._live.values()]
+
+    @torch.no_grad()
+    def join(self, rows: Sequence[Row]) -> None:
+        """Add ``rows`` to the running set; they take their first step at the next :meth:`step`.
+
+        Their prompts are encoded in one batch and their initial latents drawn in one batch (each from its own
+        generator). ValueError naming the field for a row the engine cannot take (a duplicate id, steps < 1, ...);
+        then no row joins.
+        """
+        if not rows:
+            return
+        ids = [row.id for row in rows]
+        with self._lock:
+            taken = set(self._live)
+        for row in rows:
+            row.check()
+        duplicate = next((row_id for i, row_id in enumerate(ids) if row_id in taken or row_id in ids[:i]), None)
+        if duplicate is not None:
+            raise ValueError(f"row {duplicate} is already in the running set")
+        adapter = self.adapter
+        schedulers = [adapter.scheduler_for(row.steps) for row in rows]
+        prompts = adapter.encode(rows)
+        dtype = prompts[0].cond["encoder_hidden_states"].dtype
+        latents = adapter.initial_latents(rows, schedulers, dtype)
+        with self._lock:
+            for row, scheduler, x, prompt in zip(rows, schedulers, latents, prompts, strict=True):
+                self._live[row.id] = _LiveRow(row, scheduler, x, prompt)
+
+    def abort(self, row_id: str) -> bool:
+        """Drop the row now (any thread): it takes no further step and is never returned. False when no such row
+        is live (finished, aborted, or never joined)."""
+        with self._lock:
+            return self._live.pop(row_id, None) is not None
+
+    def abort_request(self, request_id: str) -> list[str]:
+        """Drop every live row of ``request_id``; the ids dropped."""
+        with self._lock:
+            dropped = [row_id for row_id, live in self._live.items() if live.row.request_id == request_id]
+            for row_id in dropped:
+                del self._live[row_id]
+            return dropped
+
+    @torch.no_grad()
+    def step(self, only: Collection[str] | None = None) -> list[Finished]:
+        """Advance every live row (or only the rows ``only`` names) by one denoising step, in one denoiser call,
+        and return the rows this step finished (they leave the running set), in joining order.
+
+        The call's batch is the guided rows' unconditional halves followed by every row's conditional half, each
+        at its row's own timestep (a row with guidance scale <= 1 has no unconditional half).
+        """
+        with self._lock:
+            batch = [live for row_id, live in self._live.items() if only is None or row_id in only]
+        if not batch:
+            return []
+        adapter = self.adapter
+        unconds = {i: live.prompt.uncond for i, live in enumerate(batch) if live.prompt.uncond is not None}
+        guided = list(unconds)
+        scaled = [live.scale_model_input() for live in batch]
+        order = [*guided, *range(len(batch))]
+        sample = torch.cat([scaled[i] for i in order])
+        timesteps = torch.stack([batch[i].timestep for i in order])
+        halves = [*unconds.values(), *(live.prompt.cond for live in batch)]
+        conditioning = {name: torch.cat([half[name] for half in halves]) for name in batch[0].prompt.cond}
+        prediction = adapter.denoise(sample, timesteps, conditioning)
+        unconditional, conditional = prediction[: len(guided)], prediction[len(guided) :]
+        where_guided = {i: g for g, i in enumerate(guided)}
+        for i, live in enumerate(batch):
+            noise = conditional[i : i + 1]
+            if i in where_guided:
+                g = where_guided[i]
+                noise = adapter.guide(unconditional[g : g + 1], noise, live.row)
+            kwargs = adapter.step_kwargs(live.row)
+            live.latents = live.scheduler.step(noise, live.timestep, live.latents, **kwargs, return_dict=False)[0]
+            live.index += 1
+        finished: list[Finished] = []
+        with self._lock:
+            for live in batch:
+                if live.index >= live.total and self._live.get(live.row.id) is live:
+                    del self._live[live.row.id]
+                    finished.append(Finished(live.row, live.latents))
+        return finished
+
+    @torch.no_grad()
+    def decode(self, finished: Sequence[Finished], output_type: str = "pil") -> list[Any]:
+        """Decode finished rows in one VAE call: one output per row, in order (PIL images for ``pil``; ``np`` and
+        ``pt`` as the pipeline's image processor gives them, ``latent`` the latents themselves)."""
+        if not finished:
+            return []
+        if output_type == "latent":
+            return [done.latents for done in finished]
+        return self.adapter.decode(torch.cat([done.latents for done in finished]), output_type)
