@@ -11,13 +11,15 @@ from fastapi.exceptions import RequestValidationError
 from redis import Redis as SyncRedis
 from redis.exceptions import RedisError
 
+from api.auth import AUTHENTICATED, UNAUTHORIZED, keys_watcher
 from api.body_limit import BodyLimit
+from api.events_feed import EventFeed
 from api.metrics import ApiMetrics
 from api.metrics import router as metrics_router
 from api.openai import install as install_openai
 from api.openapi import serve_limits
 from api.outage import StoreUnavailable, store_unavailable_response
-from api.routes import health, requests
+from api.routes import events, fleet, health, requests, ui
 from api.store import RequestStore
 from api.validation import validation_error_response
 from api.waiter import CompletionWaiter
@@ -43,7 +45,9 @@ def create_app(
     Bad input is a 4xx, never a 5xx: 422 with every echoed value JSON-safe (``api.validation``), 413 past
     ``max_body_bytes`` (``api.body_limit``). A Redis that is down, stalled or loading is a 503 with
     ``Retry-After`` within ``redis_socket_timeout_s`` (``api.outage``). The served OpenAPI document states
-    this server's limits (``api.openapi``).
+    this server's limits (``api.openapi``). With ``settings.api_keys_file`` every route but ``/healthz``,
+    ``/metrics`` and the web page's static files (``api.routes.ui``) needs an API key, and a key sees only its
+    own requests (``api.auth``); an invalid keys file raises ``KeysFileError`` here.
     """
     # (mypy without the pydantic plugin misses the positional Field defaults of Settings)
     settings = settings if settings is not None else Settings()
@@ -71,8 +75,20 @@ def create_app(
             result_ttl_s=settings.result_ttl_s,
             call_timeout_s=settings.redis_socket_timeout_s,
         )
+        # event streams wait on connections of their own (api.events_feed), never starving the other routes
+        streams = redis if redis is not None else async_client(settings, max_connections=settings.max_event_streams)
+        if streams is not text:
+            owned.append(streams)
+        app.state.events = EventFeed(
+            streams,
+            app.state.store,
+            keys,
+            max_streams=settings.max_event_streams,
+            call_timeout_s=settings.redis_socket_timeout_s,
+        )
         reader = FleetReader(text, keys, worker_ttl_s=settings.worker_ttl_s, timeout_s=settings.redis_socket_timeout_s)
         app.state.metrics.attach(app.state.store, reader)
+        app.state.fleet = reader  # GET /v1/fleet (api/routes/fleet.py)
         try:
             yield
         finally:
@@ -89,9 +105,16 @@ def create_app(
     app.add_exception_handler(StoreUnavailable, store_unavailable_response)
     app.add_exception_handler(RedisError, store_unavailable_response)  # a Redis call outside the store
     app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes)
-    app.include_router(requests.router)
+    app.state.api_keys = keys_watcher(settings.api_keys_file)  # None: no keys file, no authentication (api.auth)
+    unauthorized = UNAUTHORIZED if app.state.api_keys is not None else None
+    app.include_router(requests.router, dependencies=AUTHENTICATED, responses=unauthorized)
+    app.include_router(  # Server-Sent Events of requests (api/routes/events.py)
+        events.router, dependencies=AUTHENTICATED, responses=unauthorized
+    )
+    app.include_router(fleet.router, dependencies=AUTHENTICATED, responses=unauthorized)  # GET /v1/fleet
     app.include_router(health.router)
+    app.include_router(ui.router)  # the web page, GET / (api/routes/ui.py): static, no key needed
     app.include_router(metrics_router)  # not in the OpenAPI schema
-    install_openai(app)  # OpenAI Images API: its routes, errors in OpenAI's shape (api/openai/)
+    install_openai(app, AUTHENTICATED)  # OpenAI Images API: its routes, errors in OpenAI's shape (api/openai/)
     serve_limits(app, settings)
     return app

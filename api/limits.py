@@ -26,7 +26,7 @@ def _too_long(loc: Loc, value: str, limit: int, setting: str) -> ErrorDict:
     }
 
 
-def _too_large(loc: Loc, value: int, limit: int, setting: str) -> ErrorDict:
+def _too_large(loc: Loc, value: float, limit: float, setting: str) -> ErrorDict:
     return {
         "type": "less_than_equal",
         "loc": loc,
@@ -67,6 +67,8 @@ def limit_errors(request: GenerateRequest, settings: Settings, loc: Loc = ("body
     if request.n > settings.max_images_per_request:
         errors.append(_too_large((*loc, "n"), request.n, settings.max_images_per_request, "max_images_per_request"))
         sizes_ok = False
+    if request.timeout_s is not None and request.timeout_s > settings.max_timeout_s:
+        errors.append(_too_large((*loc, "timeout_s"), request.timeout_s, settings.max_timeout_s, "max_timeout_s"))
     if sizes_ok:  # the budget is about the combination; an oversized field is reported once, by its own limit
         errors += _pixel_budget_errors(request, settings, loc)
     if request.lora is not None:

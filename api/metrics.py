@@ -1,4 +1,6 @@
-"""Prometheus metrics of the api process: ``GET /metrics`` (text exposition format, not in the OpenAPI schema).
+"""Prometheus metrics of the whole fleet, served by the api: ``GET /metrics`` (text exposition format, not in the
+OpenAPI schema). One scrape of any api replica covers every process of the fleet: what the scheduler and the
+workers count lives in Redis (``shared.metrics``) and is read at scrape time. docs/operations.md lists every metric.
 
 Each app has its own ``CollectorRegistry`` (not the process-global one), so several apps in one process (tests) do
 not clash. It holds:
@@ -6,12 +8,14 @@ not clash. It holds:
 * ``fusefleet_api_requests_submitted_total``: requests queued by ``api.submission.accept`` (one per spec, every
   surface);
 * ``fusefleet_api_requests_refused_total{reason}``: submissions ``accept`` refused, ``invalid`` (422: a limit, the
-  fleet's capabilities or an input image) or ``queue_full`` (503);
-* gauges read from Redis at scrape time, in one pipelined round trip bounded by ``redis_socket_timeout_s``:
-  ``fusefleet_queue_depth`` (entries of the request stream), ``fusefleet_oldest_waiting_seconds`` (age of its first
-  entry by Redis time, 0 when empty), ``fusefleet_batches_in_flight`` and ``fusefleet_workers_live`` (heartbeat
-  newer than ``worker_ttl_s``, by Redis time); ``fusefleet_up`` says whether Redis answered: 0 (and none of the
-  others) when it did not, and ``/metrics`` still answers 200.
+  fleet's capabilities or an input image), ``queue_full`` (503), or an API key's ``rate_limited`` or ``max_queued``
+  (429);
+* the fleet, read from Redis at scrape time in one pipelined round trip bounded by ``redis_socket_timeout_s``
+  (``shared.fleet_state``): the queue (``fusefleet_queue_depth``, ``fusefleet_oldest_waiting_seconds``), the
+  batches in flight, the worker slots live and busy, and the fleet-wide counters and histograms of ``P:metrics``
+  (requests by terminal status, failures by type, aborts by stage, batch sizes, admission waits, forward time by
+  batch size, step time, images, out-of-memory splits; ``fleet_metrics``). ``fusefleet_up`` says whether Redis
+  answered: 0 (and none of the fleet's metrics) when it did not, and ``/metrics`` still answers 200.
 
 ``accept`` reaches the counters through the app's ``RequestStore`` (the one handle it is given): ``ApiMetrics.attach``
 sets the store's ``counters`` at start-up (a store without them counts nothing).
@@ -20,14 +24,103 @@ sets the store's ``counters`` at start-up (a store without them counts nothing).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import get_args
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 from api.store import RefusalReason, RequestStore
 from shared.fleet_state import FleetReader, FleetSnapshot
+from shared.metrics import Histogram
+
+
+def _histogram(name: str, documentation: str, histogram: Histogram) -> HistogramMetricFamily:
+    buckets = [(repr(float(bound)), count) for bound, count in histogram.buckets]
+    return HistogramMetricFamily(
+        name, documentation, buckets=[*buckets, ("+Inf", histogram.count)], sum_value=histogram.sum
+    )
+
+
+def _labelled(name: str, documentation: str, label: str, values: dict[str, int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for value, count in sorted(values.items()):
+        family.add_metric([value], count)
+    return family
+
+
+def fleet_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
+    """Every metric of the fleet in ``snapshot``: gauges, then the counters and histograms of ``P:metrics``."""
+    yield GaugeMetricFamily("fusefleet_queue_depth", "Requests waiting in the request stream.", snapshot.queue_depth)
+    yield GaugeMetricFamily(
+        "fusefleet_oldest_waiting_seconds",
+        "Age of the oldest entry of the request stream by Redis time (0 when empty).",
+        snapshot.oldest_waiting_s,
+    )
+    yield GaugeMetricFamily(
+        "fusefleet_batches_in_flight", "Batches published with unfinished requests.", snapshot.batches_in_flight
+    )
+    yield GaugeMetricFamily(
+        "fusefleet_workers_live",
+        "Worker slots (one per worker process) whose heartbeat is newer than worker_ttl_s.",
+        snapshot.workers_live,
+    )
+    yield GaugeMetricFamily(
+        "fusefleet_worker_slots_busy",
+        "Batches in flight holding a worker slot (published or running; not those storing their outputs).",
+        snapshot.slots_busy,
+    )
+    counters = snapshot.counters
+    yield CounterMetricFamily("fusefleet_requests_accepted", "Requests accepted (202).", value=counters.accepted)
+    yield _labelled(
+        "fusefleet_requests_finished",
+        "Requests that reached a terminal status, by status (succeeded, failed, aborted).",
+        "status",
+        counters.finished,
+    )
+    yield _labelled(
+        "fusefleet_request_failures", "Failed requests by error type (error.type).", "type", counters.failures
+    )
+    yield _labelled(
+        "fusefleet_aborts",
+        "Aborted requests by the status the abort caught them in (queued, scheduled, running).",
+        "stage",
+        counters.aborts,
+    )
+    yield _histogram("fusefleet_batch_size", "Requests per batch the scheduler formed.", counters.batch_size)
+    yield _histogram(
+        "fusefleet_admission_wait_seconds",
+        "Time from a request's acceptance to joining a batch, by Redis time (queueing plus the admission wait).",
+        counters.admission_wait,
+    )
+    forward = SummaryMetricFamily(
+        "fusefleet_forward_seconds", "Wall time of one pipeline forward, by requests in it.", labels=["batch_size"]
+    )
+    for size, (count, seconds) in sorted(counters.forwards.items()):
+        forward.add_metric([str(size)], count_value=count, sum_value=seconds)
+    yield forward
+    yield _histogram(
+        "fusefleet_step_seconds", "Mean denoising step time of each forward (forward time / steps).", counters.step
+    )
+    yield CounterMetricFamily(
+        "fusefleet_images", "Images (or videos) produced by forwards; rate() is images/s.", value=counters.images
+    )
+    yield CounterMetricFamily(
+        "fusefleet_oom_splits", "Fused forwards split in two after running out of memory.", value=counters.oom_splits
+    )
+    yield _labelled(
+        "fusefleet_webhooks",
+        "Webhook delivery outcomes (delivered, dropped, superseded progress, retried failed attempts).",
+        "outcome",
+        counters.webhooks,
+    )
 
 
 class _FleetCollector(Collector):
@@ -41,29 +134,15 @@ class _FleetCollector(Collector):
         yield GaugeMetricFamily(
             "fusefleet_up", "Whether Redis answered this scrape (1) or not (0).", 1 if snapshot is not None else 0
         )
-        if snapshot is None:
-            return
-        yield GaugeMetricFamily(
-            "fusefleet_queue_depth", "Requests waiting in the request stream.", snapshot.queue_depth
-        )
-        yield GaugeMetricFamily(
-            "fusefleet_oldest_waiting_seconds",
-            "Age of the oldest entry of the request stream by Redis time (0 when empty).",
-            snapshot.oldest_waiting_s,
-        )
-        yield GaugeMetricFamily(
-            "fusefleet_batches_in_flight", "Batches published with unfinished requests.", snapshot.batches_in_flight
-        )
-        yield GaugeMetricFamily(
-            "fusefleet_workers_live", "Workers whose heartbeat is newer than worker_ttl_s.", snapshot.workers_live
-        )
+        if snapshot is not None:
+            yield from fleet_metrics(snapshot)
 
     def describe(self) -> Iterator[Metric]:
         return iter(())  # collected at scrape time only (the registry must not call collect() at registration)
 
 
 class ApiMetrics:
-    """The metrics of one app: its registry, the submission counters and the fleet gauges."""
+    """The metrics of one app: its registry, this process's submission counters and the fleet's metrics."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -74,11 +153,11 @@ class ApiMetrics:
         )
         self.refused = Counter(
             "fusefleet_api_requests_refused",
-            "Submissions refused: invalid (422) or queue_full (503).",
+            "Submissions refused: invalid (422), queue_full (503), or an API key's rate_limited or max_queued (429).",
             ["reason"],
             registry=self.registry,
         )
-        for reason in ("invalid", "queue_full"):
+        for reason in get_args(RefusalReason):
             self.refused.labels(reason=reason)  # exported at 0 from the start
         self._collector = _FleetCollector()
         self.registry.register(self._collector)

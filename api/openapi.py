@@ -4,7 +4,7 @@ a request is acceptable without sending it.
 The pydantic models carry the fixed bounds only; ``Settings`` adds per-fleet ones (``api.limits``). Here they are
 written into the served schema of ``GenerateRequest``: ``maxLength`` of the prompts, ``maximum`` of the
 sides, steps, ``n`` and ``num_frames``, and the LoRA adapter names present in the LoRA folder (read each time the
-document is served).
+document is served); without ``webhook_allowed_hosts``, that the webhook fields must be null.
 The per-batch pixel budget (a product of fields) cannot be stated in JSON Schema; its description names it.
 """
 
@@ -72,15 +72,18 @@ def state_limits(document: Schema, settings: Settings) -> None:
     _set(props, "n", maximum=settings.max_images_per_request)
     _set(props, "num_frames", maximum=settings.max_num_frames)
     _set(props, "seed", maximum=MAX_SEED)  # exact: the generated float 9.223372036854776e18 is 2**63
+    _set(props, "timeout_s", maximum=settings.max_timeout_s)
     request["description"] = (
         f"{request.get('description', '')} This server also refuses (422) a request whose n x width x height "
         f"(x num_frames) exceeds its max_batch_pixels ({settings.max_batch_pixels})."
     ).strip()
     if "lora" in props and "LoraRef" in schemas:
         props["lora"] = _lora(schemas["LoraRef"], lora_adapters(settings), props["lora"].get("description"))
+    if not settings.webhook_allowed_hosts:
+        _webhooks_off(props)
 
 
-def _set(props: Schema, field: str, **bounds: int) -> None:
+def _set(props: Schema, field: str, **bounds: float) -> None:
     """Add ``bounds`` to the property, or to its non-null branches when it is nullable (``anyOf``)."""
     prop = props.get(field)
     if prop is None:
@@ -88,6 +91,17 @@ def _set(props: Schema, field: str, **bounds: int) -> None:
     for branch in prop.get("anyOf", [prop]):
         if branch.get("type") in ("string", "integer", "number"):
             branch.update(bounds)
+
+
+def _webhooks_off(props: Schema) -> None:
+    """Without ``webhook_allowed_hosts`` every webhook is refused: the webhook fields may only be null."""
+    for field in ("webhook", "webhook_events"):
+        if field in props:
+            note = props[field].get("description", "")
+            props[field] = {
+                "type": "null",
+                "description": f"{note} This server has webhooks off: leave it out or null.",
+            }
 
 
 def _lora(lora_ref: Schema, adapters: list[str], description: str | None) -> Schema:

@@ -13,7 +13,19 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from shared.contracts import MAX_SEED, LoraRef, OutputFormat, RequestSpec, RequestState, RequestStatus, Task
+from shared.contracts import (
+    MAX_SEED,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    LoraRef,
+    OutputFormat,
+    RequestSpec,
+    RequestState,
+    RequestStatus,
+    Task,
+)
+from shared.webhook_hosts import MAX_URL_CHARS, WebhookRefused, parse_url
+from shared.webhooks import WebhookEvent
 
 DEFAULT_SIDE = 64  # the built-in demo model's native size
 DEFAULT_STEPS = 4  # enough for the demo model; real models usually want 20-50
@@ -32,6 +44,7 @@ BODY_NOT_OBJECT = (
 DEFAULT_STRENGTH = 0.8
 IMAGE_FIELD_NEEDS_IMAGE = "{field} needs an input image: set image (base64 PNG, JPEG or WebP, or a data: URL)"
 IMAGE_OPTIONS = ("mask_image", "strength")
+WEBHOOK_EVENTS_NEED_WEBHOOK = "webhook_events needs a webhook: set webhook (the URL the events are POSTed to)"
 COMPRESSION_NEEDS_LOSSY = (
     "output_compression is the quality of a lossy format: set output_format to jpeg or webp (png is lossless)"
 )
@@ -42,6 +55,13 @@ LOSSY_ONLY: dict[str, Any] = {
     "then": {"required": ["output_format"], "properties": {"output_format": {"enum": ["jpeg", "webp"]}}},
 }
 """JSON Schema for "a non-null ``output_compression`` needs a lossy ``output_format``" (``_lossy_only``)."""
+
+
+EVENTS_NEED_WEBHOOK: dict[str, Any] = {
+    "if": {"required": ["webhook_events"], "properties": {"webhook_events": {"not": {"type": "null"}}}},
+    "then": {"required": ["webhook"], "properties": {"webhook": {"type": "string"}}},
+}
+"""JSON Schema for "a non-null ``webhook_events`` needs a non-null ``webhook``" (``_needs_webhook``)."""
 
 
 def _needs_image(field: str) -> dict[str, Any]:
@@ -60,7 +80,8 @@ class GenerateRequest(BaseModel):
     """
 
     model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"allOf": [*(_needs_image(f) for f in IMAGE_OPTIONS), LOSSY_ONLY]}
+        extra="forbid",
+        json_schema_extra={"allOf": [*(_needs_image(f) for f in IMAGE_OPTIONS), LOSSY_ONLY, EVENTS_NEED_WEBHOOK]},
     )
 
     prompt: str = Field(min_length=1, description="The text prompt (one string; one prompt per request).")
@@ -117,6 +138,36 @@ class GenerateRequest(BaseModel):
         strict=True,
         description="jpeg and webp: quality, 0-100 (default 90); not for png.",
     )
+    priority: int | None = Field(
+        None,
+        ge=PRIORITY_MIN,
+        le=PRIORITY_MAX,
+        strict=True,
+        description=f"Scheduling priority, {PRIORITY_MIN} (lowest) to {PRIORITY_MAX} (highest): higher levels are "
+        "served first, in arrival order within a level. Unset: the fleet's default_priority (0).",
+    )
+    timeout_s: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        strict=True,
+        description="Seconds from submission: not started by then, it fails with error Timeout; still running then, "
+        "it is aborted (error Timeout). At most the fleet's max_timeout_s. Unset: no deadline.",
+    )
+    webhook: str | None = Field(
+        None,
+        max_length=MAX_URL_CHARS,
+        description="http(s) URL the fleet POSTs this request's events to (webhook_events), signed with the fleet's "
+        "webhook_secret (header Fusefleet-Signature) and retried until a 2xx answer; its host must be allowed by the "
+        "fleet's webhook_allowed_hosts (and resolve to a public address unless listed). Not part of batching.",
+    )
+    webhook_events: list[WebhookEvent] | None = Field(
+        None,
+        min_length=1,
+        description="Which events are POSTed to webhook: start (a worker began running it), progress (denoising "
+        "steps, at most one a second), completed (succeeded, failed or aborted, with the request's state). "
+        "Default: completed only. Needs webhook.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -135,6 +186,7 @@ class GenerateRequest(BaseModel):
         "max_sequence_length",
         "num_frames",
         "fps",
+        "priority",
         mode="before",
     )
     @classmethod
@@ -167,14 +219,35 @@ class GenerateRequest(BaseModel):
             raise PydanticCustomError("compression_needs_lossy", COMPRESSION_NEEDS_LOSSY)
         return value
 
+    @field_validator("webhook", mode="after")
+    @classmethod
+    def _webhook_url(cls, value: str | None) -> str | None:
+        """The URL's form (scheme, host, no user info); whether its host is allowed is ``api.webhook_urls``'s."""
+        if value is not None:
+            try:
+                parse_url(value)
+            except WebhookRefused as exc:
+                raise PydanticCustomError("webhook_url", str(exc)) from None
+        return value
+
+    @field_validator("webhook_events", mode="after")
+    @classmethod
+    def _needs_webhook(cls, value: list[WebhookEvent] | None, info: ValidationInfo) -> list[WebhookEvent] | None:
+        if value is not None and "webhook" in info.data and info.data["webhook"] is None:
+            raise PydanticCustomError("webhook_required", WEBHOOK_EVENTS_NEED_WEBHOOK)
+        return value
+
     @property
     def task(self) -> Task:
         if self.image is None:
             return Task.TEXT_TO_IMAGE
         return Task.INPAINT if self.mask_image is not None else Task.IMAGE_TO_IMAGE
 
-    def to_spec(self, *, request_id: str, model: str, seed: int, created_at: float) -> RequestSpec:
-        """The stored spec of this request, with the seed it will run with."""
+    def to_spec(
+        self, *, request_id: str, model: str, seed: int, created_at: float, default_priority: int = 0
+    ) -> RequestSpec:
+        """The stored spec of this request, with the seed it will run with (and ``default_priority`` when it sets
+        none)."""
         return RequestSpec(
             id=request_id,
             model=model,
@@ -196,6 +269,8 @@ class GenerateRequest(BaseModel):
             strength=(self.strength or DEFAULT_STRENGTH) if self.task.needs_image else None,
             output_format=self.output_format,
             output_compression=self.output_compression,
+            priority=self.priority if self.priority is not None else default_priority,
+            timeout_s=self.timeout_s,
             created_at=created_at,
         )
 
@@ -260,6 +335,8 @@ class Params(BaseModel):
     strength: float | None
     output_format: OutputFormat
     output_compression: int | None
+    priority: int = Field(description="The scheduling priority it waits at (the fleet's default when unset).")
+    timeout_s: float | None = Field(description="Its timeout: the deadline is created_at + timeout_s.")
 
 
 def _utc(timestamp: float | None) -> datetime | None:
@@ -338,6 +415,8 @@ class RequestView(BaseModel):
                 strength=spec.strength,
                 output_format=spec.output_format,
                 output_compression=spec.output_compression,
+                priority=spec.priority,
+                timeout_s=spec.timeout_s,
             ),
         )
 

@@ -15,17 +15,23 @@ from api.input_images import StoredInputs
 from api.outage import REDIS_FAILURES, StoreUnavailable
 from shared.contracts import RequestSpec, RequestState, RequestStatus, WorkerCapabilities
 from shared.fleet_state import parse_capabilities
-from shared.keys import ABORT, FORGET, SUBMIT, RedisKeys
+from shared.keys import ABORT, FORGET, RATE_LIMIT, SUBMIT, RedisKeys
 from shared.results import ResultStore, ResultStoreError
 from shared.state import STATE_FIELDS, parse_state
 
 _T = TypeVar("_T")
 _A = TypeVar("_A")
 CAPABILITIES_TTL_S = 2.0  # how long the api trusts what it read of the workers' announcements
+OWNER_FIELD = "key"
+"""The request hash field holding the name of the API key that submitted it (``submit.lua``)."""
 
 
-RefusalReason = Literal["invalid", "queue_full"]
-"""Why a submission was refused: a 422 (limits, capabilities, input images) or a full queue (503)."""
+RefusalReason = Literal["invalid", "queue_full", "rate_limited", "max_queued"]
+"""Why a submission was refused: a 422 (limits, capabilities, input images), a full queue (503), or one of the
+API key's limits (429: its rate, its max queued)."""
+SubmitOutcome = Literal["accepted", "queue_full", "max_queued"]
+"""What ``RequestStore.submit`` did: queued everything, or nothing because the queue or the key is full."""
+_SUBMIT_OUTCOMES: dict[int, SubmitOutcome] = {1: "accepted", 0: "queue_full", -1: "max_queued"}
 
 
 class SubmissionCounters(Protocol):
@@ -34,6 +40,22 @@ class SubmissionCounters(Protocol):
     def count_submitted(self, count: int) -> None: ...
 
     def count_refused(self, reason: RefusalReason) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Submitter:
+    """Who submits (with API keys): the key's name, recorded on each request, and its max queued (None: none)."""
+
+    name: str
+    max_queued: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Webhook:
+    """Where a request's events go: its URL and the stream events it subscribes to (``shared.webhooks``)."""
+
+    url: str
+    on: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,28 +96,57 @@ class RequestStore:
         self._submit = redis.register_script(SUBMIT)
         self._abort = redis.register_script(ABORT)
         self._forget = redis.register_script(FORGET)
+        self._rate_limit = redis.register_script(RATE_LIMIT)
 
     async def submit(
-        self, specs: Sequence[RequestSpec], inputs: Sequence[StoredInputs | None] | None = None
-    ) -> bool:
-        """Queue all ``specs`` (with their input images, ``inputs[i]`` for ``specs[i]``) in one atomic step; False
-        (nothing queued) when the queue would overflow."""
+        self,
+        specs: Sequence[RequestSpec],
+        inputs: Sequence[StoredInputs | None] | None = None,
+        submitter: Submitter | None = None,
+        webhooks: Sequence[Webhook | None] | None = None,
+    ) -> SubmitOutcome:
+        """Queue all ``specs`` (with their input images, ``inputs[i]`` for ``specs[i]``, under ``submitter``'s key,
+        with their webhooks, ``webhooks[i]``) in one atomic step, or nothing when the queue would overflow or the key
+        exceed its max queued."""
         keys = [self._keys.requests, *(self._keys.request(spec.id) for spec in specs)]
-        args: list[str | bytes | int | float] = [self._max_queue_len]
+        name, unfinished, max_queued = "", "", 0  # no key; a key without a max queued: its name only
+        if submitter is not None:
+            name = submitter.name
+            if submitter.max_queued is not None:
+                unfinished, max_queued = self._keys.api_key_unfinished(name), submitter.max_queued
+        args: list[str | bytes | int | float] = [self._max_queue_len, name, unfinished, max_queued, self._result_ttl_s]
         for spec, stored in zip(specs, inputs or [None] * len(specs), strict=True):
             image = stored.image if stored else b""
             mask = stored.mask if stored and stored.mask else b""
             args += [spec.id, spec.model_dump_json(), repr(spec.created_at), image, mask]
-        accepted = await self._bounded(self._submit(keys=keys, args=args))
-        return int(accepted) == 1
+        if webhooks is not None and any(webhooks):
+            for webhook in webhooks:
+                args += [webhook.url, webhook.on] if webhook else ["", ""]
+        outcome = await self._bounded(self._submit(keys=keys, args=args))
+        return _SUBMIT_OUTCOMES[int(outcome)]
 
-    async def get(self, request_id: str) -> RequestState | None:
-        """The state of a request, or None when it is unknown (never submitted, or expired)."""
-        values = await self._bounded(self._redis.hmget(self._keys.request(request_id), STATE_FIELDS))
-        raw = {field: value for field, value in zip(STATE_FIELDS, values, strict=True) if value is not None}
-        if "spec" not in raw or "status" not in raw:
+    async def take_tokens(self, name: str, rate_per_s: float, burst: int, cost: int) -> float:
+        """Take ``cost`` tokens from API key ``name``'s bucket (``burst`` tokens, refilled at ``rate_per_s``):
+        0.0 when taken, else the seconds until they would be there (nothing taken)."""
+        args: list[str | int] = [repr(rate_per_s), burst, cost]
+        wait_ms = await self._bounded(self._rate_limit(keys=[self._keys.api_key_bucket(name)], args=args))
+        return int(wait_ms) / 1000
+
+    async def get(self, request_id: str, owner: str | None = None) -> RequestState | None:
+        """The state of a request, or None when it is unknown (never submitted, or expired) or, with ``owner``,
+        not submitted with that API key."""
+        fields = (*STATE_FIELDS, OWNER_FIELD)
+        values = await self._bounded(self._redis.hmget(self._keys.request(request_id), fields))
+        raw = {field: value for field, value in zip(fields, values, strict=True) if value is not None}
+        if "spec" not in raw or "status" not in raw or (owner is not None and raw.get(OWNER_FIELD) != owner):
             return None
         return parse_state({str(k): str(v) for k, v in raw.items()})
+
+    async def owns(self, request_id: str, owner: str | None) -> bool:
+        """Whether API key ``owner`` submitted the request (always, with no ``owner``: the api has no keys)."""
+        if owner is None:
+            return True
+        return bool(await self._bounded(self._redis.hget(self._keys.request(request_id), OWNER_FIELD)) == owner)
 
     async def result(self, key: str) -> bytes | None:
         """The bytes of result-store key ``key`` (from ``RequestState.result_keys``), or None when gone."""

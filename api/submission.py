@@ -3,7 +3,10 @@
 ``accept`` checks each request against the fleet's limits, decodes and normalises its input images (off the event
 loop), resolves its id and seed, and queues all of them in one atomic step. It raises what the caller's error
 handlers turn into answers: ``RequestValidationError`` (422, every problem of every request, each naming its field)
-or an ``HTTPException`` 503 with Retry-After when the queue is full.
+or an ``HTTPException`` 503 with Retry-After when the queue is full. With an API key (``api.auth``), the requests are
+recorded under its name and its limits apply (``api.key_limits``: 429 with Retry-After). A request's webhook must be
+allowed by the server (``api.webhook_urls``: 422 naming ``webhook``); it is stored with the request, outside its spec
+(so it plays no part in batching).
 """
 
 from __future__ import annotations
@@ -17,14 +20,19 @@ from anyio import to_thread
 from fastapi import HTTPException, status
 from fastapi.exceptions import RequestValidationError
 
+from api.auth import KeyRefused
 from api.capabilities import capability_errors
 from api.input_images import StoredInputs, prepare_inputs
+from api.key_limits import batch_errors, max_queued_reached, take_tokens
+from api.keys_file import ApiKey
 from api.limits import ErrorDict, Loc, limit_errors
 from api.outage import retry_after_headers
 from api.schemas import GenerateRequest
-from api.store import RefusalReason, RequestStore
+from api.store import RefusalReason, RequestStore, Submitter, Webhook
+from api.webhook_urls import webhook_errors
 from shared.contracts import MAX_SEED, RequestSpec
 from shared.settings import Settings
+from shared.webhooks import subscription
 
 
 def _inputs_of(
@@ -45,12 +53,18 @@ def _count_refused(store: RequestStore, reason: RefusalReason) -> None:
 
 
 async def accept(
-    requests: Sequence[GenerateRequest], settings: Settings, store: RequestStore, locs: Sequence[Loc]
+    requests: Sequence[GenerateRequest],
+    settings: Settings,
+    store: RequestStore,
+    locs: Sequence[Loc],
+    caller: ApiKey | None = None,
 ) -> list[RequestSpec]:
-    """Queue ``requests`` (all or none) and return their specs, in order; ``locs[i]`` prefixes request i's errors."""
-    errors: list[ErrorDict] = []
+    """Queue ``requests`` (all or none) for ``caller`` (None: the api has no keys) and return their specs, in
+    order; ``locs[i]`` prefixes request i's errors (a batch's own errors are at ``locs[0]`` minus its index)."""
+    errors = batch_errors(len(requests), caller, locs[0][:-1])
     for request, loc in zip(requests, locs, strict=True):
         errors += limit_errors(request, settings, loc)
+    errors += await webhook_errors(requests, settings, locs)
     if not errors:
         errors = capability_errors(requests, await store.fleet_capabilities(), locs)
     if errors:
@@ -70,10 +84,25 @@ async def accept(
             model=model,
             seed=request.seed if request.seed is not None else secrets.randbelow(MAX_SEED + 1),
             created_at=now,
+            default_priority=settings.default_priority,
         )
         for request in requests
     ]
-    if not await store.submit(specs, inputs):
+    try:
+        await take_tokens(store, caller, len(specs))
+    except KeyRefused:
+        _count_refused(store, "rate_limited")
+        raise
+    submitter = Submitter(caller.name, caller.max_queued) if caller is not None else None
+    webhooks = [
+        Webhook(request.webhook, subscription(request.webhook_events)) if request.webhook else None
+        for request in requests
+    ]
+    outcome = await store.submit(specs, inputs, submitter, webhooks)
+    if outcome == "max_queued" and caller is not None:
+        _count_refused(store, "max_queued")
+        raise max_queued_reached(caller)
+    if outcome != "accepted":
         _count_refused(store, "queue_full")
         raise HTTPException(
             status_code=status.HTTP_503_SERVICE_UNAVAILABLE,

@@ -11,7 +11,9 @@ import typer
 
 from bench.fleet import bench_fleet
 from bench.loadgen import LoadSpec, Pattern, Workload, run_load
+from bench.peers.simulated_gpu import GPU_SHAPED
 from bench.report import summarize, write_json
+from bench.simcompare import LOADS as SIM_LOADS
 from bench.targets import FusefleetTarget
 
 cli = typer.Typer(help="fusefleet benchmarks.", no_args_is_help=True)
@@ -88,11 +90,73 @@ def session(
     out_dir: Annotated[Path, typer.Option(help="Raw results.")] = Path("bench-results"),
     docs_dir: Annotated[Path, typer.Option(help="Where benchmarks.json and the plots go.")] = Path("docs"),
 ) -> None:
-    """The documented session: P1..P5 in one run on this machine; writes docs/benchmarks.json and plots."""
+    """The documented CPU session: P1..P4 in one run on this machine; figures into docs/benchmarks.json, plots."""
     from bench.session import run_session
 
     figures = run_session(out_dir, docs_dir, with_peers=peers)
     typer.echo(json.dumps(figures, indent=2))
+
+
+@cli.command()
+def simcompare(
+    peers: Annotated[bool, typer.Option(help="Include BentoML and LitServe (setup_venvs.sh first).")] = True,
+    loads: Annotated[str, typer.Option(help="Offered loads, fractions of the pipeline-alone capacity.")] = ",".join(
+        f"{load:g}" for load in SIM_LOADS
+    ),
+    seconds: Annotated[float, typer.Option(help="Poisson arrivals window of each load point.")] = 20.0,
+    batch: Annotated[int, typer.Option(help="Max batch of every system (fusefleet max_num_seqs).")] = 8,
+    base_ms: Annotated[float | None, typer.Option(help="Cost model a (default: the H200 fit).")] = None,
+    per_image_ms: Annotated[float | None, typer.Option(help="Cost model b per 512 px image (default: fit).")] = None,
+    scale_workers: Annotated[str, typer.Option(help="P5 worker counts, comma separated, from 1.")] = "1,2,4,8",
+    scale_forwards: Annotated[int, typer.Option(help="Full forwards per worker in each P5 run.")] = 10,
+    workloads: Annotated[str, typer.Option(help="homog, mixed or both, comma separated.")] = "homog,mixed",
+    out_dir: Annotated[Path, typer.Option(help="Raw results and the Markdown tables.")] = Path("bench-results"),
+    docs_dir: Annotated[Path, typer.Option(help="Where benchmarks.json and the plots go.")] = Path("docs"),
+) -> None:
+    """GPU-shaped side by side (about 11 minutes): fusefleet (strict, grouped), BentoML and LitServe on one
+    simulated GPU; P4sim, P5, P1sim into docs/benchmarks.json, plots into docs/bench/, the tables printed."""
+    import signal
+    import sys
+    from dataclasses import replace
+
+    from bench.simcompare import SimConfig, markdown, run_simcompare
+
+    try:
+        cost = replace(
+            GPU_SHAPED,
+            base_ms=GPU_SHAPED.base_ms if base_ms is None else base_ms,
+            per_image_ms=GPU_SHAPED.per_image_ms if per_image_ms is None else per_image_ms,
+        )
+        cfg = SimConfig(
+            cost=cost,
+            batch=batch,
+            loads=tuple(float(load) for load in loads.split(",")),
+            seconds=seconds,
+            peers=peers,
+            scale_workers=tuple(int(w) for w in scale_workers.split(",")),
+            scale_forwards=scale_forwards,
+            out_dir=out_dir,
+            docs_dir=docs_dir,
+            workloads=tuple(_workload(w.strip()) for w in workloads.split(",")),
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: every server started is stopped
+    results = run_simcompare(cfg, log=lambda line: typer.echo(line, err=True))
+    typer.echo(markdown(results))
+    typer.echo(f"results: {out_dir / 'simcompare.json'}; figures: {docs_dir / 'benchmarks.json'}", err=True)
+
+
+@cli.command()
+def priority(
+    workers: Annotated[int, typer.Option(help="Worker processes.")] = 2,
+    seqs: Annotated[int, typer.Option(help="FUSEFLEET_MAX_NUM_SEQS of the fleet.")] = 4,
+    probes: Annotated[int, typer.Option(help="High-priority requests timed per phase (idle, saturated).")] = 20,
+) -> None:
+    """A high-priority request's latency, saturated fleet / idle fleet (SIMULATED runner): prio_latency_ratio."""
+    from bench.priority import measure
+
+    typer.echo(json.dumps(measure(workers=workers, seqs=seqs, probes=probes, log_dir=LOGS / "priority"), indent=2))
 
 
 @cli.command()

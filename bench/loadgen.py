@@ -5,7 +5,8 @@ Arrival patterns:
 - ``closed``: ``concurrency`` clients, each sending its next request when the previous one is answered;
 - ``burst``: ``burst_size`` requests at once, every ``burst_gap_s`` seconds.
 
-Workloads: ``homog`` (every request 64 px) and ``mixed`` (64 px and 32 px interleaved 50/50).
+Workloads: ``homog`` (every request 64 px) and ``mixed`` (64 px and 32 px interleaved 50/50); ``sides`` replaces
+those sizes (the GPU-shaped benchmark: 512 px, and 512/768 px interleaved).
 Each request is recorded (submit, server timestamps when the target reports them, finish, batch size, status).
 """
 
@@ -41,9 +42,10 @@ class LoadSpec:
     steps: int = 4
     guidance_scale: float = 5.0
     seed: int = 0
+    sides: tuple[int, ...] = ()  # image sides cycled request by request; () = the workload's SIZES
 
     def params(self, index: int) -> dict[str, Any]:
-        sizes = SIZES[self.workload]
+        sizes = self.sides or SIZES[self.workload]
         side = sizes[index % len(sizes)]
         return {
             "prompt": f"benchmark prompt {index}",

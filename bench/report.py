@@ -58,6 +58,15 @@ def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def merge_figures(path: Path, figures: dict[str, float]) -> dict[str, float]:
+    """Write ``figures`` (rounded to 4 places) into the JSON object at ``path``, keeping every other key (each
+    benchmark command owns its own figures); returns the merged object."""
+    merged: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
+    merged.update({name: round(value, 4) for name, value in figures.items()})
+    write_json(path, merged)
+    return merged
+
+
 def plot_runs(path: Path, title: str, runs: dict[str, list[tuple[float, dict[str, Any]]]]) -> None:
     """Two panels: p50/p99 latency vs offered load per system, and the batch-size histogram of each system's
     heaviest run. ``runs`` maps a system name to (offered load, summary) pairs."""
@@ -81,6 +90,38 @@ def plot_runs(path: Path, title: str, runs: dict[str, list[tuple[float, dict[str
     hist_ax.set(xlabel="batch size", ylabel="requests", title="batch sizes (heaviest load)")
     if hist_ax.patches:
         hist_ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_sweep(path: Path, title: str, runs: dict[str, list[tuple[float, dict[str, Any]]]], capacity: float) -> None:
+    """Two panels against offered load (a fraction of ``capacity``, images/s): each system's throughput next to
+    the offered load and the capacity, and its p50/p99 latency (log scale). ``runs`` maps a system name to
+    (load fraction, summary) pairs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (tput_ax, latency_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    loads = sorted({load for points in runs.values() for load, _ in points})
+    tput_ax.plot([100 * load for load in loads], [load * capacity for load in loads], "k:", label="offered")
+    tput_ax.axhline(capacity, color="grey", ls="--", lw=0.8, label="pipeline-alone capacity")
+    for index, (name, points) in enumerate(runs.items()):
+        points = sorted(points, key=lambda p: p[0])
+        x, color = [100 * load for load, _ in points], f"C{index}"
+        tput_ax.plot(x, [s["images_per_s"] for _, s in points], marker="o", color=color, label=name)
+        latency_ax.plot(x, [s["latency_s"]["p50"] for _, s in points], marker="o", color=color, label=f"{name} p50")
+        latency_ax.plot(
+            x, [s["latency_s"]["p99"] for _, s in points], marker="x", ls="--", color=color, label=f"{name} p99"
+        )
+    tput_ax.set(xlabel="offered load (% of capacity)", ylabel="images/s", title="throughput")
+    tput_ax.legend(fontsize=7)
+    latency_ax.set(xlabel="offered load (% of capacity)", ylabel="latency (s)", yscale="log", title="latency")
+    latency_ax.legend(fontsize=6, ncol=2)
     fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

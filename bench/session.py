@@ -1,10 +1,12 @@
-"""The documented benchmark session: every figure (P1..P5) measured side by side in one run on this machine.
+"""The documented CPU benchmark session: P1..P4 measured side by side in one run on this machine, with the real
+(tiny) model.
 
 - P1 fleet efficiency: fleet images/s / pipeline-alone images/s at batch size 4, saturating closed-loop load.
 - P2 batching gain kept: (fleet at max_num_seqs 4 / at 1) / (pipeline batch 4 / batch 1).
 - P3 overhead with the null runner: end-to-end requests/s, and p50 latency at idle with wait 0.
 - P4 fusefleet vs the best of BentoML and LitServe at the same Poisson loads, homogeneous and mixed sizes.
-- P5 scale-out with the SIMULATED runner: throughput(N workers) / (N x throughput(1)), N = 1, 2, 4, 8.
+
+The simulated figures (P4sim, P1sim, P5 scale-out) are ``bench.simcompare``'s (``python -m bench simcompare``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 from bench.fleet import bench_fleet
 from bench.loadgen import LoadSpec, Workload, run_load
 from bench.pipeline import PipelineBench
-from bench.report import plot_runs, summarize, write_json
+from bench.report import merge_figures, plot_runs, summarize, write_json
 from bench.targets import FusefleetTarget, PeerTarget, Target
 from fusefleet.valkey import free_port
 from shared.settings import Settings
@@ -30,8 +32,6 @@ BATCH = 4
 WAIT_MS = 20.0
 P4_RATES = (6.0, 10.0, 14.0)
 P4_COUNT = 150
-SIM_BASE_MS, SIM_PER_IMAGE_MS = 100.0, 25.0
-SCALE_WORKERS = (1, 2, 4, 8)
 PEERS = ("bentoml", "litserve")
 ROUNDS = 3
 
@@ -162,53 +162,8 @@ def _rate_sweeps(targets: dict[str, Target], workload: Workload) -> dict[str, li
     return runs
 
 
-def p5(results: dict[str, Any], logs: Path, docs: Path) -> dict[str, float]:
-    env = {"FUSEFLEET_SIM_BASE_MS": str(SIM_BASE_MS), "FUSEFLEET_SIM_PER_IMAGE_MS": str(SIM_PER_IMAGE_MS)}
-    per_worker_img_s = BATCH / ((SIM_BASE_MS + SIM_PER_IMAGE_MS * BATCH) / 1000.0)
-    runs: dict[int, dict[str, Any]] = {}
-    for workers in SCALE_WORKERS:
-        spec = LoadSpec(pattern="closed", concurrency=4 * BATCH * workers, count=int(per_worker_img_s * workers * 12))
-        runs[workers] = _fleet_run(
-            logs / f"p5-{workers}",
-            spec,
-            max_num_seqs=BATCH,
-            wait_ms=WAIT_MS,
-            workers=workers,
-            runner="bench.runners:SimulatedGpuRunner",
-            torch_threads=1,
-            extra_env=env,
-        )
-    base = runs[1]["images_per_s"]
-    efficiency = {w: runs[w]["images_per_s"] / (w * base) for w in SCALE_WORKERS}
-    results["p5"] = {
-        "runs": {str(w): r for w, r in runs.items()},
-        "efficiency": {str(w): e for w, e in efficiency.items()},
-        "cost_model_ms": {"a": SIM_BASE_MS, "b": SIM_PER_IMAGE_MS},
-    }
-    _plot_scale(docs / "bench" / "p5_scaleout.png", runs, base)
-    return {"P5": min(efficiency[w] for w in SCALE_WORKERS if w > 1)}
-
-
-def _plot_scale(path: Path, runs: dict[int, dict[str, Any]], base: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    workers = sorted(runs)
-    fig, ax = plt.subplots(figsize=(5.5, 4))
-    ax.plot(workers, [runs[w]["images_per_s"] for w in workers], marker="o", label="measured")
-    ax.plot(workers, [w * base for w in workers], ls="--", label="N x one worker")
-    ax.set(xlabel="workers", ylabel="images/s", title="P5 scale-out (SIMULATED GPU runner)")
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def run_session(out_dir: Path, docs_dir: Path, *, with_peers: bool = True) -> dict[str, float]:
-    """Measure P1..P5; writes raw results to ``out_dir`` and the figures to ``docs_dir/benchmarks.json``."""
+    """Measure P1..P4; writes raw results to ``out_dir`` and merges the figures into ``docs_dir/benchmarks.json``."""
     logs = out_dir / "logs"
     results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S")}
     figures: dict[str, float] = {}
@@ -216,8 +171,7 @@ def run_session(out_dir: Path, docs_dir: Path, *, with_peers: bool = True) -> di
     figures |= p1_p2(results, logs, pipe)
     figures |= p3(results, logs)
     figures |= p4(results, logs, docs_dir, with_peers)
-    figures |= p5(results, logs, docs_dir)
     results["figures"] = figures
     write_json(out_dir / "session.json", results)
-    write_json(docs_dir / "benchmarks.json", {k: round(v, 4) for k, v in figures.items()})
+    merge_figures(docs_dir / "benchmarks.json", figures)
     return figures

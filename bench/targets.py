@@ -43,12 +43,16 @@ def _epoch(value: str | None) -> float | None:
 
 
 class FusefleetTarget:
-    """POST /v1/requests, then GET ?wait_s= (long poll) until the request ends."""
+    """POST /v1/requests, then GET ?wait_s= (long poll) until the request ends; with ``fetch_images``, then GET
+    each image too (what a peer's one answer carries), before the request counts as done."""
 
-    def __init__(self, base_url: str, name: str = "fusefleet", wait_s: float = 30.0) -> None:
+    def __init__(
+        self, base_url: str, name: str = "fusefleet", wait_s: float = 30.0, *, fetch_images: bool = False
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.name = name
         self.wait_s = wait_s
+        self.fetch_images = fetch_images
 
     async def send(self, session: aiohttp.ClientSession, params: dict[str, Any]) -> RequestRecord:
         sent = time.monotonic()
@@ -68,6 +72,13 @@ class FusefleetTarget:
                     state = await answer.json()
                 if state["status"] in TERMINAL:
                     break
+            if self.fetch_images and state["status"] == "succeeded":
+                for index in range(len(state["images"])):
+                    async with session.get(f"{self.base_url}/v1/requests/{rid}/images/{index}") as answer:
+                        body = await answer.read()
+                        if answer.status != 200 or not body:
+                            error = f"GET image {index}: {answer.status}"
+                            return RequestRecord(sent, time.monotonic(), "error", params["width"], error=error)
         except (aiohttp.ClientError, TimeoutError) as exc:
             return RequestRecord(sent, time.monotonic(), "error", params["width"], error=repr(exc))
         done = time.monotonic()

@@ -6,7 +6,6 @@ the flags here are the few a process supervisor typically sets on the command li
 
 from __future__ import annotations
 
-import logging
 import signal
 import threading
 from pathlib import Path
@@ -20,8 +19,11 @@ from shared.settings import Settings
 cli = typer.Typer(help="fusefleet: a request-batching diffusion serving fleet.", no_args_is_help=True)
 
 
-def _logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _logging(level: str, settings: Settings, service: str) -> None:
+    """Text or JSON log lines (``FUSEFLEET_LOG_FORMAT``), each naming the service (``shared.logging_setup``)."""
+    from shared.logging_setup import configure_logging
+
+    configure_logging(level, settings.log_format, service=service)
 
 
 @cli.command()
@@ -36,28 +38,32 @@ def api(
     from api.app import create_app
 
     settings = Settings()
+    _logging(log_level, settings, "api")
     uvicorn.run(
         create_app(settings),
         host=host or settings.api_host,
         port=port or settings.api_port,
         log_level=log_level,
+        log_config=None,  # uvicorn's loggers go through fusefleet's handler (_logging)
         access_log=False,
     )
 
 
 @cli.command()
 def scheduler(log_level: Annotated[str, typer.Option(help="Log level.")] = "info") -> None:
-    """Run the batching scheduler (one is active; further ones stand by) and the result sweeper."""
+    """Run the batching scheduler (one is active; further ones stand by), the result sweeper and the webhook
+    dispatcher (one is active)."""
     from scheduler.lease import Lease
     from scheduler.service import SchedulerService
     from scheduler.store import SchedulerStore
     from scheduler.sweeper import ResultSweeper
+    from scheduler.webhooks import WebhookDispatcher
     from shared.celery_config import make_celery
     from shared.redis_conn import sync_client
     from shared.results import ResultJournal, build_result_store
 
-    _logging(log_level)
     settings = Settings()
+    _logging(log_level, settings, "scheduler")
     client = sync_client(settings)
     store = SchedulerStore(client, settings)
     lease = Lease(client, store.keys.scheduler_lease, settings.scheduler_lease_ms)
@@ -68,16 +74,20 @@ def scheduler(log_level: Annotated[str, typer.Option(help="Log level.")] = "info
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     sweeper.start(stop)
+    webhooks = WebhookDispatcher(sync_client(settings), settings).start(stop)
     service.run(stop)
+    webhooks.join(timeout=5)  # it gives its lease up (within scheduler_block_ms); else the lease lapses
 
 
 @cli.command()
 def worker(log_level: Annotated[str, typer.Option(help="Log level.")] = "info") -> None:
     """Run a Celery GPU worker (one batch at a time, the model loaded once)."""
     from gpu_worker.app import run_worker
+    from gpu_worker.log_context import install_worker_logging
 
-    _logging(log_level)
-    run_worker(Settings(), loglevel=log_level.upper())
+    settings = Settings()
+    install_worker_logging(log_level, settings.log_format)  # Celery keeps it; each task's lines name its batch
+    run_worker(settings, loglevel=log_level.upper())
 
 
 @cli.command()
@@ -186,6 +196,50 @@ def generate(
         progress=progress,
     )
     raise typer.Exit(run_generate(options))
+
+
+@cli.command()
+def watch(
+    request_ids: Annotated[list[str], typer.Argument(help="One or more request ids.")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per event instead of a text line.")] = False,
+    last_event_id: Annotated[
+        str | None, typer.Option("--last-event-id", help="Resume after this event (its last_event_id in --json).")
+    ] = None,
+    url: Annotated[
+        str | None, typer.Option("--url", envvar="FUSEFLEET_URL", help="The api (default http://127.0.0.1:8000).")
+    ] = None,
+) -> None:
+    """Print the live events of requests (queued, scheduled, running, progress, then succeeded, failed or aborted)
+    as they happen, until each ended; exits 1 unless all succeeded."""
+    from fusefleet.client_cli import run_watch
+
+    raise typer.Exit(run_watch(url, request_ids, as_json=as_json, last_event_id=last_event_id))
+
+
+keys = typer.Typer(help="API keys of the api (FUSEFLEET_API_KEYS_FILE).", no_args_is_help=True)
+cli.add_typer(keys, name="keys")
+
+
+@keys.command("new")
+def keys_new(
+    name: Annotated[str, typer.Argument(help="The key's name (letters, digits, _ and -): recorded on its requests.")],
+    rate_per_s: Annotated[
+        float | None, typer.Option("--rate-per-s", help="Submitted requests per second, sustained (default: no limit).")
+    ] = None,
+    burst: Annotated[
+        int | None, typer.Option("--burst", help="Requests at once, with --rate-per-s (default: the rate rounded up).")
+    ] = None,
+    max_queued: Annotated[
+        int | None, typer.Option("--max-queued", help="Requests queued, scheduled or running at once (default: none).")
+    ] = None,
+    file: Annotated[
+        Path | None, typer.Option("--file", help="Add the key to this keys file (created when missing).")
+    ] = None,
+) -> None:
+    """Mint an API key: print its token once (stdout) and the table to add to the keys file, or add it (--file)."""
+    from fusefleet.keys_cli import run_new
+
+    raise typer.Exit(run_new(name, rate_per_s, burst, max_queued, file))
 
 
 def main() -> None:

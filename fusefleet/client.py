@@ -19,14 +19,16 @@ Images come in the request's ``output_format`` (``png`` by default, ``jpeg`` or 
 
 The lower-level calls map one to one onto the api: ``submit`` (``POST /v1/requests``), ``get`` and ``wait``
 (``GET /v1/requests/{id}``, ``wait`` with the long poll ``?wait_s=``), ``abort``, ``delete``
-(``DELETE /v1/requests/{id}``), ``image`` and ``images``.
+(``DELETE /v1/requests/{id}``), ``image`` and ``images``; ``events`` and ``watch`` follow one or several requests'
+live events (Server-Sent Events, ``fusefleet.client_events``) until they end.
 Requests and answers are the api's own pydantic models (``api.schemas.GenerateRequest``, ``RequestView``);
 importing this module loads ``api.schemas`` (pydantic only), never the FastAPI app. Errors are typed
 (``fusefleet.client_errors``): ``RequestRejected`` (422, naming the field), ``QueueFull`` / ``Unavailable`` (503,
 with ``retry_after``; ``submit`` retries them a bounded number of times), ``NotFound``, ``Conflict``,
 ``ApiUnreachable``, ...
 
-The base url defaults to ``$FUSEFLEET_URL``, else ``http://127.0.0.1:8000``.
+The base url defaults to ``$FUSEFLEET_URL``, else ``http://127.0.0.1:8000``; the API key (an api with
+``FUSEFLEET_API_KEYS_FILE`` wants one) to ``$FUSEFLEET_API_KEY`` (``Client(url, api_key=...)``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import asyncio
 import inspect
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -61,6 +63,7 @@ from fusefleet.client_errors import (
     error_from_response,
     unreachable,
 )
+from fusefleet.client_events import RECONNECT_S, Event, Subscription, aread_events, read_events
 from fusefleet.client_images import encode_image, to_pil
 from shared.contracts import OutputFormat, RequestStatus
 
@@ -73,6 +76,7 @@ __all__ = [
     "AsyncClient",
     "Client",
     "Conflict",
+    "Event",
     "FieldError",
     "FusefleetError",
     "GenerateRequest",
@@ -93,6 +97,7 @@ __all__ = [
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 URL_ENV = "FUSEFLEET_URL"
+API_KEY_ENV = "FUSEFLEET_API_KEY"
 DEFAULT_TIMEOUT_S = 30.0
 LONG_POLL_S = 30.0
 """``wait_s`` of one long poll (the api allows at most 60)."""
@@ -118,6 +123,16 @@ _Model = TypeVar("_Model", bound=BaseModel)
 def default_url() -> str:
     """``$FUSEFLEET_URL``, else ``http://127.0.0.1:8000``."""
     return os.environ.get(URL_ENV) or DEFAULT_URL
+
+
+def with_api_key(headers: Mapping[str, str] | None, api_key: str | None) -> dict[str, str]:
+    """``headers`` plus ``Authorization: Bearer <api_key>`` (``api_key`` defaults to ``$FUSEFLEET_API_KEY``; an
+    api with API keys wants it on every call), unless there is none or ``headers`` has an Authorization already."""
+    merged = dict(headers or {})
+    key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+    if key and not any(name.lower() == "authorization" for name in merged):
+        merged["Authorization"] = f"Bearer {key}"
+    return merged
 
 
 def build_request(
@@ -334,13 +349,14 @@ class Client(_Base):
         submit_retries: int = SUBMIT_RETRIES,
         max_retry_wait_s: float = MAX_RETRY_WAIT_S,
         headers: Mapping[str, str] | None = None,
+        api_key: str | None = None,
     ) -> None:
         super().__init__(base_url, timeout, submit_retries, max_retry_wait_s)
         self._http = httpx.Client(  # redirects: images served from a presigned URL (result_delivery=redirect)
             base_url=self.base_url,
             timeout=self._http_timeout(),
             transport=transport,
-            headers=headers,
+            headers=with_api_key(headers, api_key),
             follow_redirects=True,
         )
 
@@ -492,6 +508,28 @@ class Client(_Base):
         """MP4 bytes of video ``index`` of a succeeded video request (its frames are its ``images``)."""
         return self._call("GET", _path(request_id, "videos", index)).content
 
+    def events(
+        self, request_id: str, *, last_event_id: str | None = None, reconnect_s: float = RECONNECT_S
+    ) -> Iterator[Event]:
+        """The request's live events (``GET /v1/requests/{id}/events``), from the start or after ``last_event_id``,
+        up to and including its terminal one (``event.view`` then holds its final state).
+
+        >>> for event in client.events(request_id):  # doctest: +SKIP
+        ...     print(event.name, event.data)  # queued, scheduled, running, progress (step/total), succeeded
+
+        A dropped stream is opened again after the last event received, for up to ``reconnect_s`` seconds of
+        consecutive failure (``fusefleet.client_events``); ``NotFound`` for an unknown request.
+        """
+        return self.watch([request_id], last_event_id=last_event_id, reconnect_s=reconnect_s)
+
+    def watch(
+        self, request_ids: Sequence[str], *, last_event_id: str | None = None, reconnect_s: float = RECONNECT_S
+    ) -> Iterator[Event]:
+        """The live events of several requests on one stream (``GET /v1/events?ids=``), in the order they happen
+        (``event.request_id`` says whose), until each had its terminal event; as ``events``."""
+        subscription = Subscription(request_ids, last_event_id, reconnect_s)
+        return read_events(self._http, self.base_url, self.timeout, subscription)
+
     def generate(
         self,
         requests: Sequence[RequestLike],
@@ -573,13 +611,14 @@ class AsyncClient(_Base):
         submit_retries: int = SUBMIT_RETRIES,
         max_retry_wait_s: float = MAX_RETRY_WAIT_S,
         headers: Mapping[str, str] | None = None,
+        api_key: str | None = None,
     ) -> None:
         super().__init__(base_url, timeout, submit_retries, max_retry_wait_s)
         self._http = httpx.AsyncClient(  # redirects: images served from a presigned URL (result_delivery=redirect)
             base_url=self.base_url,
             timeout=self._http_timeout(),
             transport=transport,
-            headers=headers,
+            headers=with_api_key(headers, api_key),
             follow_redirects=True,
         )
 
@@ -708,6 +747,19 @@ class AsyncClient(_Base):
     async def video(self, request_id: str, index: int = 0) -> bytes:
         """MP4 bytes of video ``index`` of a succeeded video request (see ``Client.video``)."""
         return (await self._call("GET", _path(request_id, "videos", index))).content
+
+    def events(
+        self, request_id: str, *, last_event_id: str | None = None, reconnect_s: float = RECONNECT_S
+    ) -> AsyncIterator[Event]:
+        """``Client.events``: ``async for event in client.events(request_id)``."""
+        return self.watch([request_id], last_event_id=last_event_id, reconnect_s=reconnect_s)
+
+    def watch(
+        self, request_ids: Sequence[str], *, last_event_id: str | None = None, reconnect_s: float = RECONNECT_S
+    ) -> AsyncIterator[Event]:
+        """``Client.watch``: ``async for event in client.watch(ids)``."""
+        subscription = Subscription(request_ids, last_event_id, reconnect_s)
+        return aread_events(self._http, self.base_url, self.timeout, subscription)
 
     async def images(self, request_id: str, view: RequestView | None = None) -> list[bytes]:
         """Every image of the request (none unless it succeeded), fetched concurrently."""

@@ -1,4 +1,5 @@
-"""``fusefleet generate``: submit prompts to a running fleet, show each request's progress, write its images.
+"""``fusefleet generate``: submit prompts to a running fleet, show each request's progress, write its images;
+``fusefleet watch``: print the live events of requests until they end.
 
 Each prompt is its own request; all are submitted together (``AsyncClient.generate``) so the fleet can fuse
 them. One progress bar per request (step/total, on stderr) while they run; then one line per image written
@@ -9,6 +10,7 @@ was refused (stderr); the exit code is 1 when any request did not succeed.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,8 +21,9 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from api.events import ProgressEvent, RunningEvent, ScheduledEvent
 from api.schemas import RequestView
-from fusefleet.client import AsyncClient, Client, FusefleetError, Result
+from fusefleet.client import AsyncClient, Client, Event, FusefleetError, Result
 from fusefleet.client_images import encode_image
 from shared.contracts import OutputFormat, RequestStatus
 
@@ -218,3 +221,45 @@ def run_generate(opts: GenerateOptions) -> int:
         for path in paths:
             typer.echo(str(path))
     return EXIT_FAILED if failed else 0
+
+
+# --- fusefleet watch ------------------------------------------------------------------------------------------------
+def describe_event(event: Event) -> str:
+    """One readable line for an event: ``<request id> <event> <detail>``."""
+    data = event.data
+    detail = ""
+    if isinstance(data, ScheduledEvent):
+        detail = f"batch {data.batch_id} of {data.batch_size}"
+    elif isinstance(data, RunningEvent):
+        detail = f"on {data.worker}"
+    elif isinstance(data, ProgressEvent):
+        detail = f"{data.step}/{data.total}"
+    elif isinstance(data, RequestView) and data.error is not None:
+        detail = f"{data.error.type}: {data.error.message}"
+    elif isinstance(data, RequestView):
+        detail = " ".join(data.videos + data.images)
+    return f"{event.request_id} {event.name} {detail}".rstrip()
+
+
+def event_json(event: Event) -> str:
+    """An event as one JSON line: its name, its ``last_event_id`` (to resume after it) and its data."""
+    return json.dumps(
+        {"event": event.name, "last_event_id": event.last_event_id, "data": event.data.model_dump(mode="json")}
+    )
+
+
+def run_watch(url: str | None, request_ids: Sequence[str], *, as_json: bool, last_event_id: str | None) -> int:
+    """Print the requests' events as they happen until each ended; 0 when all succeeded, 1 otherwise."""
+    ended: dict[str, str] = {}
+    try:
+        with Client(url) as client:
+            for event in client.watch(request_ids, last_event_id=last_event_id):
+                typer.echo(event_json(event) if as_json else describe_event(event))
+                if event.terminal:
+                    ended[event.request_id] = event.name
+    except FusefleetError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    return 0 if all(status == RequestStatus.SUCCEEDED for status in ended.values()) else EXIT_FAILED

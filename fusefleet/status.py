@@ -3,35 +3,68 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from shared.fleet_state import FleetReader, FleetSnapshot
+from shared.fleet_state import FleetReader, FleetSnapshot, RunningBatch, WorkerState
 from shared.keys import RedisKeys
+from shared.metrics import RECENT_WINDOW_S
 from shared.redis_conn import async_client
 from shared.settings import Settings
 
 
-def render(snapshot: FleetSnapshot) -> str:
-    """The status as plain text: the queue, the batches in flight, then one line per worker slot."""
+@dataclass(frozen=True, slots=True)
+class FleetStatus:
+    """One snapshot of the fleet plus, for each batch holding a slot, who runs it."""
+
+    snapshot: FleetSnapshot
+    running: tuple[RunningBatch, ...] = ()
+
+
+def _worker_line(worker: WorkerState, batch: RunningBatch | None) -> str:
+    state = "live" if worker.live else "stale"
+    busy = "idle"
+    if batch is not None:
+        step = f", step {batch.step}/{batch.total}" if batch.total else ""
+        busy = f"busy: batch {batch.batch_id[:8]} ({batch.size} requests{step})"
+    beat = f"last beat {worker.last_beat_s:.1f} s ago"
+    caps = worker.capabilities
+    what = "(announced nothing)"
+    if caps is not None:
+        tasks = ", ".join(task.value for task in caps.tasks)
+        fused = "fused" if caps.traits.fused else "request by request"
+        what = f"{caps.model} {caps.pipeline} [{caps.traits.family}, {fused}; {tasks}]"
+    return f"  {worker.name}: {state}, {busy}, {beat}, {what}"
+
+
+def render(status: FleetStatus) -> str:
+    """The status as plain text: the queue, slots and batches, recent throughput, request counts, then one line per
+    worker slot (one slot per worker process)."""
+    snapshot = status.snapshot
+    counters = snapshot.counters
+    by_worker = {batch.worker: batch for batch in status.running if batch.worker is not None}
+    unclaimed = [batch for batch in status.running if batch.worker is None]
+    finished = ", ".join(f"{count} {name}" for name, count in sorted(counters.finished.items()))
     lines = [
         f"queue: {snapshot.queue_depth} waiting, oldest {snapshot.oldest_waiting_s:.1f} s",
-        f"batches in flight: {snapshot.batches_in_flight} on {snapshot.workers_live} live workers",
-        f"workers ({len(snapshot.workers)}):",
+        f"batches in flight: {snapshot.batches_in_flight} on {snapshot.workers_live} live workers "
+        f"({snapshot.slots_busy} busy)",
+        f"throughput: {snapshot.images_per_s:.2f} images/s over the last {RECENT_WINDOW_S} s "
+        f"({snapshot.recent_images} images)",
+        f"requests: {counters.accepted} accepted; {finished}",
     ]
+    if counters.failures:
+        lines.append("failures: " + ", ".join(f"{name} {n}" for name, n in sorted(counters.failures.items())))
+    if unclaimed:
+        lines.append(f"published, not claimed yet: {', '.join(batch.batch_id[:8] for batch in unclaimed)}")
+    lines.append(f"workers ({len(snapshot.workers)}):")
     for worker in sorted(snapshot.workers, key=lambda w: w.name):
-        state = "live" if worker.live else "stale"
-        beat = f"last beat {worker.last_beat_s:.1f} s ago"
-        caps = worker.capabilities
-        what = "(announced nothing)"
-        if caps is not None:
-            tasks = ", ".join(task.value for task in caps.tasks)
-            fused = "fused" if caps.traits.fused else "request by request"
-            what = f"{caps.model} {caps.pipeline} [{caps.traits.family}, {fused}; {tasks}]"
-        lines.append(f"  {worker.name}: {state}, {beat}, {what}")
+        lines.append(_worker_line(worker, by_worker.get(worker.name)))
     return "\n".join(lines)
 
 
-async def read_status(settings: Settings) -> FleetSnapshot | None:
-    """One snapshot of the fleet ``settings`` names, or None when its Redis does not answer."""
+async def read_status(settings: Settings) -> FleetStatus | None:
+    """The status of the fleet ``settings`` names, or None when its Redis does not answer."""
     client = async_client(settings)
     try:
         reader = FleetReader(
@@ -40,10 +73,14 @@ async def read_status(settings: Settings) -> FleetSnapshot | None:
             worker_ttl_s=settings.worker_ttl_s,
             timeout_s=settings.redis_socket_timeout_s,
         )
-        return await reader.read()
+        snapshot = await reader.read()
+        if snapshot is None:
+            return None
+        running: Sequence[RunningBatch] | None = await reader.running(snapshot.busy_batches)
+        return FleetStatus(snapshot, tuple(running or ()))
     finally:
         await client.aclose()
 
 
-def status(settings: Settings) -> FleetSnapshot | None:
+def status(settings: Settings) -> FleetStatus | None:
     return asyncio.run(read_status(settings))

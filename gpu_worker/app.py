@@ -21,6 +21,7 @@ from celery.signals import worker_process_init, worker_process_shutdown
 from gpu_worker.executor import BatchExecutor
 from gpu_worker.finisher import BackgroundFinisher
 from gpu_worker.heartbeat import Heartbeat
+from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.runner import load_runner, runner_tasks, runner_traits
 from gpu_worker.store import Locked, WorkerStore
 from shared.celery_config import RUN_BATCH_TASK, make_celery
@@ -42,6 +43,7 @@ class _ProcessState:
     executor: BatchExecutor | None = None
     heartbeat: Heartbeat | None = None
     finisher: BackgroundFinisher | None = None
+    metrics: WorkerMetrics | None = None
 
 
 def default_worker_name() -> str:
@@ -71,6 +73,7 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
             hold_limit_s=settings.batch_time_limit_s,
         )
         state.finisher = BackgroundFinisher()
+        state.metrics = WorkerMetrics(sync_client(settings), store.keys)
         state.executor = BatchExecutor(
             store,
             runner,
@@ -79,6 +82,7 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
             build_result_store(settings, binary),
             outage_retry_s=settings.redis_outage_retry_s,
             finisher=state.finisher,
+            metrics=state.metrics,
         )
         state.heartbeat.start()
         log.info("worker %s ready (runner %s, fused=%s)", worker_name, settings.runner, runner.fused)
@@ -86,6 +90,8 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
     def shutdown_process(**_: Any) -> None:
         if state.finisher is not None and not state.finisher.close(FINISH_ON_SHUTDOWN_S):
             log.error("stopping with a batch unfinished after %.0f s; the reaper runs it again", FINISH_ON_SHUTDOWN_S)
+        if state.metrics is not None:
+            state.metrics.close(5.0)
         if state.heartbeat is not None:
             state.heartbeat.stop()
 

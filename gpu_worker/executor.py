@@ -29,6 +29,7 @@ from __future__ import annotations
 import io
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ from PIL import Image
 from gpu_worker.finisher import Finisher, InlineFinisher
 from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.images import encode
+from gpu_worker.log_context import carry_context, ids
+from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.runner import (
     BatchRunner,
     ConditionedRunner,
@@ -164,6 +167,7 @@ class BatchExecutor:
         *,
         outage_retry_s: float = 0.0,
         finisher: Finisher | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self._store = store
         self._results = results
@@ -173,6 +177,7 @@ class BatchExecutor:
         self._heartbeat = heartbeat
         self._outage_retry_s = outage_retry_s
         self._finisher = finisher or InlineFinisher()
+        self._metrics = metrics
 
     def execute(self, batch: BatchMessage) -> BatchOutcome | Locked:
         """Run ``batch``'s forwards unless another run holds it (then ``Locked``: retry later), then hand its
@@ -198,7 +203,7 @@ class BatchExecutor:
                 waiting = run.waiting_ids  # forwards that did end keep their outputs
                 errors = {spec.id: error_info(exc) for spec in claim.specs if spec.id not in waiting}
                 outcome.statuses.update(self._fail(errors, token))
-            self._finisher.submit(partial(self._finish, batch.batch_id, run, outcome))
+            self._finisher.submit(carry_context(partial(self._finish, batch.batch_id, run, outcome)))
         except BaseException:
             self._release(batch.batch_id, token)
             raise
@@ -296,6 +301,8 @@ class BatchExecutor:
         except Exception as exc:
             if is_out_of_memory(exc):
                 self._release_memory()
+                if self._metrics is not None:
+                    self._metrics.oom_split()
                 half = (len(specs) + 1) // 2
                 log.warning("out of memory with %d requests; splitting them in two", len(specs))
                 return {**self._run_group(specs[:half], run), **self._run_group(specs[half:], run)}
@@ -316,7 +323,9 @@ class BatchExecutor:
                 if is_out_of_memory(exc):
                     self._release_memory()
                     error = ErrorInfo(type="OutOfMemory", message=f"does not fit in memory alone: {error.message}")
-                log.warning("request %s failed: %s: %s", spec.id, error.type, error.message)
+                log.warning(
+                    "request %s failed: %s: %s", spec.id, error.type, error.message, extra=ids(request_id=spec.id)
+                )
                 statuses.update(self._fail({spec.id: error}, run.token))
                 continue
             run.outputs.append(([spec], list(images)))
@@ -328,6 +337,7 @@ class BatchExecutor:
 
     def _forward(self, specs: Sequence[RequestSpec], run: _Run) -> list[list[Image.Image]]:
         reporter = StepReporter(self._store, [spec.id for spec in specs], run.token)
+        started = time.monotonic()
         try:
             if specs[0].task.needs_image:  # one key per batch: every spec has this task
                 runner = cast(ConditionedRunner, self._runner)  # it lists the task (checked in _prepare)
@@ -335,11 +345,15 @@ class BatchExecutor:
                 images = runner.run(specs, reporter.on_step, inputs=inputs)
             else:
                 images = self._runner.run(specs, reporter.on_step)
+            elapsed_s = time.monotonic() - started
         finally:
             reporter.close()
         if not isinstance(images, Sequence) or len(images) != len(specs):
             count = len(images) if isinstance(images, Sequence) else type(images).__name__
             raise RunnerError(f"runner returned {count} results for {len(specs)} requests")
+        if self._metrics is not None:
+            outputs = sum(spec.n for spec in specs)
+            self._metrics.forward(len(specs), outputs, reporter.last_step, elapsed_s)
         return list(images)
 
     def _store_results(

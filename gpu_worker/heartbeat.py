@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 
+from gpu_worker.log_context import ids
 from gpu_worker.store import WorkerStore
 from shared.contracts import WorkerCapabilities
 
@@ -82,9 +83,17 @@ class Heartbeat:
                 held = list(self._held.items())
             for (batch_id, token), deadline in held:
                 if now > deadline:
-                    log.error("batch %s held past batch_time_limit_s: its lock is left to lapse", batch_id)
+                    log.error(
+                        "batch %s held past batch_time_limit_s: its lock is left to lapse",
+                        batch_id,
+                        extra=ids(batch_id=batch_id),
+                    )
                     self.release(batch_id, token)
                 elif not self._store.renew_lock(batch_id, token):
-                    log.warning("lost the lock of batch %s: another run may claim it (late writes ignored)", batch_id)
+                    log.warning(
+                        "lost the lock of batch %s: another run may claim it (late writes ignored)",
+                        batch_id,
+                        extra=ids(batch_id=batch_id),
+                    )
         except Exception as exc:  # noqa: BLE001 - a Redis blip must not kill the beat; the next one retries
             log.warning("heartbeat failed: %s", exc)

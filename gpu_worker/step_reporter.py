@@ -33,6 +33,7 @@ class StepReporter:
         self._token = token
         self._lock = threading.Lock()
         self._pending: tuple[int, int] | None = None
+        self._last_step = 0
         self._signals = [RowSignal.GO_ON] * len(self._ids)
         self._wake = threading.Event()
         self._closed = threading.Event()
@@ -43,9 +44,16 @@ class StepReporter:
         """The runner's step callback: record the step, and whether to stop (every row aborted or not ours)."""
         with self._lock:
             self._pending = (step, total)
+            self._last_step = max(self._last_step, step)
             stop = all(signal is not RowSignal.GO_ON for signal in self._signals)
         self._wake.set()
         return stop
+
+    @property
+    def last_step(self) -> int:
+        """The highest step the forward reported (0 when it reported none)."""
+        with self._lock:
+            return self._last_step
 
     @property
     def signals(self) -> list[RowSignal]:

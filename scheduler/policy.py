@@ -4,9 +4,14 @@ Contract (vLLM-Omni request-level batching, strict FIFO head-of-line):
 
 * ``decide`` does no I/O, keeps no state and never reads a clock: ``now`` and every ``arrived_at`` are
   monotonic seconds supplied by the caller, so the same inputs always give the same ``Decision``.
-* ``waiting`` is in arrival order. Aborted requests are never batched: each one is reported in ``dropped_ids``
-  (of a ``Dispatch`` or a ``Wait``) for the caller to discard, and they neither start nor block a batch.
-* The candidate batch is the oldest live request (the head) plus the live requests after it with an equal
+* ``waiting`` is in service order (``scheduler.queue``): by ``level``, highest first, and in arrival order within
+  a level (with one level, as under ``fcfs``, plain arrival order). Aborted requests are never batched: each one is
+  reported in ``dropped_ids`` (of a ``Dispatch`` or a ``Wait``) for the caller to discard, and they neither start
+  nor block a batch.
+* A batch holds one level: the head's (the first live request). Requests of other levels are neither in it nor
+  close it, and count for nothing below; so nothing is reordered within a level, and a higher level never waits
+  behind a lower one nor pays for its rows in the forward.
+* The candidate batch is the head plus the live requests of its level after it with an equal
   compatibility key, stopping at the first live request whose key differs (it blocks later compatible ones,
   so no request is ever overtaken by a younger incompatible one), and capped at ``max_num_seqs`` and at the
   pixel budget: at most ``max_batch_cost // head.cost`` requests (at least one; compatible requests have equal
@@ -15,8 +20,8 @@ Contract (vLLM-Omni request-level batching, strict FIFO head-of-line):
 * The candidate is dispatched at once when it is full, when it is closed (a live incompatible request follows
   it, so it can never grow) or when the admission wait is disabled (``max_wait_s == 0``).
 * Otherwise the admission wait ends at ``min(head.arrived_at + max_wait_s, last_arrival + stable_s)``, where
-  ``last_arrival`` is the latest arrival among live requests: ``now >= deadline`` dispatches, anything earlier
-  answers ``Wait(until=deadline)``.
+  ``last_arrival`` is the latest arrival among the live requests of the head's level: ``now >= deadline``
+  dispatches, anything earlier answers ``Wait(until=deadline)``.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ class WaitingRequest:
     arrived_at: float  # monotonic seconds when the scheduler first saw it
     aborted: bool = False
     cost: int = 1  # what the request adds to a batch's memory (shared.compat.pixel_cost in production)
+    level: int = 0  # its level in the service order (scheduler.queue); a batch holds one level
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,13 +100,13 @@ Decision = Dispatch | Wait
 
 
 def decide(waiting: Sequence[WaitingRequest], free_slots: int, now: float, config: PolicyConfig) -> Decision:
-    """What the scheduler should do at clock ``now`` with ``waiting`` (arrival order) and ``free_slots``."""
+    """What the scheduler should do at clock ``now`` with ``waiting`` (service order) and ``free_slots``."""
     dropped = tuple(r.id for r in waiting if r.aborted)
-    live = [r for r in waiting if not r.aborted]
-    if not live or free_slots <= 0:
+    head = next((r for r in waiting if not r.aborted), None)
+    if head is None or free_slots <= 0:
         return Wait(until=None, dropped_ids=dropped)
 
-    head = live[0]
+    live = [r for r in waiting if not r.aborted and r.level == head.level]
     cap = config.cap(head)
     batch = [head]
     closed = False

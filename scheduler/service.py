@@ -1,9 +1,10 @@
 """The batching service: a thin loop around the pure policy (``scheduler.policy.decide``).
 
-Each round: read new stream entries (blocking until the policy's next deadline, a new request or a worker
-event), refresh the abort/status flags of the head of the queue, ask the policy, and for each ``Dispatch``
-move the requests into a batch atomically (fenced by the lease), publish the Celery task, and only then
-acknowledge their stream entries.
+Each round: read new stream entries into the queue (``scheduler.queue``, in the order of ``scheduling_policy``;
+blocking until the policy's next deadline, a request's deadline, a new request or a worker event), fail the
+queued requests past their deadline (``Timeout``), refresh the abort/status flags of the head of the queue, ask
+the policy, and for each ``Dispatch`` move the requests into a batch atomically (fenced by the lease), publish the
+Celery task, and only then acknowledge their stream entries.
 
 Exactly one scheduler is active (a lease in Redis); others stand by and take over when it lapses. A new leader
 first replays the pending (read, unacknowledged) entries page by page: queued requests wait again, requests that
@@ -12,7 +13,8 @@ any point loses nothing and never runs a request in two batches.
 
 The active scheduler also runs the reaper (``reap.lua``) about every second: a batch in flight that no run holds
 and that still has unfinished requests is published again, at once when its last run ended without finishing it,
-after ``batch_claim_timeout_s`` when its message was lost before any worker claimed it.
+after ``batch_claim_timeout_s`` when its message was lost before any worker claimed it. With it runs the deadline
+sweep (``scheduler.deadlines``): requests in flight past their deadline fail (scheduled) or are aborted (running).
 
 A Redis outage never ends the process: the service backs off, stands by, and leads again (replaying from Redis,
 the only state that counts) once Redis answers.
@@ -25,17 +27,18 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from itertools import islice
 
 from celery import Celery
 
+from scheduler.deadlines import overdue
 from scheduler.lease import Lease
 from scheduler.policy import Dispatch, PolicyConfig, WaitingRequest, decide
+from scheduler.queue import QUEUES, QueuedRequest
 from scheduler.store import LeaseLost, SchedulerStore, StreamEntry
 from shared.celery_config import RUN_BATCH_TASK
-from shared.compat import CompatKey, compat_key, pixel_cost
+from shared.compat import compat_key, pixel_cost
 from shared.contracts import BatchMessage, RequestStatus
+from shared.logging_setup import ids as ids_of
 from shared.retry import Backoff, is_transient
 from shared.settings import Settings
 
@@ -48,14 +51,6 @@ HEALTHY_LEAD_S = 10.0  # a lead that lasted this long before failing resets the 
 CAPACITY_TTL_S = 0.25  # a known free-slot count is trusted this long unless a worker event says it changed
 
 
-@dataclass(slots=True)
-class _Waiting:
-    entry_id: str
-    key: CompatKey
-    arrived_at: float
-    cost: int
-
-
 class SchedulerService:
     """Leader election, stream reading and batch publishing around the policy."""
 
@@ -66,15 +61,17 @@ class SchedulerService:
         lease: Lease,
         celery: Celery,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
         self._store = store
         self._lease = lease
         self._celery = celery
-        self._clock = clock
+        self._clock = clock  # the policy's: arrivals and admission waits
+        self._wall_clock = wall_clock  # the deadlines' (RequestSpec.deadline)
         self._config = PolicyConfig.from_settings(settings)
         self._window = max(HEAD_WINDOW_MIN, 4 * settings.max_num_seqs)
-        self._waiting: dict[str, _Waiting] = {}  # request id -> entry, in arrival order
+        self._queue = QUEUES[settings.scheduling_policy]()  # the requests read and not yet dispatched
         self._fresh: set[str] = set()  # admitted this round: certainly still queued unless aborted just now
         self._free: int | None = None  # free worker slots as last counted (minus our dispatches since)
         self._free_at = 0.0
@@ -112,7 +109,7 @@ class SchedulerService:
                 log.warning("could not release the lease: %s", exc)
 
     def _lead(self, stop: threading.Event) -> None:
-        self._waiting.clear()
+        self._queue.clear()
         self._fresh.clear()
         self._free = None
         self._store.ensure_groups()
@@ -154,8 +151,8 @@ class SchedulerService:
             after = entries[-1].entry_id
             if not self._lease.renew():  # a long replay must not let the lease lapse under it
                 raise LeaseLost("lease lapsed during recovery")
-        if self._waiting:
-            log.info("recovered %d queued requests", len(self._waiting))
+        if self._queue:
+            log.info("recovered %d queued requests", len(self._queue))
 
     def _admit(self, entries: list[StreamEntry], *, recovering: bool = False) -> None:
         if not entries:
@@ -174,7 +171,17 @@ class SchedulerService:
         for entry in readable:
             assert entry.spec is not None
             spec = entry.spec
-            self._waiting[entry.request_id] = _Waiting(entry.entry_id, compat_key(spec), now, pixel_cost(spec))
+            self._queue.add(
+                QueuedRequest(
+                    id=entry.request_id,
+                    entry_id=entry.entry_id,
+                    key=compat_key(spec),
+                    arrived_at=now,
+                    cost=pixel_cost(spec),
+                    priority=spec.priority,
+                    deadline=spec.deadline,
+                )
+            )
             self._fresh.add(entry.request_id)
         self._store.ack(done)
 
@@ -195,12 +202,17 @@ class SchedulerService:
         return keep
 
     def _reap(self) -> None:
-        """Publish again every batch in flight that no run holds and that still has unfinished requests."""
+        """Publish again every batch in flight that no run holds and that still has unfinished requests; end the
+        requests in flight that are past their deadline."""
         reaped = self._store.reap()
         if reaped.removed:
             self._free = None
         for batch_id, ids in reaped.request_ids.items():
             self._publish_again(batch_id, ids, "its last run ended without finishing it, or its message was lost")
+        late = overdue(self._store.in_flight(), self._wall_clock())
+        if late:
+            statuses = self._store.expire(late)
+            log.info("%d requests in flight past their deadline: %s", len(late), sorted(set(statuses)))
 
     def _republish(self, batch_id: str, why: str) -> None:
         """Publish a recorded batch again (workers run only what is not finished, one run at a time)."""
@@ -208,22 +220,39 @@ class SchedulerService:
 
     def _publish_again(self, batch_id: str, ids: list[str], why: str) -> None:
         if ids:
-            log.warning("publishing batch %s (%d requests) again: %s", batch_id, len(ids), why)
+            fields = ids_of(batch_id=batch_id, request_ids=ids)
+            log.warning("publishing batch %s (%d requests) again: %s", batch_id, len(ids), why, extra=fields)
             self._publish(batch_id, ids)
 
     # --- dispatching -----------------------------------------------------------------------------------------
     def _dispatch_ready(self) -> float | None:
-        """Publish every batch the policy allows now; return when to look again (None = on new input)."""
-        while self._waiting:
+        """Fail what is past its deadline, publish every batch the policy allows now; return when to look again
+        (None = on new input)."""
+        self._expire_queued()
+        until: float | None = None
+        while self._queue:
             free = self._free_slots()
             head = self._head_window(free)
             decision = decide(head, free, self._clock(), self._config)
             self._forget(decision.dropped_ids)
             if not isinstance(decision, Dispatch):
-                return decision.until
+                until = decision.until
+                break
             self._dispatch(decision)
             self._free = free - 1
-        return None
+        next_deadline = self._queue.next_deadline()
+        if next_deadline is not None:  # wake for it: on the policy's clock, from now
+            due = self._clock() + max(0.0, next_deadline - self._wall_clock())
+            until = due if until is None else min(until, due)
+        return until
+
+    def _expire_queued(self) -> None:
+        """Fail the waiting requests past their deadline (``Timeout``), then acknowledge their entries."""
+        expired = self._queue.pop_expired(self._wall_clock())
+        if expired:
+            statuses = self._store.expire([r.id for r in expired])
+            log.info("%d queued requests past their deadline: %s", len(expired), sorted(set(statuses)))
+            self._store.ack([r.entry_id for r in expired])
 
     def _free_slots(self) -> int:
         """Free worker slots: counted in Redis when unknown, stale, or exhausted; else the running estimate."""
@@ -233,7 +262,8 @@ class SchedulerService:
         return self._free
 
     def _head_window(self, free: int) -> list[WaitingRequest]:
-        ids = list(islice(self._waiting, self._window))
+        window = self._queue.head(self._window)
+        ids = [request.id for request in window]
         # Requests that waited since an earlier round may have been aborted meanwhile: look (one round trip) when
         # something could be dispatched, once per round. SCHEDULE re-checks every request anyway.
         stale = [rid for rid in ids if rid not in self._fresh] if free > 0 else []
@@ -243,16 +273,16 @@ class SchedulerService:
                 if abort or status is not RequestStatus.QUEUED:
                     aborted.add(rid)
             self._fresh.update(stale)  # known this round: the next batch of the round need not look again
-        head: list[WaitingRequest] = []
-        for rid in ids:
-            waiting = self._waiting[rid]
-            head.append(WaitingRequest(rid, waiting.key, waiting.arrived_at, aborted=rid in aborted, cost=waiting.cost))
-        return head
+        return [
+            WaitingRequest(r.id, r.key, r.arrived_at, aborted=r.id in aborted, cost=r.cost, level=self._queue.level(r))
+            for r in window
+        ]
 
     def _dispatch(self, decision: Dispatch) -> None:
         batch_id = uuid.uuid4().hex
         ids = list(decision.request_ids)
-        joined = self._store.schedule(self._lease.key, self._lease.token, batch_id, ids)
+        deadlines = [request.deadline if (request := self._queue.get(rid)) else None for rid in ids]
+        joined = self._store.schedule(self._lease.key, self._lease.token, batch_id, ids, deadlines)
         if joined:
             self._publish(batch_id, joined)
         self._forget(ids)
@@ -265,9 +295,10 @@ class SchedulerService:
             task_id=batch_id,
             queue=self._settings.queue_name,
         )
-        log.info("published batch %s with %d requests", batch_id, len(request_ids))
+        fields = ids_of(batch_id=batch_id, request_ids=request_ids)
+        log.info("published batch %s with %d requests", batch_id, len(request_ids), extra=fields)
 
     def _forget(self, request_ids: tuple[str, ...] | list[str]) -> None:
-        """Drop requests from the waiting list and acknowledge their entries (after any publish)."""
-        entries = [self._waiting.pop(rid).entry_id for rid in request_ids if rid in self._waiting]
+        """Drop requests from the queue and acknowledge their entries (after any publish)."""
+        entries = [request.entry_id for rid in request_ids if (request := self._queue.remove(rid))]
         self._store.ack(entries)

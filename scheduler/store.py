@@ -9,11 +9,13 @@ from typing import Any, cast
 
 import redis
 
+from scheduler.deadlines import NOT_STARTED, RAN_PAST, InFlightRequest
 from shared import keys as k
-from shared.contracts import RequestSpec, RequestStatus
+from shared.contracts import TIMEOUT_ERROR, RequestSpec, RequestStatus
 from shared.settings import Settings
 
 EVENTS_PAGE = 1000
+EXPIRE_PAGE = 500  # requests ended per EXPIRE script call
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,7 @@ class SchedulerStore:
         self._stamp_published = client.register_script(k.STAMP_PUBLISHED)
         self._fail = client.register_script(k.FAIL)
         self._free_slots = client.register_script(k.FREE_SLOTS)
+        self._expire = client.register_script(k.EXPIRE)
 
     def ensure_groups(self) -> None:
         for stream in (self.keys.requests, self.keys.events):
@@ -161,12 +164,21 @@ class SchedulerStore:
         keys = [self.keys.workers, self.keys.inflight, self.keys.capabilities, self.keys.storing]
         return int(self._free_slots(keys=keys, args=[ttl_ms]))
 
-    def schedule(self, lease_key: str, token: str, batch_id: str, request_ids: Sequence[str]) -> list[str]:
-        """Atomically move the still-queued, non-aborted requests into batch ``batch_id``; returns those moved."""
+    def schedule(
+        self,
+        lease_key: str,
+        token: str,
+        batch_id: str,
+        request_ids: Sequence[str],
+        deadlines: Sequence[float | None] = (),
+    ) -> list[str]:
+        """Atomically move the still-queued, non-aborted requests into batch ``batch_id``; returns those moved.
+        ``deadlines[i]`` (None = none) is recorded with request i for the in-flight deadline sweep."""
+        marks = ["" if deadline is None else repr(deadline) for deadline in deadlines]
         reply = self._schedule(
             keys=[lease_key, self.keys.batch(batch_id), self.keys.inflight]
             + [self.keys.request(rid) for rid in request_ids],
-            args=[token, batch_id, time.time(), *request_ids],
+            args=[token, batch_id, time.time(), *request_ids, *marks],
         )
         if reply == -1:
             raise LeaseLost(batch_id)
@@ -180,6 +192,43 @@ class SchedulerStore:
         )
         ids = {str(pairs[i]): str(pairs[i + 1]).split() for i in range(0, len(pairs), 2)}
         return Reaped(republish=list(ids), removed=int(removed), request_ids=ids)
+
+    def expire(self, request_ids: Sequence[str]) -> list[str]:
+        """End requests past their deadline (``expire.lua``: queued or scheduled fail ``Timeout``, running ones are
+        flagged aborted); each one's status after the call (``aborting`` when flagged now)."""
+        ttl, channel = self._settings.result_ttl_s, self.keys.finished
+        statuses: list[str] = []
+        for start in range(0, len(request_ids), EXPIRE_PAGE):  # one short script per page, however many are due
+            page = request_ids[start : start + EXPIRE_PAGE]
+            args: list[str | float] = [time.time(), ttl, channel, TIMEOUT_ERROR, NOT_STARTED, RAN_PAST, *page]
+            reply = self._expire(keys=[self.keys.request(rid) for rid in page], args=args)
+            statuses += [str(status) for status in reply]
+        return statuses
+
+    def in_flight(self) -> list[InFlightRequest]:
+        """The requests of the batches in flight: status, recorded deadline and abort flag (three round trips,
+        bounded by the batches in flight: at most one per worker slot, plus those waiting to be published again)."""
+        batch_ids = cast(list[str], self._redis.zrange(self.keys.inflight, 0, -1))
+        if not batch_ids:
+            return []
+        pipe = self._redis.pipeline(transaction=False)
+        for batch_id in batch_ids:
+            pipe.hget(self.keys.batch(batch_id), "ids")
+        request_ids = [rid for ids in pipe.execute() if ids for rid in str(ids).split()]
+        pipe = self._redis.pipeline(transaction=False)
+        for rid in request_ids:
+            pipe.hmget(self.keys.request(rid), ["status", "deadline", "abort"])
+        out: list[InFlightRequest] = []
+        for rid, (status, deadline, abort) in zip(request_ids, pipe.execute(), strict=True):
+            out.append(
+                InFlightRequest(
+                    id=rid,
+                    status=RequestStatus(status) if status else None,
+                    deadline=float(deadline) if deadline else None,
+                    abort=bool(abort),
+                )
+            )
+        return out
 
     def stamp_published(self, batch_id: str) -> list[str]:
         """Record that ``batch_id`` is published again now; its request ids (none when the batch is gone)."""

@@ -12,6 +12,12 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_SEED = 2**63 - 1
+PRIORITY_MIN = -2
+PRIORITY_MAX = 2
+"""A request's ``priority`` levels: higher levels are served first, FIFO within a level; 0 is normal."""
+TIMEOUT_ERROR = "Timeout"
+"""``error.type`` of a request that reached its deadline (``RequestSpec.deadline``): failed before it started, or
+aborted while running (``scheduler.deadlines``, ``expire.lua``)."""
 VIDEO_EXTENSION = "mp4"
 """The extension (and container) of a video result; its frames are images in the request's ``output_format``."""
 
@@ -105,7 +111,21 @@ class RequestSpec(Frozen):
     output_compression: int | None = Field(
         None, ge=0, le=100, description="JPEG/WebP quality, 0-100 (unset = the encoder's default)."
     )
+    priority: int = Field(
+        0, ge=PRIORITY_MIN, le=PRIORITY_MAX, description="Scheduling level: higher first, FIFO within a level."
+    )
+    timeout_s: float | None = Field(
+        None, gt=0, description="Seconds after created_at by which it must have started (None: no deadline)."
+    )
     created_at: float
+
+    @property
+    def deadline(self) -> float | None:
+        """When it must have started (wall-clock seconds, ``created_at + timeout_s``); None without a timeout.
+
+        Not started by then: it fails with ``Timeout``; still running then: it is aborted (``scheduler.deadlines``).
+        """
+        return None if self.timeout_s is None else self.created_at + self.timeout_s
 
 
 class ModelTraits(Frozen):

@@ -1,17 +1,19 @@
 """What the fleet is doing right now, read from Redis in one pipelined round trip (Redis time throughout): the
-queue, the batches in flight, the live workers and what each announces. Used by the api's ``/metrics`` and by
-``fusefleet status``."""
+queue, the batches in flight, the live workers and what each announces, and the fleet's counters
+(``shared.metrics``). Used by the api's ``/metrics`` and by ``fusefleet status`` (which also asks which worker
+runs which batch: ``FleetReader.running``)."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from shared.contracts import WorkerCapabilities
+from shared.contracts import RequestStatus, WorkerCapabilities
 from shared.keys import RedisKeys
+from shared.metrics import RECENT_WINDOW_S, FleetCounters, parse_counters, recent_images
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,16 +28,41 @@ class WorkerState:
 
 @dataclass(frozen=True, slots=True)
 class FleetSnapshot:
-    """What one read of Redis found."""
+    """What one read of Redis found. ``busy_batches`` are the batches in flight that hold a worker slot (all but
+    those whose forward is over while their outputs are stored, as ``free_slots.lua`` counts them);
+    ``recent_images`` were produced in the last ``RECENT_WINDOW_S`` seconds."""
 
     queue_depth: int
     oldest_waiting_s: float
     batches_in_flight: int
     workers: tuple[WorkerState, ...] = ()
+    busy_batches: tuple[str, ...] = ()
+    counters: FleetCounters = field(default_factory=FleetCounters)
+    recent_images: int = 0
 
     @property
     def workers_live(self) -> int:
         return sum(1 for worker in self.workers if worker.live)
+
+    @property
+    def slots_busy(self) -> int:
+        return len(self.busy_batches)
+
+    @property
+    def images_per_s(self) -> float:
+        """Recent throughput: images per second over the last ``RECENT_WINDOW_S`` seconds."""
+        return self.recent_images / RECENT_WINDOW_S
+
+
+@dataclass(frozen=True, slots=True)
+class RunningBatch:
+    """A batch holding a slot: its requests, the worker running them (None until claimed) and the step it is at."""
+
+    batch_id: str
+    size: int
+    worker: str | None
+    step: int
+    total: int
 
 
 class FleetReader:
@@ -53,14 +80,19 @@ class FleetReader:
         pipe.time()
         pipe.xlen(self._keys.requests)
         pipe.xrange(self._keys.requests, count=1)
-        pipe.zcard(self._keys.inflight)
+        pipe.zrange(self._keys.inflight, 0, -1)
+        pipe.zrange(self._keys.storing, 0, -1)
         pipe.zrange(self._keys.workers, 0, -1, withscores=True)
         pipe.hgetall(self._keys.capabilities)
+        pipe.hgetall(self._keys.metrics)
+        pipe.hgetall(self._keys.metrics_recent)
         try:
             async with asyncio.timeout(self._timeout_s):
-                (seconds, micros), depth, first, inflight, workers, announced = await pipe.execute()
+                replies = await pipe.execute()
         except (RedisError, OSError):  # down, stalled (timeout) or loading: no snapshot
             return None
+        (seconds, micros), depth, first, inflight, storing, workers, announced, counters, ring = replies
+        storing_set = set(storing)
         now_ms = int(seconds) * 1000 + int(micros) / 1000
         oldest_s = 0.0
         if first:
@@ -75,7 +107,39 @@ class FleetReader:
             )
             for name, score in workers
         )
-        return FleetSnapshot(int(depth), oldest_s, int(inflight), states)
+        return FleetSnapshot(
+            int(depth),
+            oldest_s,
+            len(inflight),
+            states,
+            busy_batches=tuple(str(batch) for batch in inflight if batch not in storing_set),
+            counters=parse_counters(counters),
+            recent_images=recent_images(ring, int(seconds)),
+        )
+
+    async def running(self, batch_ids: tuple[str, ...]) -> list[RunningBatch] | None:
+        """Who runs each of these batches and how far it got (two more round trips), or None when Redis fails."""
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                pipe = self._redis.pipeline(transaction=False)
+                for batch_id in batch_ids:
+                    pipe.hget(self._keys.batch(batch_id), "ids")
+                members = [str(ids or "").split() for ids in await pipe.execute()]
+                pipe = self._redis.pipeline(transaction=False)
+                for request_id in (rid for ids in members for rid in ids):
+                    pipe.hmget(self._keys.request(request_id), ["status", "worker", "step", "total"])
+                rows = iter(await pipe.execute())
+        except (RedisError, OSError):
+            return None
+        out = []
+        for batch_id, ids in zip(batch_ids, members, strict=True):
+            held = [row for row in (next(rows) for _ in ids) if row[0] == RequestStatus.RUNNING and row[1]]
+            if held:
+                _, worker, step, total = held[0]
+                out.append(RunningBatch(batch_id, len(ids), str(worker), int(step or 0), int(total or 0)))
+            else:  # published, not claimed yet (or between runs)
+                out.append(RunningBatch(batch_id, len(ids), None, 0, 0))
+        return out
 
 
 def parse_capabilities(raw: str | bytes | None) -> WorkerCapabilities | None:

@@ -12,7 +12,21 @@ key                             type    contents
                                         error_type, error_message, images (count), results (result-store keys,
                                         space separated), worker, abort, claim (token of the run that may
                                         finish it), entry (stream id), input_image, input_mask (until it
-                                        ends), evicted_at, *_at timestamps; TTL once terminal
+                                        ends), evicted_at, *_at timestamps, key (the API key's name, when
+                                        the api has keys), deadline (spec created_at + timeout_s, written
+                                        when it joins a batch, for the in-flight deadline sweep), webhook,
+                                        webhook_on, webhook_progress_ms, webhook_attempt, webhook_error (a
+                                        request with a webhook, ``shared.webhooks``); TTL once terminal
+``P:req:{id}:events``           stream  the request's events, in order, atomic with its state (written by the Lua
+                                        script of each change; read by ``GET /v1/requests/{id}/events``): field
+                                        ``event`` = queued, scheduled (+ ``batch_id``, ``batch_size``), running
+                                        (+ ``worker``), progress (+ ``step``, ``total``; throttled and capped in
+                                        ``progress.lua``), then one of succeeded, failed, aborted; the scripts name
+                                        it as the hash key plus ``:events``; expires and is deleted with the hash.
+                                        Packed when it ends: a stream reserves 4 KiB for its entries, so each
+                                        terminal script appends the last event, copies the stream (COPY keeps
+                                        the bytes used, ~0.8 KiB) and renames the copy (``...:events:packed``,
+                                        inside the script) over it; entry ids are kept, blocked readers served
 ``P:results:journal``           zset    result-store key -> when its object may be deleted (Redis time, ms):
                                         a run's keys are recorded before it stores them (due after
                                         ``result_orphan_grace_s``), a succeeded request's keep until it expires
@@ -32,6 +46,23 @@ key                             type    contents
                                         swept with the worker's heartbeat entry
 ``P:scheduler:lease``           string  token of the active scheduler (PX lease)
 ``P:finished``                  channel pub/sub: the id of every request that just reached a terminal status
+``P:metrics``                   hash    fleet-wide counters and histogram buckets (fields: ``shared.metrics``),
+                                        incremented by the scripts of each transition (they name it as the
+                                        prefix of a request hash key plus ``:metrics``) and by the workers
+``P:metrics:recent``            hash    images produced per second of Redis time, a ring of the last 64 s
+                                        (``metrics_add.lua``; read by ``fusefleet status``)
+``P:apikey:{name}:bucket``      hash    API key ``name``'s rate-limit token bucket: tokens, at_ms (Redis time);
+                                        ``rate_limit.lua``; expires once it would be full again
+``P:apikey:{name}:unfinished``  set     hash keys of API key ``name``'s requests that may be unfinished (a key
+                                        with a max queued only); ``submit.lua`` prunes the finished ones and
+                                        counts the rest; expires ``result_ttl_s`` after the key's last submission
+``P:webhooks``                  stream  the webhook outbox: one entry per event a request's webhook subscribed to
+                                        (``id``, ``event``, ``entry`` = its event stream id, + ``worker`` or
+                                        ``step``, ``total``), appended by the script that writes the event (they
+                                        derive it from the request hash key, as ``:metrics``); consumer group
+                                        ``webhooks``, consumer ``active``; acked and deleted once delivered or
+                                        dropped (``scheduler.webhooks``)
+``P:webhooks:lease``            string  token of the active webhook dispatcher (PX ``scheduler_lease_ms``)
 ==============================  ======  =====================================================================
 
 Every status change goes through a Lua script of ``shared/lua/`` (one file each, documented at its top), so
@@ -55,6 +86,8 @@ from importlib.resources import files
 SCHEDULER_GROUP = "scheduler"
 SCHEDULER_CONSUMER = "active"  # one consumer name: a new leader inherits its predecessor's pending entries
 EVENTS_MAXLEN = 1000
+WEBHOOK_GROUP = "webhooks"
+WEBHOOK_CONSUMER = "active"  # one consumer name, as the scheduler's: a new dispatcher inherits the pending entries
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +131,10 @@ class RedisKeys:
     def request(self, request_id: str) -> str:
         return f"{self.prefix}:req:{request_id}"
 
+    def request_events(self, request_id: str) -> str:
+        """The event stream of a request: its hash key plus ``:events`` (the Lua scripts derive it so)."""
+        return f"{self.request(request_id)}:events"
+
     @property
     def results_journal(self) -> str:
         return f"{self.prefix}:results:journal"
@@ -128,9 +165,35 @@ class RedisKeys:
     def batch_lock(self, batch_id: str) -> str:
         return f"{self.prefix}:batch:{batch_id}:lock"
 
+    def api_key_bucket(self, name: str) -> str:
+        return f"{self.prefix}:apikey:{name}:bucket"
 
-def _lua(name: str) -> str:
-    return files("shared").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
+    def api_key_unfinished(self, name: str) -> str:
+        return f"{self.prefix}:apikey:{name}:unfinished"
+
+    @property
+    def metrics(self) -> str:
+        """Fleet-wide counters (``shared.metrics``); the Lua scripts derive it from a request hash key."""
+        return f"{self.prefix}:metrics"
+
+    @property
+    def metrics_recent(self) -> str:
+        return f"{self.prefix}:metrics:recent"
+
+    @property
+    def webhooks(self) -> str:
+        """The webhook outbox (``shared.webhooks``); the Lua scripts derive it from a request hash key."""
+        return f"{self.prefix}:webhooks"
+
+    @property
+    def webhooks_lease(self) -> str:
+        return f"{self.prefix}:webhooks:lease"
+
+
+def _lua(name: str, *libraries: str) -> str:
+    """The script ``shared/lua/{name}.lua``, after the library files it uses (Redis scripts cannot import)."""
+    folder = files("shared").joinpath("lua")
+    return "\n".join(folder.joinpath(f"{part}.lua").read_text(encoding="utf-8") for part in (*libraries, name))
 
 
 SUBMIT = _lua("submit")
@@ -138,8 +201,9 @@ SCHEDULE = _lua("schedule")
 CLAIM = _lua("claim")
 PROGRESS = _lua("progress")
 FINISH = _lua("finish")
-FAIL = _lua("fail")
+FAIL = _lua("fail", "lib_fail_request")
 ABORT = _lua("abort")
+EXPIRE = _lua("expire", "lib_fail_request")
 BATCH_DONE = _lua("batch_done")
 FORWARD_DONE = _lua("forward_done")
 REAP = _lua("reap")
@@ -153,3 +217,6 @@ RESULTS_DUE = _lua("results_due")
 FORGET = _lua("forget")
 REDIS_RESULT_PUT = _lua("redis_result_put")
 REDIS_RESULT_DELETE = _lua("redis_result_delete")
+RATE_LIMIT = _lua("rate_limit")
+METRICS_ADD = _lua("metrics_add")
+WEBHOOK_OUTCOME = _lua("webhook_outcome")

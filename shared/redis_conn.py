@@ -24,11 +24,12 @@ def sync_client(settings: Settings, *, binary: bool = False) -> redis.Redis:
     )
 
 
-def async_client(settings: Settings, *, binary: bool = False) -> aioredis.Redis:
-    """A client whose pool makes callers wait for a free connection (instead of failing) under bursts."""
+def async_client(settings: Settings, *, binary: bool = False, max_connections: int | None = None) -> aioredis.Redis:
+    """A client whose pool makes callers wait for a free connection (instead of failing) under bursts; its size is
+    ``max_connections``, by default ``redis_max_connections``."""
     pool = aioredis.BlockingConnectionPool.from_url(
         settings.redis_url,
-        max_connections=settings.redis_max_connections,
+        max_connections=max_connections or settings.redis_max_connections,
         timeout=settings.redis_socket_timeout_s,
         decode_responses=not binary,
         socket_timeout=settings.redis_socket_timeout_s,

@@ -5,11 +5,16 @@ Each service builds ``Settings()`` once at start-up and passes it down; nothing 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from shared.contracts import PRIORITY_MAX, PRIORITY_MIN
+from shared.logging_setup import LogFormat
+from shared.webhook_hosts import HostRules
 
 
 def _default_cache_dir() -> Path:
@@ -49,6 +54,11 @@ class Settings(BaseSettings):
         description="Prefix of every Redis key fusefleet writes; fleets with distinct prefixes can share one Redis.",
     )
     queue_name: str = Field("fusefleet.batches", description="Celery queue the scheduler publishes batches to.")
+    log_format: LogFormat = Field(
+        "text",
+        description="Log lines of every service: 'text' (time level logger: message [ids]) or 'json' (one object a "
+        "line: time, level, logger, message, and service, worker, batch_id, request_id where known).",
+    )
 
     # --- batching policy ------------------------------------------------------------------------------------------
     max_num_seqs: int = Field(
@@ -75,6 +85,25 @@ class Settings(BaseSettings):
         description="Per-batch pixel budget: the sum of n x width x height (x frames) over a batch's requests. The "
         "scheduler closes a batch before it exceeds it; the api refuses a request that alone exceeds it (422). "
         "Bounds the memory of one fused forward (16 Mi = 64 images of 512x512 or 16 of 1024x1024).",
+    )
+
+    scheduling_policy: Literal["priority", "fcfs"] = Field(
+        "priority",
+        description="'priority': requests wait in levels by their priority, the highest non-empty level is served "
+        "first, FIFO within a level, and a batch holds one level only. 'fcfs': one FIFO of arrival order, request "
+        "priorities are ignored. Requests that all keep the default priority are served in arrival order either way.",
+    )
+    default_priority: int = Field(
+        0,
+        ge=PRIORITY_MIN,
+        le=PRIORITY_MAX,
+        description=f"Priority of a request that sets none ({PRIORITY_MIN} lowest .. {PRIORITY_MAX} highest).",
+    )
+    max_timeout_s: float = Field(
+        3600.0,
+        gt=0,
+        description="Largest timeout_s a request may set (422 above it). A request not started within its timeout_s "
+        "fails with Timeout; one still running then is aborted. Requests without timeout_s have no deadline.",
     )
 
     # --- model and runner ----------------------------------------------------------------------------------------
@@ -251,6 +280,71 @@ class Settings(BaseSettings):
     # --- api -----------------------------------------------------------------------------------------------------
     api_host: str = Field("127.0.0.1", description="Address `fusefleet api` binds when --host is not given.")
     api_port: int = Field(8000, ge=1, le=65535, description="Port `fusefleet api` binds when --port is not given.")
+    api_keys_file: Path | None = Field(
+        None,
+        description="TOML file of the API keys (`fusefleet keys new NAME` mints one): each key's name, the sha256 of "
+        "its token, and optional rate_per_s, burst and max_queued. Set: every endpoint but /healthz and /metrics needs "
+        "`Authorization: Bearer <token>`, and a key sees only its own requests. Read at start (an invalid file stops "
+        "the api) and again within 1 s of a change. Unset or empty: no authentication.",
+    )
+    max_event_streams: int = Field(
+        1000,
+        ge=1,
+        description="Event streams (GET /v1/requests/{id}/events, GET /v1/events) one api process serves at once; "
+        "each holds one Redis connection of its own while it waits. More are refused: 503 with Retry-After.",
+    )
+    max_event_ids: int = Field(
+        100, ge=1, le=10_000, description="Most request ids one GET /v1/events stream watches (?ids=); more are a 422."
+    )
+    event_ping_s: float = Field(
+        15.0,
+        gt=0,
+        le=300,
+        description="Seconds between keep-alive comments on a quiet event stream, so proxies keep the connection open.",
+    )
+
+    # --- webhooks (docs/operations.md#webhooks) --------------------------------------------------------------------
+    webhook_allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Hosts a request's webhook URL may name, comma separated (or a JSON list): host names "
+        "(hooks.example.com), sub-domains (*.example.com), * (any host), IP addresses or networks (10.0.0.0/8). Every "
+        "address a host is or resolves to must be public unless a listed network contains it (internal addresses "
+        "only when listed). Empty: webhooks are off (a request with one gets 422). Needs webhook_secret.",
+    )
+    webhook_secret: SecretStr | None = Field(
+        None,
+        description="Key of the HMAC-SHA256 signature of every webhook delivery (header Fusefleet-Signature: "
+        "t=<unix s>,v1=<hex of HMAC(secret, '<t>.<body>')>); the receivers verify with it. Required with "
+        "webhook_allowed_hosts.",
+    )
+    webhook_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=120,
+        description="Connecting to a webhook receiver, sending the delivery and waiting for its answer each take at "
+        "most this long (then the attempt failed); also bounds the api's resolution of a webhook host.",
+    )
+    webhook_max_attempts: int = Field(
+        8,
+        ge=1,
+        le=30,
+        description="Attempts of one webhook delivery (any answer but 2xx, a timeout or a refused connection is a "
+        "failed attempt) before it is dropped and recorded on the request (webhook_error).",
+    )
+    webhook_retry_initial_s: float = Field(
+        2.0,
+        gt=0,
+        le=600,
+        description="Wait after a delivery's first failed attempt; it doubles after each further one (at most 600 s): "
+        "with 8 attempts, 2+4+...+128 = 254 s of waits before a delivery is dropped.",
+    )
+    webhook_concurrency: int = Field(
+        16,
+        ge=1,
+        le=256,
+        description="Webhook deliveries in flight at once (threads of the active dispatcher); one request's events "
+        "always go one at a time, in order.",
+    )
 
     @model_validator(mode="after")
     def _timeouts_fit(self) -> Settings:
@@ -277,12 +371,42 @@ class Settings(BaseSettings):
                 f"visibility_timeout_s ({self.visibility_timeout_s}) must exceed batch_time_limit_s "
                 f"({self.batch_time_limit_s}): Celery would deliver a running batch again"
             )
+        if self.webhook_allowed_hosts and self.webhook_secret is None:
+            raise ValueError(
+                "webhook_allowed_hosts needs webhook_secret (FUSEFLEET_WEBHOOK_SECRET): every delivery is signed"
+            )
         return self
 
-    @field_validator("model_cache_dir", "lora_dir", "result_dir", mode="after")
+    @field_validator("webhook_secret", mode="before")
+    @classmethod
+    def _empty_secret_is_unset(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @field_validator("webhook_allowed_hosts", mode="before")
+    @classmethod
+    def _host_list(cls, value: object) -> object:
+        """A comma-separated string (or a JSON list) from the environment; each entry must parse (``HostRules``)."""
+        if isinstance(value, str):
+            value = json.loads(value) if value.strip().startswith("[") else value.split(",")
+        if isinstance(value, list):
+            value = [str(entry).strip() for entry in value if str(entry).strip()]
+            HostRules.parse(value)
+        return value
+
+    @field_validator("api_keys_file", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @field_validator("model_cache_dir", "lora_dir", "result_dir", "api_keys_file", mode="after")
     @classmethod
     def _expand_user(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None
+
+    @property
+    def webhook_rules(self) -> HostRules:
+        """``webhook_allowed_hosts``, parsed (``shared.webhook_hosts``)."""
+        return HostRules.parse(self.webhook_allowed_hosts)
 
     @property
     def model_id(self) -> str:

@@ -8,15 +8,18 @@ docs/api.md says what differs). ``install`` adds them to an app.
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from collections.abc import Sequence
+
+from fastapi import FastAPI, params
 
 from api.openai import images, models
 from api.openai.errors import OpenAIBodyLimitShape
 
 
-def install(app: FastAPI) -> None:
-    """Add the OpenAI routes to ``app``. Call it after the body-limit middleware is added: its 413 is then
-    answered in OpenAI's shape on the OpenAI paths."""
-    app.include_router(images.router)
-    app.include_router(models.router)
+def install(app: FastAPI, dependencies: Sequence[params.Depends] = ()) -> None:
+    """Add the OpenAI routes to ``app``, each with ``dependencies`` (``api.auth.AUTHENTICATED``: its 401 comes in
+    OpenAI's shape too). Call it after the body-limit middleware is added: its 413 is then answered in OpenAI's
+    shape on the OpenAI paths."""
+    app.include_router(images.router, dependencies=dependencies)
+    app.include_router(models.router, dependencies=dependencies)
     app.add_middleware(OpenAIBodyLimitShape)

@@ -19,7 +19,9 @@ and a client library retrying would only queue the same work again):
   ``invalid_request_error`` / ``invalid_input``;
 - failed otherwise (the model raised, out of memory alone, worker lost, time limit): 500 ``server_error`` /
   ``generation_failed``, the message naming the error type and message, as OpenAI does;
-- aborted by someone else (``POST /v1/requests/{id}/abort``): 409 ``invalid_request_error`` / ``request_aborted``.
+- aborted by someone else (``POST /v1/requests/{id}/abort``): 409 ``invalid_request_error`` / ``request_aborted``;
+- out of its own ``timeout_s`` (error ``Timeout``: failed before it started, or aborted while running): 504
+  ``server_error`` / ``timeout``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from fastapi import Request, status
 from fastapi.responses import JSONResponse
 from starlette.types import Receive
 
+from api.keys_file import ApiKey
 from api.openai.errors import INVALID_REQUEST, SERVER_ERROR, OpenAIError
 from api.openai.schemas import ImageObject, ImagesResponse, ResponseFormat
 from api.outage import StoreUnavailable
@@ -42,7 +45,7 @@ from api.schemas import GenerateRequest
 from api.store import RequestStore
 from api.submission import accept
 from api.waiter import CompletionWaiter
-from shared.contracts import RequestState, RequestStatus
+from shared.contracts import TIMEOUT_ERROR, RequestState, RequestStatus
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -81,9 +84,11 @@ async def respond(
     settings: Settings,
     store: RequestStore,
     waiter: CompletionWaiter,
+    caller: ApiKey | None = None,
 ) -> JSONResponse:
-    """Submit ``native`` as one fleet request, wait for its end and answer it in OpenAI's shape."""
-    (spec,) = await accept([native], settings, store, [("body",)])
+    """Submit ``native`` as one fleet request of ``caller`` (``api.auth``), wait for its end and answer it in
+    OpenAI's shape."""
+    (spec,) = await accept([native], settings, store, [("body",)], caller)
     request_id = spec.id
     headers = {REQUEST_ID_HEADER: request_id}
     try:
@@ -215,6 +220,14 @@ def _outcome_error(state: RequestState, headers: Mapping[str, str]) -> OpenAIErr
     """The answer to a request that ended without images (failed or aborted)."""
     request_id = state.spec.id
     final = {**headers, "x-should-retry": "false"}
+    if state.error is not None and state.error.type == TIMEOUT_ERROR:
+        return OpenAIError(
+            status.HTTP_504_GATEWAY_TIMEOUT,
+            f"request {request_id} ran out of its timeout_s ({state.spec.timeout_s} s): {state.error.message}",
+            kind=SERVER_ERROR,
+            code="timeout",
+            headers=final,
+        )
     if state.status is RequestStatus.ABORTED:
         return OpenAIError(
             status.HTTP_409_CONFLICT,

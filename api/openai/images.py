@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import JSONResponse
 
+from api.auth import CallerDep
 from api.deps import SettingsDep, StoreDep, WaiterDep
 from api.openai.errors import OpenAIRoute
 from api.openai.generation import respond
@@ -21,11 +22,18 @@ router = APIRouter(prefix="/v1/images", tags=["openai"], route_class=OpenAIRoute
 
 @router.post("/generations")
 async def create_image(
-    body: ImageGenerationRequest, request: Request, settings: SettingsDep, store: StoreDep, waiter: WaiterDep
+    body: ImageGenerationRequest,
+    request: Request,
+    settings: SettingsDep,
+    store: StoreDep,
+    waiter: WaiterDep,
+    caller: CallerDep,
 ) -> JSONResponse:
     """Generate ``n`` images for a prompt: ``{"created", "data": [...]}``, the request id in ``x-request-id``."""
     native = body.native(settings)
-    return await respond(native, body.answer_format, request=request, settings=settings, store=store, waiter=waiter)
+    return await respond(
+        native, body.answer_format, request=request, settings=settings, store=store, waiter=waiter, caller=caller
+    )
 
 
 @router.post("/edits")
@@ -35,8 +43,11 @@ async def edit_image(
     settings: SettingsDep,
     store: StoreDep,
     waiter: WaiterDep,
+    caller: CallerDep,
 ) -> JSONResponse:
     """Image-to-image (``image``) or inpainting (``image`` and ``mask``) for a prompt; the answer as for
     generations."""
     native = await form.native(settings)
-    return await respond(native, form.answer_format, request=request, settings=settings, store=store, waiter=waiter)
+    return await respond(
+        native, form.answer_format, request=request, settings=settings, store=store, waiter=waiter, caller=caller
+    )

@@ -16,8 +16,8 @@ A call's native fields are validated by ``GenerateRequest`` itself and its limit
 
 Extensions beyond OpenAI's parameters, with the native meaning and bounds: ``negative_prompt``,
 ``num_inference_steps``, ``guidance_scale``, ``seed``, ``lora`` (``{"name", "scale"}``; in a multipart form
-``lora[name]`` and ``lora[scale]``, as the ``openai`` client sends a nested ``extra_body``), and ``strength`` for
-edits. Unknown parameters are refused.
+``lora[name]`` and ``lora[scale]``, as the ``openai`` client sends a nested ``extra_body``), ``priority``,
+``timeout_s``, and ``strength`` for edits. Unknown parameters are refused.
 """
 
 from __future__ import annotations
@@ -180,6 +180,8 @@ class ImageGenerationRequest(OpenAIImageParams):
     guidance_scale: Any = None
     seed: Any = None
     lora: Any = Field(None, description='{"name": adapter, "scale": float} from the fleet\'s LoRA folder.')
+    priority: Any = None
+    timeout_s: Any = None
 
     def native(self, settings: Settings) -> GenerateRequest:
         self.check(settings)
@@ -191,6 +193,8 @@ class ImageGenerationRequest(OpenAIImageParams):
             "guidance_scale": self.guidance_scale,
             "seed": self.seed,
             "lora": self.lora,
+            "priority": self.priority,
+            "timeout_s": self.timeout_s,
         }
         return native_request({**_present(values), **self.size_fields(settings), **self.format_fields()})
 
@@ -214,6 +218,8 @@ class ImageEditForm(OpenAIImageParams):
     lora_name: str | None = Field(None, alias="lora[name]")
     lora_scale: float | None = Field(None, alias="lora[scale]")
     output_compression: int | None = Field(None, description="jpeg and webp: quality 0-100; with png only 100.")
+    priority: int | None = None
+    timeout_s: float | None = None
     input_fidelity: Any = None
 
     def _image_file(self) -> UploadFile:
@@ -253,6 +259,8 @@ class ImageEditForm(OpenAIImageParams):
             "guidance_scale": self.guidance_scale,
             "seed": self.seed,
             "lora": lora,
+            "priority": self.priority,
+            "timeout_s": self.timeout_s,
         }
         return native_request({**_present(values), **self.size_fields(settings), **self.format_fields()})
 

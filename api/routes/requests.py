@@ -1,4 +1,7 @@
-"""Submitting, reading, aborting and deleting requests, and downloading their images."""
+"""Submitting, reading, aborting and deleting requests, and downloading their images.
+
+With API keys (``api.auth``) a request is its submitter's: every other key gets the 404 of an unknown id.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,9 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 from fastapi.responses import RedirectResponse
 
+from api.auth import CallerDep, OwnerDep
 from api.deps import SettingsDep, StoreDep, WaiterDep
+from api.key_limits import KEY_LIMITED
 from api.responses import BAD_BODY, NOT_FOUND, QUEUE_FULL_OR_UNAVAILABLE, UNAVAILABLE, Responses
 from api.schemas import (
     AbortResult,
@@ -36,18 +41,22 @@ def _unknown(request_id: str) -> HTTPException:
     return HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no request {request_id!r} (unknown or expired)")
 
 
-@router.post("", status_code=status.HTTP_202_ACCEPTED, responses={**BAD_BODY, **QUEUE_FULL_OR_UNAVAILABLE})
-async def submit_request(body: GenerateRequest, settings: SettingsDep, store: StoreDep) -> Accepted:
+@router.post(
+    "", status_code=status.HTTP_202_ACCEPTED, responses={**BAD_BODY, **KEY_LIMITED, **QUEUE_FULL_OR_UNAVAILABLE}
+)
+async def submit_request(body: GenerateRequest, settings: SettingsDep, store: StoreDep, caller: CallerDep) -> Accepted:
     """Queue one request; its id is polled with ``GET /v1/requests/{id}``."""
-    (spec,) = await accept([body], settings, store, [("body",)])
+    (spec,) = await accept([body], settings, store, [("body",)], caller)
     return Accepted(id=spec.id)
 
 
-@router.post("/batch", status_code=status.HTTP_202_ACCEPTED, responses={**BAD_BODY, **QUEUE_FULL_OR_UNAVAILABLE})
-async def submit_batch(body: BatchRequest, settings: SettingsDep, store: StoreDep) -> BatchAccepted:
+@router.post(
+    "/batch", status_code=status.HTTP_202_ACCEPTED, responses={**BAD_BODY, **KEY_LIMITED, **QUEUE_FULL_OR_UNAVAILABLE}
+)
+async def submit_batch(body: BatchRequest, settings: SettingsDep, store: StoreDep, caller: CallerDep) -> BatchAccepted:
     """Queue several independent requests at once (all or none); ids in submission order."""
     locs = [("body", "requests", i) for i in range(len(body.requests))]
-    specs = await accept(body.requests, settings, store, locs)
+    specs = await accept(body.requests, settings, store, locs, caller)
     return BatchAccepted(ids=[spec.id for spec in specs])
 
 
@@ -56,6 +65,7 @@ async def get_request(
     request_id: str,
     store: StoreDep,
     waiter: WaiterDep,
+    owner: OwnerDep,
     wait_s: float = Query(
         0.0, ge=0.0, le=MAX_WAIT_S, description="Long poll: answer as soon as the request finishes, at most this late."
     ),
@@ -68,17 +78,17 @@ async def get_request(
     ``redis_socket_timeout_s`` even when the completion channel is down.
     """
     if wait_s <= 0:
-        state = await store.get(request_id)
+        state = await store.get(request_id, owner)
     else:
         wait_until = asyncio.get_running_loop().time() + wait_s
         finished = waiter.register(request_id)  # before reading: a finish in between still wakes us
         try:
-            state = await store.get(request_id)
+            state = await store.get(request_id, owner)
             left_s = wait_until - asyncio.get_running_loop().time()
             if state is not None and not state.status.terminal and left_s > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(finished, timeout=left_s)
-                state = await store.get(request_id)
+                state = await store.get(request_id, owner)
         finally:
             waiter.discard(request_id, finished)
     if state is None:
@@ -97,11 +107,11 @@ def _result_responses(kind: str, content: dict[str, Any]) -> Responses:
 
 
 async def _serve_result(
-    request_id: str, index: int, kind: str, store: RequestStore, settings: Settings
+    request_id: str, index: int, kind: str, store: RequestStore, settings: Settings, owner: str | None
 ) -> Response:
-    """Output ``index`` of a succeeded request (``kind``: image or video), from the result store: its bytes, or a
-    redirect to a presigned URL (``result_delivery=redirect`` where the store has them)."""
-    state = await store.get(request_id)
+    """Output ``index`` of a succeeded request (``kind``: image or video) of ``owner``, from the result store: its
+    bytes, or a redirect to a presigned URL (``result_delivery=redirect`` where the store has them)."""
+    state = await store.get(request_id, owner)
     keys = (state.image_keys if kind == "image" else state.video_keys) if state is not None else ()
     if state is None or state.status is not RequestStatus.SUCCEEDED or index >= len(keys):
         raise HTTPException(
@@ -132,10 +142,12 @@ async def _serve_result(
     response_class=Response,
     responses=_result_responses("image", {"image/png": {}, "image/jpeg": {}, "image/webp": {}}),
 )
-async def get_image(request_id: str, store: StoreDep, settings: SettingsDep, index: int = Path(ge=0)) -> Response:
+async def get_image(
+    request_id: str, store: StoreDep, settings: SettingsDep, owner: OwnerDep, index: int = Path(ge=0)
+) -> Response:
     """Image ``index`` of a succeeded request, in its ``output_format`` (a video request's frames, video by video):
     its bytes, or a redirect to a presigned URL (``result_delivery=redirect`` where the store has them)."""
-    return await _serve_result(request_id, index, "image", store, settings)
+    return await _serve_result(request_id, index, "image", store, settings, owner)
 
 
 @router.get(
@@ -143,15 +155,17 @@ async def get_image(request_id: str, store: StoreDep, settings: SettingsDep, ind
     response_class=Response,
     responses=_result_responses("video", {"video/mp4": {}}),
 )
-async def get_video(request_id: str, store: StoreDep, settings: SettingsDep, index: int = Path(ge=0)) -> Response:
+async def get_video(
+    request_id: str, store: StoreDep, settings: SettingsDep, owner: OwnerDep, index: int = Path(ge=0)
+) -> Response:
     """Video ``index`` (MP4) of a succeeded video request, or a redirect to a presigned URL."""
-    return await _serve_result(request_id, index, "video", store, settings)
+    return await _serve_result(request_id, index, "video", store, settings, owner)
 
 
 @router.get("/{request_id}/video", response_class=Response, responses=_result_responses("video", {"video/mp4": {}}))
-async def get_first_video(request_id: str, store: StoreDep, settings: SettingsDep) -> Response:
+async def get_first_video(request_id: str, store: StoreDep, settings: SettingsDep, owner: OwnerDep) -> Response:
     """The (first) video of a succeeded video request: ``/videos/0``."""
-    return await _serve_result(request_id, 0, "video", store, settings)
+    return await _serve_result(request_id, 0, "video", store, settings, owner)
 
 
 @router.delete(
@@ -164,11 +178,13 @@ async def get_first_video(request_id: str, store: StoreDep, settings: SettingsDe
         **UNAVAILABLE,
     },
 )
-async def delete_request(request_id: str, store: StoreDep) -> Response:
+async def delete_request(request_id: str, store: StoreDep, owner: OwnerDep) -> Response:
     """Delete a finished request: its state and its images, from whichever result store holds them.
 
     409 while it is queued, scheduled or running (``POST /v1/requests/{id}/abort`` first).
     """
+    if not await store.owns(request_id, owner):
+        raise _unknown(request_id)
     outcome = await store.forget(request_id)
     if outcome is None:
         raise _unknown(request_id)
@@ -189,11 +205,13 @@ async def delete_request(request_id: str, store: StoreDep) -> Response:
         **UNAVAILABLE,
     },
 )
-async def abort_request(request_id: str, store: StoreDep) -> AbortResult:
+async def abort_request(request_id: str, store: StoreDep, owner: OwnerDep) -> AbortResult:
     """Abort a request (idempotent). Queued or scheduled: ``aborted`` at once; running: its worker stops it.
 
     409 when it already succeeded or failed.
     """
+    if not await store.owns(request_id, owner):
+        raise _unknown(request_id)
     result = await store.abort(request_id, time.time())
     if result is None:
         raise _unknown(request_id)

@@ -19,7 +19,7 @@ Knobs (read at import, so set them in the environment of ``bentoml serve``):
                               is dropped with HTTP 503 ("process is overloaded"), so under overload BentoML
                               sheds load where the others queue.
     BENCH_REQUEST_TIMEOUT_S   traffic timeout (default 600)
-    BENCH_TORCH_THREADS, BENCH_MODEL_DIR: see peer_common.
+    BENCH_RUNNER, BENCH_TORCH_THREADS, BENCH_MODEL_DIR: see peer_common.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import base64
 import threading
 
 import bentoml
-from peer_common import env_float, env_int, load_pipeline, normalize_request, run_batch
+from peer_common import env_float, env_int, load_forward, normalize_request, run_batch
 from pydantic import BaseModel
 
 MAX_BATCH_SIZE = env_int("BENCH_MAX_BATCH_SIZE", 4)
@@ -54,12 +54,12 @@ else:
 @bentoml.service(workers=1, traffic={"timeout": REQUEST_TIMEOUT_S})
 class PeerDiffusion:
     def __init__(self) -> None:
-        self.pipe = load_pipeline()
+        self.forward = load_forward()
         self.lock = threading.Lock()  # one pipeline call at a time, also when the API is not batchable
 
     @_api
     def generate(self, requests: list[GenerateRequest], /) -> list[str]:
         reqs = [normalize_request(r.model_dump()) for r in requests]
         with self.lock:
-            pngs = run_batch(self.pipe, reqs, "bentoml")
+            pngs = run_batch(self.forward, reqs, "bentoml")
         return [base64.b64encode(png).decode("ascii") for png in pngs]

@@ -67,19 +67,23 @@ def peer_command(name: str, port: int, host: str = "127.0.0.1") -> list[str]:
 
 
 def peer_env(
-    model_dir: Path,
+    model_dir: Path | None,
     max_batch_size: int,
     wait_ms: float,
     torch_threads: int,
     max_latency_ms: int | None = None,
     request_timeout_s: float | None = None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The environment of a peer server: this process's, plus the BENCH_* knobs the peer reads."""
+    """The environment of a peer server: this process's, plus the BENCH_* knobs the peer reads, plus
+    ``extra_env`` (e.g. ``BENCH_RUNNER=simulated`` and the cost model's ``FUSEFLEET_SIM_*``). ``model_dir`` may be
+    None only for the simulated runner."""
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)  # nothing from the project venv leaks into the peer's interpreter
     env.pop("VIRTUAL_ENV", None)
+    if model_dir is not None:
+        env["BENCH_MODEL_DIR"] = str(Path(model_dir).resolve())
     env.update(
-        BENCH_MODEL_DIR=str(Path(model_dir).resolve()),
         BENCH_MAX_BATCH_SIZE=str(max_batch_size),
         BENCH_BATCH_TIMEOUT_S=str(wait_ms / 1000.0),  # LitServe's wait window; BentoML has none
         BENCH_TORCH_THREADS=str(torch_threads),
@@ -91,12 +95,13 @@ def peer_env(
         env["BENCH_MAX_LATENCY_MS"] = str(max_latency_ms)
     if request_timeout_s is not None:
         env["BENCH_REQUEST_TIMEOUT_S"] = str(request_timeout_s)
+    env.update(extra_env or {})
     return env
 
 
 def launch_peer(
     name: str,
-    model_dir: Path,
+    model_dir: Path | None,
     port: int,
     max_batch_size: int,
     wait_ms: float,
@@ -106,15 +111,16 @@ def launch_peer(
     max_latency_ms: int | None = None,
     request_timeout_s: float | None = None,
     host: str = "127.0.0.1",
+    extra_env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start peer ``name`` in its own venv and process group, stdout+stderr to ``log_path``; returns at once.
 
     ``wait_ms`` is LitServe's ``batch_timeout`` (a wait window). BentoML has no wait knob: ``max_latency_ms``
     (default 20000) is its latency SLO, past which queued requests get 503. Follow with ``wait_ready`` and
-    end with ``stop_peer``.
+    end with ``stop_peer``. ``extra_env``: see ``peer_env``.
     """
     argv = peer_command(name, port, host)
-    env = peer_env(model_dir, max_batch_size, wait_ms, torch_threads, max_latency_ms, request_timeout_s)
+    env = peer_env(model_dir, max_batch_size, wait_ms, torch_threads, max_latency_ms, request_timeout_s, extra_env)
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:

@@ -13,7 +13,7 @@ Knobs:
                               idle, collects up to max_batch_size requests for at most batch_timeout seconds
                               from the moment it starts collecting, then runs whatever it has (at least one).
     BENCH_REQUEST_TIMEOUT_S   LitServer timeout (default 600); a request queued longer gets HTTP 504
-    BENCH_TORCH_THREADS, BENCH_MODEL_DIR: see peer_common.
+    BENCH_RUNNER, BENCH_TORCH_THREADS, BENCH_MODEL_DIR: see peer_common.
 
 In litserve 0.2.19 ``max_batch_size``/``batch_timeout`` belong to ``LitAPI`` (the ``LitServer`` arguments of the
 same name are deprecated and only copied onto the API).
@@ -24,12 +24,12 @@ from typing import Any
 
 import litserve as ls
 from fastapi import Response
-from peer_common import env_float, env_int, load_pipeline, log, normalize_request, run_batch
+from peer_common import env_float, env_int, load_forward, log, normalize_request, run_batch
 
 
 class PeerDiffusionAPI(ls.LitAPI):
     def setup(self, device: str) -> None:
-        self.pipe = load_pipeline()
+        self.forward = load_forward()
         log(f"litserve setup on {device}: max_batch_size={self.max_batch_size} batch_timeout={self.batch_timeout}")
 
     # No annotation on ``request`` and no ``from __future__ import annotations``: LitServe builds the FastAPI
@@ -42,8 +42,8 @@ class PeerDiffusionAPI(ls.LitAPI):
 
     def predict(self, x: Any) -> Any:
         if isinstance(x, dict):  # max_batch_size == 1: LitServe skips batch()/unbatch()
-            return run_batch(self.pipe, [x], "litserve")[0]
-        return run_batch(self.pipe, x, "litserve")
+            return run_batch(self.forward, [x], "litserve")[0]
+        return run_batch(self.forward, x, "litserve")
 
     def unbatch(self, output: list[bytes]) -> list[bytes]:
         return list(output)

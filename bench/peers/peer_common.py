@@ -2,10 +2,14 @@
 
 Both peers import this module so that they do exactly fusefleet's per-batch work: the same saved pipeline,
 the same ``torch.set_num_threads``, one fused pipeline call per (width, height, steps, guidance) group with
-a prompt list and one seeded CPU generator per image, and PNG encoding with ``compress_level=1``.
+a prompt list and one seeded CPU generator per image, and PNG encoding with ``compress_level=1``. With
+``BENCH_RUNNER=simulated`` each group's call is instead the simulated GPU of ``simulated_gpu.py`` (the cost model
+and placeholder images fusefleet's ``SimulatedGpuRunner`` uses; no torch, no model).
 
 Environment:
+    BENCH_RUNNER          ``diffusers`` (default) or ``simulated`` (then FUSEFLEET_SIM_*: see simulated_gpu.py)
     BENCH_MODEL_DIR       the saved pipeline directory (``ensure_demo_model(...)``'s return value); required
+                          by the diffusers runner
     BENCH_TORCH_THREADS   ``torch.set_num_threads`` value (default 2)
     BENCH_MAX_BATCH_SIZE  the peer's max batch size (default 4)
 """
@@ -17,7 +21,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 GROUP_FIELDS = ("width", "height", "num_inference_steps", "guidance_scale")
@@ -28,6 +32,8 @@ REQUEST_DEFAULTS: dict[str, Any] = {
     "guidance_scale": 7.5,
     "seed": 0,
 }
+Forward = Callable[[Sequence[Mapping[str, Any]]], list[Any]]
+"""One pipeline call for requests sharing GROUP_FIELDS: PIL images in request order."""
 
 
 def env_int(name: str, default: int) -> int:
@@ -75,6 +81,28 @@ def load_pipeline(model_dir: str | None = None) -> Any:
     return pipe.to("cpu")
 
 
+def load_forward() -> Forward:
+    """This peer's pipeline call, by ``BENCH_RUNNER``: the saved diffusers pipeline, or the simulated GPU."""
+    runner = os.environ.get("BENCH_RUNNER", "diffusers")
+    if runner == "simulated":
+        from simulated_gpu import TRACE_ENV, CostModel, placeholder_image, record_forward, sleep_forward
+
+        cost, trace = CostModel.from_env(), os.environ.get(TRACE_ENV)
+        log(f"simulated GPU: {cost}")
+
+        def simulated(reqs: Sequence[Mapping[str, Any]]) -> list[Any]:
+            started = time.time()
+            sleep_forward(cost.forward_s((r["width"], r["height"]) for r in reqs))
+            record_forward(trace, started, len(reqs))
+            return [placeholder_image(r["width"], r["height"]) for r in reqs]
+
+        return simulated
+    if runner != "diffusers":
+        raise ValueError(f"BENCH_RUNNER={runner!r}: expected diffusers or simulated")
+    pipe = load_pipeline()
+    return lambda reqs: run_group(pipe, reqs)
+
+
 def to_png(image: Any) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG", compress_level=1)
@@ -101,8 +129,8 @@ def run_group(pipe: Any, reqs: Sequence[Mapping[str, Any]]) -> list[Any]:
     return list(images)
 
 
-def run_batch(pipe: Any, reqs: Sequence[Mapping[str, Any]], peer: str) -> list[bytes]:
-    """PNG bytes per request, in order: requests are grouped by GROUP_FIELDS, one pipeline call per group.
+def run_batch(forward: Forward, reqs: Sequence[Mapping[str, Any]], peer: str) -> list[bytes]:
+    """PNG bytes per request, in order: requests are grouped by GROUP_FIELDS, one ``forward`` call per group.
 
     The peers batch whatever arrives together, whatever its size; fusefleet batches by key upstream, so here
     each mixed batch is split into same-key sub-batches run one after the other.
@@ -113,7 +141,7 @@ def run_batch(pipe: Any, reqs: Sequence[Mapping[str, Any]], peer: str) -> list[b
     started = time.perf_counter()
     out: list[bytes | None] = [None] * len(reqs)
     for indices in groups.values():
-        images = run_group(pipe, [reqs[i] for i in indices])
+        images = forward([reqs[i] for i in indices])
         for i, image in zip(indices, images, strict=True):
             out[i] = to_png(image)
     sizes = [len(v) for v in groups.values()]

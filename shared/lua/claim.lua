@@ -2,6 +2,9 @@
 -- Only a claim that finds something to run counts an attempt; past max attempts those requests fail instead.
 -- A call whose token already holds the lock is a replay (the reply of the first call was lost and the worker
 -- retried): it changes nothing, renews the lock and answers what the first call did.
+-- Every status change appends its event (``running`` with the worker, or the terminal status) to the request's
+-- event stream (its hash key .. ':events'), which expires with the hash once terminal.
+-- A request whose webhook subscribed to the event also gets an entry in the webhook outbox (shared/webhooks.py).
 -- KEYS[1] batch lock, KEYS[2] batch hash, KEYS[3..] request hashes.
 -- ARGV[1] claim token, ARGV[2] lock ttl (ms), ARGV[3] batch id, ARGV[4] now (s), ARGV[5] worker name,
 -- ARGV[6] max attempts, ARGV[7] result ttl (s), ARGV[8] finished channel, then the request ids (KEYS order).
@@ -17,7 +20,22 @@ local function finish(key, id, status)
   redis.call('HSET', key, 'status', status, 'finished_at', ARGV[4])
   redis.call('HDEL', key, 'input_image', 'input_mask')
   redis.call('EXPIRE', key, ARGV[7])
+  local event = redis.call('XADD', key .. ':events', '*', 'event', status)
+  -- webhook outbox (shared/webhooks.py): this event, when the request's webhook subscribed to it
+  local hook = redis.call('HGET', key, 'webhook_on')
+  if hook and string.find(hook, ' ' .. status .. ' ', 1, true) then
+    local prefix, request = string.match(key, '^(.*):req:(.*)$')
+    redis.call('XADD', prefix .. ':webhooks', '*', 'id', request, 'event', status, 'entry', event)
+  end
+  redis.call('COPY', key .. ':events', key .. ':events:packed', 'REPLACE')  -- packed: see shared/keys.py
+  redis.call('RENAME', key .. ':events:packed', key .. ':events')
+  redis.call('EXPIRE', key .. ':events', ARGV[7])
   redis.call('PUBLISH', ARGV[8], id)
+  -- metrics (shared/metrics.py); only a request flagged while running reaches a claim aborted
+  local metrics = string.match(key, '^(.*):req:') .. ':metrics'
+  redis.call('HINCRBY', metrics, 'finished:' .. status, 1)
+  if status == 'failed' then redis.call('HINCRBY', metrics, 'failed:' .. redis.call('HGET', key, 'error_type'), 1) end
+  if status == 'aborted' then redis.call('HINCRBY', metrics, 'aborted:running', 1) end
 end
 local statuses, specs, runnable = {}, {}, {}
 for i = 3, #KEYS do
@@ -53,6 +71,14 @@ for _, i in ipairs(runnable) do
     statuses[i] = 'running'
     redis.call('HSET', KEYS[i], 'status', 'running', 'started_at', ARGV[4], 'worker', ARGV[5], 'step', 0,
                'claim', ARGV[1])
+    local event = redis.call('XADD', KEYS[i] .. ':events', '*', 'event', 'running', 'worker', ARGV[5])
+    -- webhook outbox (shared/webhooks.py): this event, when the request's webhook subscribed to it
+    local hook = redis.call('HGET', KEYS[i], 'webhook_on')
+    if hook and string.find(hook, ' running ', 1, true) then
+      local prefix, request = string.match(KEYS[i], '^(.*):req:(.*)$')
+      redis.call('XADD', prefix .. ':webhooks', '*', 'id', request, 'event', 'running', 'entry', event,
+                 'worker', ARGV[5])
+    end
   end
 end
 local out = {attempts}

@@ -109,6 +109,9 @@ def test_schema_lists_every_route(api_schema: BaseSchema) -> None:
         "GET /v1/requests/{request_id}/video",
         "DELETE /v1/requests/{request_id}",
         "POST /v1/requests/{request_id}/abort",
+        "GET /v1/requests/{request_id}/events",
+        "GET /v1/events",
+        "GET /v1/fleet",
         "GET /healthz",
     }
 

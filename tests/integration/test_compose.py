@@ -11,6 +11,7 @@ MinIO's credentials.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -27,6 +28,7 @@ import pytest
 import yaml
 from fakeredis import FakeRedis
 from moto.server import ThreadedMotoServer
+from prometheus_client.parser import text_string_to_metric_families
 
 from shared.results import build_result_store
 from shared.results.redis_store import RedisResultStore
@@ -307,6 +309,9 @@ def test_compose_commands_serve_a_request(
         assert isinstance(state, dict) and state["status"] == "succeeded", state
         image = httpx.get(f"{base}/v1/requests/{rid}/images/0", timeout=10)
         assert image.status_code == 200 and image.headers["content-type"] == "image/png"
+        exported = exported_names(httpx.get(f"{base}/metrics", timeout=10).text)  # what Prometheus scrapes
+        for where, query in queries().items():  # the dashboard and the autoscaler ask for nothing else
+            assert set(_METRIC.findall(query)) <= exported, f"{where}: {query}"
         if bucket is not None:  # the image came from the bucket: the object is there, under the fleet's prefix
             listed = s3.list_objects_v2(Bucket=bucket, Prefix=f"fusefleet/{rid}/")
             objects = [item["Key"] for item in listed.get("Contents", [])]
@@ -326,3 +331,138 @@ def s3_client(endpoint: str, fleet: Mapping[str, str]) -> Any:
         aws_access_key_id=fleet["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=fleet["AWS_SECRET_ACCESS_KEY"],
     )
+
+
+FAKE_CELERY = """#!/bin/sh
+# stands in for Celery's CLI (flower): records its arguments, one a line
+for arg in "$@"; do printf '%s\\n' "$arg"; done > "$CELERY_LOG"
+"""
+
+
+def test_flower_runs_only_with_a_login_and_on_the_loopback(tmp_path: Path) -> None:
+    flower = compose()["services"]["flower"]
+    assert flower["profiles"] == ["monitoring"]
+    assert all(str(port).startswith("127.0.0.1:") for port in flower["ports"]), "published on the loopback only"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "celery").write_text(FAKE_CELERY)
+    (bin_dir / "celery").chmod(0o755)
+    log = tmp_path / "celery.log"
+    cases: list[tuple[dict[str, str], str | None]] = [
+        ({}, None),
+        ({"FLOWER_BASIC_AUTH": ""}, None),
+        ({"FLOWER_BASIC_AUTH": "ops:s3cret"}, "ops:s3cret"),
+    ]
+    for shell, login in cases:
+        argv = [interpolate(part, shell) for part in [*flower["entrypoint"], *flower["command"]]]
+        env = {**service_env(flower, shell), "PATH": f"{bin_dir}:/usr/bin:/bin", "CELERY_LOG": str(log)}
+        log.unlink(missing_ok=True)
+        run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+        if login is None:
+            assert run.returncode == 1 and "FLOWER_BASIC_AUTH" in run.stderr and not log.exists(), shell
+        else:
+            assert run.returncode == 0, run.stderr
+            assert f"--basic-auth={login}" in log.read_text().splitlines()
+
+
+def test_the_api_takes_a_keys_file_and_has_none_by_default() -> None:
+    api = compose()["services"]["api"]
+    assert fleet_settings(service_env(api)).api_keys_file is None
+    keyed = fleet_settings(service_env(api, {"FUSEFLEET_API_KEYS_FILE": "/api-keys/keys.toml"}))
+    assert keyed.api_keys_file == Path("/api-keys/keys.toml")
+    assert any(volume.endswith(":/api-keys:ro") for volume in api["volumes"])
+
+
+# --- the monitoring profile: Prometheus, Grafana and the dashboard (docs/operations.md) ---------------------------
+DEPLOY = REPO_ROOT / "deploy"
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "fusefleet.json"
+KEDA = DEPLOY / "keda" / "scaledobject.yaml"
+_METRIC = re.compile(r"\bfusefleet_[a-z_]+\b")
+_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "summary": ("_sum", "_count")}
+
+
+def mounted(service: dict[str, Any], target: str) -> Path:
+    """The repository path a service mounts (read-only) at ``target``."""
+    for volume in service["volumes"]:
+        source, _, rest = volume.partition(":")
+        if rest in (target, f"{target}:ro"):
+            assert rest.endswith(":ro"), f"{target} should be mounted read-only"
+            return REPO_ROOT / source
+    raise AssertionError(f"nothing mounted at {target}")
+
+
+def queries() -> dict[str, str]:
+    """Every PromQL expression of the dashboard and the KEDA example, by where it is."""
+    found = {}
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        for target in panel.get("targets", []):
+            found[f"dashboard: {panel['title']} {target['refId']}"] = target["expr"]
+    for i, trigger in enumerate(yaml.safe_load(KEDA.read_text())["spec"]["triggers"]):
+        found[f"keda trigger {i}"] = trigger["metadata"]["query"]
+    return found
+
+
+def exported_names(exposition: str) -> set[str]:
+    """The series names an exposition text offers, families without samples included (a summary's _sum, _count)."""
+    names = set()
+    for family in text_string_to_metric_families(exposition):
+        names.add(family.name)
+        names.update(family.name + suffix for suffix in _SUFFIXES.get(family.type, ()))
+        names.update(sample.name for sample in family.samples)
+    return names
+
+
+def test_monitoring_profile_scrapes_the_api_and_keeps_grafana_behind_a_login() -> None:
+    services = compose()["services"]
+    prometheus, grafana, api = services["prometheus"], services["grafana"], services["api"]
+    for name, service in services.items():  # a plain `up` stays as it was
+        assert ("monitoring" in service.get("profiles", [])) == (name in ("prometheus", "grafana", "flower")), name
+    assert "ports" not in prometheus, "Prometheus has no login: it stays inside the compose network"
+    config = yaml.safe_load(mounted(prometheus, "/etc/prometheus/prometheus.yml").read_text())
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prometheus["command"]
+    (job,) = config["scrape_configs"]
+    api_port = str(api["ports"][0]).rsplit(":", 1)[1]
+    assert job["metrics_path"] == "/metrics" and job["static_configs"][0]["targets"] == [f"api:{api_port}"]
+    assert all(str(port).startswith("127.0.0.1:") for port in grafana["ports"]), "published on the loopback only"
+    env = service_env(grafana, {"GRAFANA_ADMIN_PASSWORD": "from-dot-env"})
+    assert env["GF_SECURITY_ADMIN_PASSWORD"] == "from-dot-env"
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false" and env["GF_USERS_ALLOW_SIGN_UP"] == "false"
+    assert env["GF_AUTH_DISABLE_LOGIN_FORM"] == "false"
+    provisioning = mounted(grafana, "/etc/grafana/provisioning")
+    (datasource,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
+    assert datasource["url"] == "http://prometheus:9090" and datasource["type"] == "prometheus"
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "fusefleet.yml").read_text())["providers"]
+    dashboards = mounted(grafana, provider["options"]["path"])
+    assert (dashboards / DASHBOARD.name).read_text() == DASHBOARD.read_text()
+    assert env["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"] == f"{provider['options']['path']}/{DASHBOARD.name}"
+    dashboard = json.loads(DASHBOARD.read_text())
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            assert target["datasource"]["uid"] == datasource["uid"], panel["title"]
+    assert KEDA.exists() and yaml.safe_load(KEDA.read_text())["spec"]["scaleTargetRef"]["name"] == "gpu-worker"
+
+
+FAKE_GRAFANA = """#!/bin/sh
+# stands in for the Grafana image's /run.sh: says it started
+echo started > "$GRAFANA_LOG"
+"""
+
+
+def test_grafana_refuses_to_start_without_an_admin_password(tmp_path: Path) -> None:
+    grafana = compose()["services"]["grafana"]
+    run_sh = tmp_path / "run.sh"
+    run_sh.write_text(FAKE_GRAFANA)
+    run_sh.chmod(0o755)
+    log = tmp_path / "grafana.log"
+    cases = [({}, False), ({"GRAFANA_ADMIN_PASSWORD": "admin"}, False), ({"GRAFANA_ADMIN_PASSWORD": "x9"}, True)]
+    for shell, starts in cases:
+        # the image's /run.sh is the one host-specific part: the stand-in's path instead
+        argv = [interpolate(part, shell).replace("exec /run.sh", f"exec {run_sh}") for part in grafana["command"]]
+        argv = [*grafana["entrypoint"], *argv]
+        env = {**service_env(grafana, shell), "PATH": "/usr/bin:/bin", "GRAFANA_LOG": str(log)}
+        log.unlink(missing_ok=True)
+        run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+        if starts:
+            assert run.returncode == 0 and log.read_text() == "started\n", run.stderr
+        else:
+            assert run.returncode == 1 and "GRAFANA_ADMIN_PASSWORD" in run.stderr and not log.exists(), shell

@@ -104,7 +104,8 @@ def test_a_client_that_hangs_up_aborts_its_request(fleet: Fleet) -> None:
         httpx.post(fleet.base_url + "/v1/images/generations", json=body, timeout=1)
 
     def aborted() -> bool:
-        for key in fleet.redis.scan_iter(match=fleet.keys.request("*"), count=1000):
+        # hashes only: the pattern also matches each request's event stream (P:req:{id}:events)
+        for key in fleet.redis.scan_iter(match=fleet.keys.request("*"), count=1000, _type="hash"):
             spec, status = fleet.redis.hmget(key, ["spec", "status"])
             if spec and json.loads(spec)["prompt"] == prompt:
                 return status == "aborted"

@@ -65,14 +65,17 @@ def test_every_error_answer_is_documented(settings: Settings) -> None:
         for method, operation in item.items()
     }
     assert documented == {
-        ("POST", "/v1/requests"): {"202", "400", "413", "422", "503"},
-        ("POST", "/v1/requests/batch"): {"202", "400", "413", "422", "503"},
+        ("POST", "/v1/requests"): {"202", "400", "413", "422", "429", "503"},
+        ("POST", "/v1/requests/batch"): {"202", "400", "413", "422", "429", "503"},
         ("GET", "/v1/requests/{request_id}"): {"200", "404", "422", "503"},
         ("GET", "/v1/requests/{request_id}/images/{index}"): {"200", "307", "404", "410", "422", "503"},
         ("DELETE", "/v1/requests/{request_id}"): {"204", "404", "409", "422", "503"},
         ("GET", "/v1/requests/{request_id}/videos/{index}"): {"200", "307", "404", "410", "422", "503"},
         ("GET", "/v1/requests/{request_id}/video"): {"200", "307", "404", "410", "422", "503"},
         ("POST", "/v1/requests/{request_id}/abort"): {"200", "404", "409", "422", "503"},
+        ("GET", "/v1/requests/{request_id}/events"): {"200", "204", "404", "422", "503"},
+        ("GET", "/v1/events"): {"200", "204", "404", "422", "503"},
+        ("GET", "/v1/fleet"): {"200", "503"},
         ("GET", "/healthz"): {"200", "503"},
     }
     for (method, path), codes in documented.items():

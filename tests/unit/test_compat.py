@@ -52,8 +52,19 @@ KEYED_FIELDS = frozenset(
     }
 )
 # output_format and output_compression are per row: each request's images are encoded after the forward.
+# priority and timeout_s are the scheduler's (which level a request waits in, its deadline), never the forward's.
 PER_ROW_FIELDS = frozenset(
-    {"id", "prompt", "negative_prompt", "seed", "created_at", "output_format", "output_compression"}
+    {
+        "id",
+        "prompt",
+        "negative_prompt",
+        "seed",
+        "created_at",
+        "output_format",
+        "output_compression",
+        "priority",
+        "timeout_s",
+    }
 )
 LORA_KEYED_FIELDS = frozenset({"name", "scale"})
 
@@ -101,6 +112,7 @@ SAME: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "id": ({}, {"id": "req-2"}),
     "created_at": ({}, {"created_at": 2000.5}),
     "output_format": ({}, {"output_format": "jpeg", "output_compression": 80}),
+    "priority_and_timeout": ({}, {"priority": 2, "timeout_s": 5.0}),
     "all_per_row": (
         {"negative_prompt": "blurry"},
         {"id": "req-3", "prompt": "x", "negative_prompt": "y", "seed": 0, "created_at": 1.0},

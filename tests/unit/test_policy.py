@@ -217,3 +217,41 @@ def test_grouped_batch_is_not_closed_by_an_incompatible_request() -> None:
 def test_grouped_from_settings() -> None:
     assert PolicyConfig.from_settings(Settings(batch_order="grouped")).grouped
     assert not PolicyConfig.from_settings(Settings()).grouped
+
+
+# --- levels (scheduler.queue: the window comes in service order, highest level first) ----------------------
+
+
+def lvl(id: str, level: int, key: str = "a", at: float = 0.0, aborted: bool = False) -> WaitingRequest:
+    return WaitingRequest(id=id, key=key, arrived_at=at, aborted=aborted, level=level)
+
+
+def test_a_batch_holds_the_head_level_only() -> None:
+    waiting = [lvl("h0", 2), lvl("h1", 2), lvl("n0", 0), lvl("n1", 0)]
+    # compatible lower-level requests do not ride along; the high batch is not full, so it waits for more of its level
+    assert decide(waiting, free_slots=1, now=0.0, config=CFG) == Wait(until=0.125, dropped_ids=())
+    assert decide(waiting, free_slots=1, now=0.125, config=CFG) == Dispatch(("h0", "h1"), ())
+    no_wait = PolicyConfig(max_num_seqs=4, max_wait_s=0.0, stable_s=0.0)
+    assert decide(waiting, free_slots=1, now=0.0, config=no_wait) == Dispatch(("h0", "h1"), ())
+
+
+def test_a_lower_level_neither_closes_nor_extends_a_higher_batch() -> None:
+    # n0 is incompatible but of a lower level: it does not close h0's batch (a later h could still join), and its
+    # later arrival does not extend h0's quiet window
+    waiting = [lvl("h0", 1, at=1.0), lvl("n0", 0, key="b", at=1.0625)]
+    assert decide(waiting, free_slots=1, now=1.0, config=CFG) == Wait(until=1.125, dropped_ids=())
+
+
+def test_an_incompatible_request_of_the_same_level_still_closes_the_batch() -> None:
+    waiting = [lvl("h0", 1), lvl("h1", 1, key="b"), lvl("h2", 1), lvl("n0", 0)]
+    assert decide(waiting, free_slots=1, now=0.0, config=CFG) == Dispatch(("h0",), ())
+
+
+def test_an_aborted_head_hands_the_batch_to_the_next_live_level() -> None:
+    waiting = [lvl("h0", 2, aborted=True), lvl("n0", 0), lvl("n1", 0), lvl("n2", 0), lvl("n3", 0)]
+    assert decide(waiting, free_slots=1, now=0.0, config=CFG) == Dispatch(("n0", "n1", "n2", "n3"), ("h0",))
+
+
+def test_grouped_skips_within_the_head_level_only() -> None:
+    waiting = [lvl("h0", 1), lvl("h1", 1, key="b"), lvl("h2", 1), lvl("n0", 0), lvl("n1", 0), lvl("n2", 0)]
+    assert decide(waiting, free_slots=1, now=0.5, config=GROUPED) == Dispatch(("h0", "h2"), ())

@@ -26,7 +26,7 @@ def client() -> fakeredis.FakeRedis:
 
 
 def submit(client: fakeredis.FakeRedis, keys: k.RedisKeys, *ids: str, max_len: int = 100) -> int:
-    args: list[object] = [max_len]
+    args: list[object] = [max_len, "", "", 0, 60]  # no API key (tests/unit/test_api_keys.py submits with them)
     for rid in ids:
         spec = RequestSpec(
             id=rid,

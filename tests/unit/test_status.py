@@ -9,8 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from fusefleet.cli import cli
-from fusefleet.status import render
+from fusefleet.status import FleetStatus, render
 from gpu_worker.families import FAMILIES
+from gpu_worker.metrics import WorkerMetrics
 from shared.contracts import Task, WorkerCapabilities
 from shared.fleet_state import FleetReader
 from shared.keys import RedisKeys
@@ -40,10 +41,43 @@ async def test_status_lists_the_queue_and_every_worker() -> None:
     await redis.hset(keys.capabilities, "gpu0@host", flux.model_dump_json())
     snapshot = await FleetReader(redis, keys, worker_ttl_s=5, timeout_s=2).read()
     assert snapshot is not None and snapshot.workers_live == 1
-    text = render(snapshot)
-    assert "queue: 1 waiting" in text and "batches in flight: 1 on 1 live workers" in text
-    assert "gpu0@host: live" in text and "FluxPipeline [flux, fused; text-to-image, image-to-image]" in text
-    assert "gpu1@host: stale, last beat 60" in text and "(announced nothing)" in text
+    text = render(FleetStatus(snapshot))
+    assert "queue: 1 waiting" in text and "batches in flight: 1 on 1 live workers (1 busy)" in text
+    assert "gpu0@host: live, idle" in text and "FluxPipeline [flux, fused; text-to-image, image-to-image]" in text
+    assert "gpu1@host: stale, idle, last beat 60" in text and "(announced nothing)" in text
+
+
+async def test_status_shows_who_runs_what_and_the_recent_throughput() -> None:
+    server = fakeredis.FakeServer()
+    redis = fakeredis.FakeAsyncRedis(server=server, decode_responses=True)
+    keys = RedisKeys("t")
+    now_ms = int(time.time() * 1000)
+    await redis.zadd(keys.workers, {"gpu0@host": now_ms, "gpu1@host": now_ms})
+    await redis.zadd(keys.inflight, {"b" * 32: now_ms, "c" * 32: now_ms})  # b... runs on gpu0, c... waits
+    await redis.hset(keys.batch("b" * 32), "ids", "r1 r2")
+    await redis.hset(keys.batch("c" * 32), "ids", "r3")
+    await redis.hset(keys.request("r1"), mapping={"status": "running", "worker": "gpu0@host", "step": 3, "total": 8})
+    await redis.hset(keys.request("r2"), mapping={"status": "succeeded", "worker": "gpu0@host"})
+    await redis.hset(keys.request("r3"), mapping={"status": "scheduled"})
+    metrics = WorkerMetrics(fakeredis.FakeRedis(server=server, decode_responses=True), keys)
+    metrics.forward(batch_size=2, images=30, steps=8, seconds=0.4)
+    assert metrics.flush(5)
+    status = await read_status_of(redis, keys)
+    text = render(status)
+    assert "gpu0@host: live, busy: batch bbbbbbbb (2 requests, step 3/8)" in text
+    assert "gpu1@host: live, idle" in text
+    assert "published, not claimed yet: cccccccc" in text
+    assert "throughput: 0.50 images/s over the last 60 s (30 images)" in text
+    metrics.close()
+
+
+async def read_status_of(redis: fakeredis.FakeAsyncRedis, keys: RedisKeys) -> FleetStatus:
+    reader = FleetReader(redis, keys, worker_ttl_s=5, timeout_s=2)
+    snapshot = await reader.read()
+    assert snapshot is not None
+    running = await reader.running(snapshot.busy_batches)
+    assert running is not None
+    return FleetStatus(snapshot, tuple(running))
 
 
 def test_status_says_when_redis_does_not_answer(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,166 @@
+"""Live request events as Server-Sent Events: one request (``GET /v1/requests/{id}/events``) or several
+(``GET /v1/events?ids=a,b,c``).
+
+The events, their payloads and positions are ``api.events``; reading them from Redis is ``api.events_feed``. A
+stream replays what came after ``Last-Event-ID`` (everything without it), then sends each event as it happens, and
+closes after the terminal event of its (every) request. A comment goes out every ``event_ping_s`` on a quiet
+stream; a client that stops reading is dropped after ``SEND_TIMEOUT_S``; when Redis fails the stream ends with a
+comment saying so, and the client reconnects with its ``Last-Event-ID`` (503 until Redis is back).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
+from fastapi.exceptions import RequestValidationError
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from api.auth import OwnerDep
+from api.deps import SettingsDep
+from api.events import format_positions, parse_position, parse_positions, unique_ids
+from api.events_feed import EventFeed, FeedEvent
+from api.outage import StoreUnavailable, retry_after_headers
+from api.responses import UNAVAILABLE, Responses
+from api.schemas import ErrorMessage
+
+log = logging.getLogger(__name__)
+router = APIRouter(tags=["events"])
+
+SEND_TIMEOUT_S = 30.0
+"""Longest wait for a client to take one event: one that stops reading is dropped."""
+POSITION_PATTERN = r"^\s*(\d{1,19}(-\d{1,19})?)?\s*$"
+POSITIONS_PATTERN = r"^[\d,\-\s]*$"
+LAST_EVENT_ID = "Last-Event-ID"
+
+
+async def get_feed(request: Request) -> EventFeed:
+    feed: EventFeed = request.app.state.events
+    return feed
+
+
+FeedDep = Annotated[EventFeed, Depends(get_feed)]
+
+EVENT_STREAM: Responses = {
+    200: {
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "description": "Server-Sent Events: queued, scheduled, running, progress, then one of succeeded, failed, "
+        "aborted (data: JSON naming the request, `id`); the stream closes after the terminal event (docs/api.md).",
+    },
+    204: {
+        "description": "Nothing left to send: every request ended and Last-Event-ID is at (or past) its terminal "
+        "event. EventSource clients stop reconnecting on it."
+    },
+    404: {"model": ErrorMessage, "description": "Unknown request id (never submitted, expired or deleted)."},
+    **UNAVAILABLE,
+}
+
+
+def _refused(field: tuple[str, ...], message: str, value: Any) -> RequestValidationError:
+    """A 422 in FastAPI's ``detail`` shape, naming ``field``."""
+    return RequestValidationError([{"type": "value_error", "loc": field, "msg": message, "input": value}])
+
+
+def _unknown(request_ids: list[str]) -> HTTPException:
+    names = ", ".join(repr(request_id) for request_id in request_ids)
+    return HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no request {names} (unknown or expired)")
+
+
+def _full(feed: EventFeed) -> HTTPException:
+    return HTTPException(
+        status.HTTP_503_SERVICE_UNAVAILABLE,
+        detail=f"this api process serves {feed.max_streams} event streams already (max_event_streams); retry later",
+        headers=retry_after_headers(),
+    )
+
+
+def _stream(feed: EventFeed, positions: dict[str, str], sse_id: Callable[[FeedEvent], str], ping_s: float) -> Response:
+    async def events() -> AsyncIterator[ServerSentEvent]:
+        try:
+            async for event in feed.follow(positions):
+                yield ServerSentEvent(data=event.data.model_dump_json(), event=event.name, id=sse_id(event))
+        except StoreUnavailable as exc:
+            log.warning("event stream of %s ended: %s", ", ".join(positions), exc)
+            yield ServerSentEvent(comment=f"{exc}; reconnect with Last-Event-ID")
+
+    return EventSourceResponse(events(), ping=ping_s, send_timeout=SEND_TIMEOUT_S)
+
+
+@router.get("/v1/requests/{request_id}/events", response_class=Response, responses=EVENT_STREAM)
+async def request_events(
+    request_id: str,
+    feed: FeedDep,
+    settings: SettingsDep,
+    owner: OwnerDep,
+    last_event_id: Annotated[
+        str,
+        Header(
+            alias="Last-Event-ID",
+            pattern=POSITION_PATTERN,
+            description="Resume after this event (the `id` of the last event received); without it, from the start.",
+        ),
+    ] = "",
+) -> Response:
+    """The request's events as Server-Sent Events, from the start or after ``Last-Event-ID``, live until its
+    terminal event (``succeeded`` with its image URLs, ``failed`` with its error, ``aborted``), then the stream
+    closes. A request that already ended replays and closes at once; 204 when ``Last-Event-ID`` is its terminal
+    event (nothing left to send). Each event's ``id`` is its position."""
+    position = parse_position(last_event_id)
+    if await feed.unknown([request_id], owner):
+        raise _unknown([request_id])
+    if await feed.caught_up({request_id: position}):
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
+    if feed.full:
+        raise _full(feed)
+    return _stream(feed, {request_id: position}, lambda event: event.position, settings.event_ping_s)
+
+
+@router.get("/v1/events", response_class=Response, responses=EVENT_STREAM)
+async def many_events(
+    feed: FeedDep,
+    settings: SettingsDep,
+    owner: OwnerDep,
+    ids: Annotated[
+        str,
+        Query(
+            pattern=r"[^,\s]",
+            description="The request ids to watch, comma separated (at most `max_event_ids`, 100 by default).",
+        ),
+    ],
+    last_event_id: Annotated[
+        str,
+        Header(
+            alias="Last-Event-ID",
+            pattern=POSITIONS_PATTERN,
+            description="Resume after this event (its `id`: every request's position, in the order of `ids`).",
+        ),
+    ] = "",
+) -> Response:
+    """The events of several requests on one stream (for dashboards), each naming its request (``id`` in the
+    data), merged in the order they happened; it closes once every request had its terminal event. An event's SSE
+    ``id`` holds every request's position, comma separated in the order of ``ids`` (empty: nothing sent yet), so
+    ``Last-Event-ID`` resumes each request where it was; reconnect with the same ``ids``."""
+    request_ids = unique_ids([ids])
+    if len(request_ids) > settings.max_event_ids:
+        raise _refused(
+            ("query", "ids"), f"at most {settings.max_event_ids} ids (max_event_ids); got {len(request_ids)}", ids
+        )
+    if unknown := await feed.unknown(request_ids, owner):
+        raise _unknown(unknown)
+    try:
+        positions = parse_positions(last_event_id, len(request_ids))
+    except ValueError as exc:
+        raise _refused(("header", LAST_EVENT_ID), str(exc), last_event_id) from None
+    if await feed.caught_up(dict(zip(request_ids, positions, strict=True))):
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
+    if feed.full:
+        raise _full(feed)
+    index = {request_id: i for i, request_id in enumerate(request_ids)}
+
+    def sse_id(event: FeedEvent) -> str:
+        positions[index[event.request_id]] = event.position
+        return format_positions(positions)
+
+    return _stream(feed, dict(zip(request_ids, positions, strict=True)), sse_id, settings.event_ping_s)

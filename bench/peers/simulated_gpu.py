@@ -1,0 +1,138 @@
+"""The simulated GPU: the one cost model and the one output of every server in the GPU-shaped benchmark.
+
+fusefleet's ``bench.runners:SimulatedGpuRunner`` imports it as ``bench.peers.simulated_gpu``; the peer servers
+(BentoML, LitServe, through ``peer_common``) import it as ``simulated_gpu`` (their working directory is
+bench/peers). So all three run the same forward: sleep ``t = a + b * sum(w * h / ref_side**2)`` over the call's
+output images (the CPU is free, as in a process waiting on a CUDA forward), then return one placeholder image per
+output, which every server encodes as PNG with ``compress_level=1``. Standard library and Pillow only: the peer
+venvs share nothing else with the project venv.
+
+The variables below configure it in every server; the benchmark sets all of them (``CostModel.env``). fusefleet
+reads a and b through its settings of the same names (``sim_base_ms``, ``sim_per_image_ms``).
+
+    FUSEFLEET_SIM_BASE_MS       a: ms per forward, whatever its size
+    FUSEFLEET_SIM_PER_IMAGE_MS  b: ms per output image of ref_side x ref_side px
+    FUSEFLEET_SIM_REF_SIDE      ref_side; unset or 0: every image costs b, whatever its size
+    FUSEFLEET_SIM_TRACE         optional file: one JSON line per forward (``record_forward``)
+
+The GPU-shaped default (``GPU_SHAPED``) is a least-squares fit of ``a + b * B`` to ``SD15_H200``: seconds per
+pipeline call measured with the Stable Diffusion 1.5 architecture (random weights, fp16, 512 px, 20 steps, CFG
+7.5) on one NVIDIA H200 (diffusers 0.42.1, torch 2.11). A bigger image costs b times its area in 512 px images
+(768 px: 2.25 b): the UNet's work grows with the latent's pixels; attention grows faster, so this is kind to
+large sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from PIL import Image
+
+BASE_ENV = "FUSEFLEET_SIM_BASE_MS"
+PER_IMAGE_ENV = "FUSEFLEET_SIM_PER_IMAGE_MS"
+REF_SIDE_ENV = "FUSEFLEET_SIM_REF_SIDE"
+TRACE_ENV = "FUSEFLEET_SIM_TRACE"
+PLACEHOLDER_MAX_SIDE = 8
+PLACEHOLDER_RGB = (128, 128, 128)
+
+SD15_H200: dict[int, float] = {1: 0.653, 2: 0.736, 4: 1.012, 8: 1.230, 16: 2.235}
+"""Batch size -> seconds per call: SD1.5 architecture, fp16, 512 px, 20 steps, CFG 7.5, one H200."""
+SD_A100_DIFFUSERS_DOCS: dict[int, float] = {1: 1.98, 2: 2.38, 4: 3.89, 8: 7.04, 16: 13.55}
+"""Batch size -> seconds per call: the published A100 curve of diffusers' "Accelerated PyTorch 2.0" benchmark
+(huggingface/diffusers PR #2764, docs/source/en/optimization/torch2.0.mdx, the SDPA column); for comparison."""
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """t = a + b * (output images, each weighted by its area over ref_side**2): one fused forward."""
+
+    base_ms: float
+    per_image_ms: float
+    ref_side: int = 0
+
+    def units(self, width: int, height: int) -> float:
+        """What one output image of ``width`` x ``height`` px costs, in images of ref_side x ref_side px."""
+        return width * height / self.ref_side**2 if self.ref_side else 1.0
+
+    def forward_s(self, sizes: Iterable[tuple[int, int]]) -> float:
+        """Seconds of one fused forward whose output images have these (width, height)."""
+        return (self.base_ms + self.per_image_ms * sum(self.units(w, h) for w, h in sizes)) / 1000.0
+
+    def capacity(self, sides: Iterable[int], batch: int) -> float:
+        """Images/s of the pipeline alone serving equal shares of square images of these sides, each in full
+        batches of ``batch`` images of one size: the most any server can deliver for that mix."""
+        sides = list(sides)
+        return len(sides) * batch / sum(self.forward_s([(side, side)] * batch) for side in sides)
+
+    def split_capacity(self, sides: Iterable[int], batch: int) -> float:
+        """Images/s of a server whose every batch of ``batch`` interleaved requests holds equal shares of these
+        sides and runs one call per side (batching whatever arrives, then splitting it by size), saturated."""
+        sides = list(sides)
+        share = batch / len(sides)
+        units = sum(self.units(side, side) for side in sides)
+        return batch / ((len(sides) * self.base_ms + self.per_image_ms * share * units) / 1000.0)
+
+    def env(self) -> dict[str, str]:
+        """The environment that configures this model in every server."""
+        return {
+            BASE_ENV: repr(self.base_ms),
+            PER_IMAGE_ENV: repr(self.per_image_ms),
+            REF_SIDE_ENV: str(self.ref_side),
+        }
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> CostModel:
+        """The model the environment sets (a and b are required: no default is repeated here)."""
+        missing = [name for name in (BASE_ENV, PER_IMAGE_ENV) if not environ.get(name, "").strip()]
+        if missing:
+            raise KeyError(f"the simulated GPU needs {' and '.join(missing)} in the environment")
+        side = environ.get(REF_SIDE_ENV, "").strip()
+        return cls(float(environ[BASE_ENV]), float(environ[PER_IMAGE_ENV]), int(side) if side else 0)
+
+    @classmethod
+    def fit(cls, seconds_per_call: Mapping[int, float], ref_side: int = 0) -> CostModel:
+        """Least-squares fit of ``t(B) = a + b * B`` to measured (batch size -> seconds per call) points."""
+        points = sorted(seconds_per_call.items())
+        if len({batch for batch, _ in points}) < 2:
+            raise ValueError("a fit needs at least two batch sizes")
+        mean_b = sum(batch for batch, _ in points) / len(points)
+        mean_t = sum(t for _, t in points) / len(points)
+        slope = sum((batch - mean_b) * (t - mean_t) for batch, t in points) / sum(
+            (batch - mean_b) ** 2 for batch, _ in points
+        )
+        return cls(round((mean_t - slope * mean_b) * 1000.0, 1), round(slope * 1000.0, 1), ref_side)
+
+
+GPU_SHAPED = CostModel.fit(SD15_H200, ref_side=512)
+"""a = 531.4 ms, b = 103.5 ms per 512 px image (the fit of SD15_H200)."""
+
+
+def placeholder_image(width: int, height: int) -> Image.Image:
+    """The image a simulated forward returns for one output: grey, the request's size capped at 8 x 8 px (tiny
+    PNGs: what is measured is serving, not encoding)."""
+    return Image.new("RGB", (min(PLACEHOLDER_MAX_SIDE, width), min(PLACEHOLDER_MAX_SIDE, height)), PLACEHOLDER_RGB)
+
+
+def sleep_forward(seconds: float, steps: int = 1, on_step: Callable[[int, int], bool] | None = None) -> bool:
+    """Spend ``seconds`` off the CPU in ``steps`` equal steps; ``on_step(step, steps)`` after each one may stop
+    the forward early by returning True. Steps are timed from one start (deadlines), so slow callbacks do not add
+    up. Returns whether the forward was stopped."""
+    deadline = time.monotonic()
+    for step in range(1, steps + 1):
+        deadline += seconds / steps
+        time.sleep(max(0.0, deadline - time.monotonic()))
+        if on_step is not None and on_step(step, steps):
+            return True
+    return False
+
+
+def record_forward(trace: str | None, started: float, images: int) -> None:
+    """Append one forward to the trace file ``trace`` (nothing when None): ``start`` and ``end`` (wall-clock
+    seconds, ``end`` = now) and ``images``. A benchmark's instrument, not a setting."""
+    if trace:
+        with open(trace, "a", encoding="utf-8") as out:
+            out.write(json.dumps({"start": started, "end": time.time(), "images": images}) + "\n")

@@ -1,0 +1,103 @@
+"""What only a worker knows, added to the fleet's metrics in Redis (``shared.metrics``): forward time by batch
+size, step time, images produced, out-of-memory splits.
+
+``WorkerMetrics`` is best effort and never in the forward's way: ``forward()`` and ``oom_split()`` only add to
+an in-memory tally (microseconds, never raise); a daemon thread writes the tally with one ``metrics_add.lua`` call
+as soon as there is something. A write that fails (Redis away or stalled: within the client's bound, its socket
+timeout per attempt times its retries) is logged and its increments are dropped, not retried, so nothing is ever
+counted twice; the tally meanwhile keeps one entry per field, so memory stays bounded however long Redis is away.
+
+The worker creates one per pool process and calls ``forward`` after each forward that returned its outputs,
+``oom_split`` where a fused forward is halved, and ``close`` at shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import Counter
+
+import redis
+
+from shared.keys import METRICS_ADD, RedisKeys
+from shared.metrics import OOM_SPLIT_INCREMENTS, RECENT_SLOTS, forward_increments
+
+log = logging.getLogger(__name__)
+
+
+class WorkerMetrics:
+    """The metrics of one worker process, written to Redis by a thread of its own (started on first use, and
+    again in a forked child)."""
+
+    def __init__(self, client: redis.Redis, keys: RedisKeys) -> None:
+        self._keys = keys
+        self._add = client.register_script(METRICS_ADD)
+        self._setup()
+
+    def _setup(self) -> None:
+        self._pid = os.getpid()
+        self._changed = threading.Condition()
+        self._pending: Counter[str] = Counter()  # field -> increment not written yet
+        self._images = 0  # for the throughput ring, not written yet
+        self._writing = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def forward(self, batch_size: int, images: int, steps: int, seconds: float) -> None:
+        """One forward of ``batch_size`` requests produced ``images`` outputs (images or videos) in ``steps``
+        denoising steps and ``seconds`` (wall time of the forward)."""
+        self._record(forward_increments(batch_size, images, steps, seconds), images)
+
+    def oom_split(self) -> None:
+        """A fused forward ran out of memory and is split in two."""
+        self._record(OOM_SPLIT_INCREMENTS, 0)
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until what was recorded so far is written (or dropped); False if that took over ``timeout_s``."""
+        with self._changed:
+            return self._changed.wait_for(lambda: not (self._pending or self._images or self._writing), timeout_s)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Write what is left (within ``timeout_s``) and stop the thread."""
+        self.flush(timeout_s)
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def _record(self, increments: dict[str, float], images: int) -> None:
+        try:
+            if os.getpid() != self._pid:  # forked: the parent's thread and condition are not this process's
+                self._setup()
+            with self._changed:
+                self._pending.update(increments)
+                self._images += images
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(target=self._loop, name="fusefleet-metrics", daemon=True)
+                    self._thread.start()
+                self._changed.notify_all()
+        except Exception as exc:  # noqa: BLE001 - metrics must never fail a forward
+            log.warning("metrics not recorded: %s", exc)
+
+    def _loop(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._pending or self._images or self._closed)
+                if self._closed and not (self._pending or self._images):
+                    return
+                pending, images = self._pending, self._images
+                self._pending, self._images, self._writing = Counter(), 0, True
+            try:
+                self._write(pending, images)
+            except Exception as exc:  # noqa: BLE001 - dropped: a retry could count them twice
+                log.warning("metrics write failed, %d increments dropped: %s", len(pending), exc)
+            finally:
+                with self._changed:
+                    self._writing = False
+                    self._changed.notify_all()
+
+    def _write(self, pending: Counter[str], images: int) -> None:
+        args: list[str | int] = [images, RECENT_SLOTS]
+        for name, increment in pending.items():
+            args += [name, repr(float(increment))]
+        self._add(keys=[self._keys.metrics, self._keys.metrics_recent], args=args)

@@ -1,0 +1,174 @@
+"""The scheduler's waiting requests in the order they are served: one interface, two orders (``scheduling_policy``).
+
+``RequestQueue`` holds what the scheduler has read from the request stream but not yet dispatched (all of it: each
+round reads up to ``scheduler_read_count`` new entries whether or not a worker is free, so the queue soon holds the
+whole stream, bounded by ``max_queue_len``). The stream stays the one durable FIFO log; the order of service is
+applied here:
+
+* ``FcfsQueue`` (``fcfs``): arrival order; a request's priority is ignored (every request is level 0).
+* ``PriorityQueue`` (``priority``): one FIFO per level; the highest non-empty level comes first, and within a level
+  arrival order. With every request at the default priority it is the FIFO of ``FcfsQueue``.
+
+``head(n)`` is the window the policy (``scheduler.policy.decide``) looks at, with each request's ``level``: the policy
+forms a batch from the head's level only, so nothing is ever reordered within a level and no request of a lower
+level rides in (and slows) a higher level's forward.
+
+Deadlines are kept the same way by both: ``pop_expired(now)`` removes and returns, earliest deadline first, every
+request whose deadline is at or before ``now``, whatever its place in the order (the caller fails them with
+``Timeout``); ``next_deadline()`` says when the next one falls due, so the loop wakes for it. Pure: no I/O and no
+clock. ``deadline`` is on the clock of ``pop_expired``'s ``now`` (the scheduler's: wall-clock seconds, as
+``RequestSpec.deadline``); ``arrived_at`` is the policy's (monotonic seconds).
+"""
+
+from __future__ import annotations
+
+import heapq
+from abc import ABC, abstractmethod
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass
+from itertools import islice
+from typing import Literal
+
+SchedulingPolicy = Literal["priority", "fcfs"]
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRequest:
+    """One request read from the stream and not yet dispatched."""
+
+    id: str
+    entry_id: str  # its stream entry, acknowledged once the request leaves the queue for good
+    key: Hashable  # the compatibility key (shared.compat.CompatKey in production)
+    arrived_at: float  # when the scheduler first saw it
+    cost: int = 1  # what it adds to a batch's memory (shared.compat.pixel_cost in production)
+    priority: int = 0  # the request's priority (RequestSpec.priority)
+    deadline: float | None = None  # when it must have started (RequestSpec.deadline); None = no deadline
+
+
+class RequestQueue(ABC):
+    """The waiting requests: add, remove by id, the head in service order, and deadline expiry."""
+
+    def __init__(self) -> None:
+        self._requests: dict[str, QueuedRequest] = {}  # by id, in arrival order
+        self._deadlines: list[tuple[float, str, str]] = []  # heap of (deadline, id, entry id); removals are lazy
+
+    # --- the order: what an implementation says --------------------------------------------------------------
+    @abstractmethod
+    def level(self, request: QueuedRequest) -> int:
+        """The level ``request`` is served at (higher first)."""
+
+    @abstractmethod
+    def _ordered(self) -> Iterator[QueuedRequest]:
+        """Every waiting request in service order."""
+
+    @abstractmethod
+    def _push(self, request: QueuedRequest) -> None:
+        """Place a new request (its id is not waiting)."""
+
+    @abstractmethod
+    def _drop(self, request: QueuedRequest) -> None:
+        """Take a waiting request out of the order."""
+
+    # --- the interface ---------------------------------------------------------------------------------------
+    def add(self, request: QueuedRequest) -> None:
+        """Queue ``request`` behind those of its level (a request already waiting under its id is replaced)."""
+        self.remove(request.id)
+        self._requests[request.id] = request
+        self._push(request)
+        if request.deadline is not None:
+            heapq.heappush(self._deadlines, (request.deadline, request.id, request.entry_id))
+
+    def remove(self, request_id: str) -> QueuedRequest | None:
+        """Take a request out (dispatched, dropped or expired); None when it is not waiting."""
+        request = self._requests.pop(request_id, None)
+        if request is not None:
+            self._drop(request)
+            if len(self._deadlines) > 2 * len(self._requests) + 64:  # many removed: forget their deadlines
+                self._deadlines = [d for d in self._deadlines if self._waiting(d)]
+                heapq.heapify(self._deadlines)
+        return request
+
+    def head(self, n: int) -> list[QueuedRequest]:
+        """The first ``n`` requests in service order."""
+        return list(islice(self._ordered(), n))
+
+    def get(self, request_id: str) -> QueuedRequest | None:
+        return self._requests.get(request_id)
+
+    def pop_expired(self, now: float) -> list[QueuedRequest]:
+        """Remove and return every request whose deadline is at or before ``now``, earliest deadline first."""
+        expired: list[QueuedRequest] = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            due = heapq.heappop(self._deadlines)
+            if self._waiting(due):
+                request = self._requests.pop(due[1])
+                self._drop(request)
+                expired.append(request)
+        return expired
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of a waiting request; None when none has one."""
+        while self._deadlines and not self._waiting(self._deadlines[0]):
+            heapq.heappop(self._deadlines)
+        return self._deadlines[0][0] if self._deadlines else None
+
+    def clear(self) -> None:
+        for request in self._requests.values():
+            self._drop(request)
+        self._requests.clear()
+        self._deadlines.clear()
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._requests
+
+    def _waiting(self, due: tuple[float, str, str]) -> bool:
+        """Whether a deadline entry still belongs to a waiting request (not removed, not replaced since)."""
+        request = self._requests.get(due[1])
+        return request is not None and request.entry_id == due[2] and request.deadline == due[0]
+
+
+class FcfsQueue(RequestQueue):
+    """First come, first served: arrival order, priorities ignored."""
+
+    def level(self, request: QueuedRequest) -> int:
+        return 0
+
+    def _ordered(self) -> Iterator[QueuedRequest]:
+        return iter(self._requests.values())
+
+    def _push(self, request: QueuedRequest) -> None:
+        pass  # the arrival-ordered dict of every queue is this order
+
+    def _drop(self, request: QueuedRequest) -> None:
+        pass
+
+
+class PriorityQueue(RequestQueue):
+    """One FIFO per priority level, the highest non-empty level first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._levels: dict[int, dict[str, QueuedRequest]] = {}  # level -> its requests in arrival order
+
+    def level(self, request: QueuedRequest) -> int:
+        return request.priority
+
+    def _ordered(self) -> Iterator[QueuedRequest]:
+        for level in sorted(self._levels, reverse=True):
+            yield from self._levels[level].values()
+
+    def _push(self, request: QueuedRequest) -> None:
+        self._levels.setdefault(request.priority, {})[request.id] = request
+
+    def _drop(self, request: QueuedRequest) -> None:
+        level = self._levels[request.priority]
+        del level[request.id]
+        if not level:
+            del self._levels[request.priority]
+
+
+QUEUES: dict[SchedulingPolicy, type[RequestQueue]] = {"priority": PriorityQueue, "fcfs": FcfsQueue}
+"""The queue of each ``scheduling_policy`` setting."""

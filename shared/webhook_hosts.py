@@ -1,0 +1,170 @@
+"""Where webhooks may go: the URL rules and ``webhook_allowed_hosts`` (pure; the caller resolves host names).
+
+A webhook URL is ``http://`` or ``https://``, with a host, without user info. Its host must be allowed by one
+entry of ``webhook_allowed_hosts``:
+
+=====================  ==============================================================================
+entry                  allows
+=====================  ==============================================================================
+``hooks.example.com``  that host name exactly (case-insensitive; a trailing dot is ignored)
+``*.example.com``      every sub-domain of example.com (not example.com itself: list it too)
+``*``                  any host name or IP address
+``10.1.2.0/24``        an IP address (IPv4 or IPv6) in that network, ``10.1.2.3`` that one address:
+                       as the URL's host, or as what a host name allowed above resolves to
+=====================  ==============================================================================
+
+Then every address the host is (an IP literal) or resolves to (a name) must be public (``is_global``: not private,
+loopback, link-local, shared, reserved or multicast), unless a network entry contains it: internal addresses are
+reachable only when listed explicitly, and a name that resolves to one of them (DNS rebinding, a typo) is refused.
+The api checks at submission (422 naming ``webhook``); the dispatcher checks again at each delivery and connects
+to the very address it checked. No entries: webhooks are off (every ``webhook`` is refused).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+SCHEMES = ("http", "https")
+MAX_URL_CHARS = 2048
+
+
+class WebhookRefused(ValueError):
+    """A webhook URL (or where it resolves to) that the rules refuse; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookUrl:
+    """A webhook URL, split: ``host`` lower-case without brackets or a trailing dot, ``port`` explicit."""
+
+    url: str
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def literal(self) -> IpAddress | None:
+        """The host as an IP address, when it is one."""
+        try:
+            return ipaddress.ip_address(self.host)
+        except ValueError:
+            return None
+
+
+def parse_url(url: str) -> WebhookUrl:
+    """``url`` split, or ``WebhookRefused`` saying what is wrong with it."""
+    if len(url) > MAX_URL_CHARS:
+        raise WebhookRefused(f"a webhook URL has at most {MAX_URL_CHARS} characters")
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError as exc:
+        raise WebhookRefused(f"not a valid URL: {exc}") from exc
+    if parts.scheme.lower() not in SCHEMES:
+        raise WebhookRefused("a webhook URL starts with http:// or https://")
+    if parts.username is not None or parts.password is not None:
+        raise WebhookRefused("a webhook URL has no user info (user:password@)")
+    host = (parts.hostname or "").rstrip(".")
+    if not host:
+        raise WebhookRefused("a webhook URL names a host")
+    scheme = parts.scheme.lower()
+    return WebhookUrl(url.strip(), scheme, host, port or (443 if scheme == "https" else 80))
+
+
+def _address(text: str) -> IpAddress:
+    address = ipaddress.ip_address(text.split("%", 1)[0])  # an IPv6 zone id (fe80::1%eth0) is not part of it
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped  # ::ffff:10.0.0.1 is 10.0.0.1
+    return address
+
+
+@dataclass(frozen=True, slots=True)
+class HostRules:
+    """The parsed ``webhook_allowed_hosts`` (``parse``)."""
+
+    any_host: bool = False
+    names: frozenset[str] = frozenset()
+    suffixes: tuple[str, ...] = ()
+    networks: tuple[IpNetwork, ...] = ()
+
+    @classmethod
+    def parse(cls, entries: Iterable[str]) -> HostRules:
+        """The rules of ``entries``; ``ValueError`` naming an entry that is none of the forms above."""
+        any_host, names, suffixes, networks = False, set(), [], []
+        for raw in entries:
+            entry = raw.strip().lower()
+            if entry == "*":
+                any_host = True
+            elif entry.startswith("*."):
+                domain = entry[2:].rstrip(".")
+                if not _is_name(domain):
+                    raise ValueError(f"webhook_allowed_hosts: {raw!r} is not *.<domain>")
+                suffixes.append(f".{domain}")
+            elif _is_name(entry := entry.rstrip(".")) and not _looks_numeric(entry):
+                names.add(entry)
+            else:
+                try:
+                    networks.append(ipaddress.ip_network(entry, strict=False))
+                except ValueError:
+                    raise ValueError(
+                        f"webhook_allowed_hosts: {raw!r} is neither a host name, *.<domain>, * nor an IP address "
+                        "or network"
+                    ) from None
+        return cls(any_host, frozenset(names), tuple(suffixes), tuple(networks))
+
+    @property
+    def off(self) -> bool:
+        """No entry: no webhook is allowed."""
+        return not (self.any_host or self.names or self.suffixes or self.networks)
+
+    def check_host(self, url: WebhookUrl) -> None:
+        """``WebhookRefused`` unless an entry allows ``url``'s host (an IP literal's address is checked too)."""
+        if self.off:
+            raise WebhookRefused("webhooks are off on this server (its webhook_allowed_hosts is empty)")
+        literal = url.literal
+        if literal is not None:
+            if not (self.any_host or self._listed(_address(url.host))):
+                raise WebhookRefused(f"{url.host} is not in this server's webhook_allowed_hosts")
+            self.check_addresses(url, [url.host])
+            return
+        if not (self.any_host or url.host in self.names or url.host.endswith(self.suffixes)):
+            raise WebhookRefused(f"host {url.host} is not allowed by this server's webhook_allowed_hosts")
+
+    def check_addresses(self, url: WebhookUrl, addresses: Sequence[str]) -> IpAddress:
+        """The first of ``addresses`` (what ``url``'s host is or resolves to), when every one may be reached:
+        public, or in a listed network; else ``WebhookRefused``."""
+        if not addresses:
+            raise WebhookRefused(f"host {url.host} resolves to no address")
+        parsed = [_address(address) for address in addresses]
+        for address in parsed:
+            if not self._listed(address) and not (address.is_global and not address.is_multicast):
+                raise WebhookRefused(
+                    f"host {url.host} is {address}, an internal address (private, loopback, link-local or reserved); "
+                    "only a network listed in this server's webhook_allowed_hosts makes one reachable"
+                )
+        return parsed[0]
+
+    def _listed(self, address: IpAddress) -> bool:
+        return any(address.version == network.version and address in network for network in self.networks)
+
+
+def _is_name(text: str) -> bool:
+    labels = text.split(".")
+    return (
+        bool(text)
+        and len(text) <= 253
+        and all(
+            0 < len(label) <= 63 and label.replace("-", "").replace("_", "").isalnum() and label.isascii()
+            for label in labels
+        )
+    )
+
+
+def _looks_numeric(text: str) -> bool:
+    """``10.0.0.1`` is a valid name by label syntax but means an address (a network entry)."""
+    return text.replace(".", "").isdigit()

@@ -1,0 +1,121 @@
+"""Webhooks: what a request subscribes to, what the fleet POSTs, how it is signed and how often it is retried.
+
+A request may carry ``webhook`` (an http(s) URL on a host the fleet allows, ``shared.webhook_hosts``) and
+``webhook_events`` (default ``completed``). ``submit.lua`` stores them in the request hash; from then on the Lua
+script of each of the request's changes that writes a subscribed event to its event stream (``P:req:{id}:events``)
+also appends a small entry to the fleet's webhook outbox (``P:webhooks``, a stream), in the same atomic step. The
+dispatcher (``scheduler.webhooks``) POSTs them.
+
+=========== ====================================== =====================================================
+webhook     stream events (``api.events``)         data (the event's SSE payload)
+=========== ====================================== =====================================================
+start       running (again after a worker died)    ``{"id", "worker"}``
+progress    progress (at most one a second)        ``{"id", "step", "total"}``
+completed   succeeded, failed, aborted             the ``RequestView`` (``GET /v1/requests/{id}``)
+=========== ====================================== =====================================================
+
+Request hash fields (``shared.keys``): ``webhook`` (the URL), ``webhook_on`` (the stream events subscribed to,
+space separated and space padded, so a script tests one with a plain ``string.find``), ``webhook_progress_ms``
+(Redis time of the last progress entry, ``progress.lua``'s throttle), ``webhook_attempt`` (``<event id> <failed
+attempts>`` of the event being retried: a new dispatcher resumes the count), ``webhook_error`` (why the last dropped
+delivery was dropped).
+
+Outbox entry fields: ``id`` (request id), ``event`` (the stream event), ``entry`` (its id in the request's event
+stream: the ``event_id`` the receiver sees), plus ``worker`` (running) or ``step`` and ``total`` (progress).
+
+A delivery is ``POST <webhook>`` with a JSON body (``envelope``) and the header ``Fusefleet-Signature:
+t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>" keyed with webhook_secret>`` (``signature_header``,
+``verify``). Any 2xx answer is delivered; anything else (another status, no answer within ``webhook_timeout_s``,
+a refused connection) is retried after ``retry_delay_s``, at most ``webhook_max_attempts`` attempts in all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal, get_args
+
+from shared.contracts import TERMINAL_STATUSES
+
+WebhookEvent = Literal["start", "progress", "completed"]
+WEBHOOK_EVENTS: tuple[WebhookEvent, ...] = get_args(WebhookEvent)
+DEFAULT_EVENTS: tuple[WebhookEvent, ...] = ("completed",)
+STREAM_EVENTS: dict[WebhookEvent, tuple[str, ...]] = {
+    "start": ("running",),
+    "progress": ("progress",),
+    "completed": tuple(sorted(status.value for status in TERMINAL_STATUSES)),
+}
+"""Which entries of a request's event stream each webhook event is."""
+
+URL_FIELD = "webhook"
+ON_FIELD = "webhook_on"
+ATTEMPT_FIELD = "webhook_attempt"
+ERROR_FIELD = "webhook_error"
+"""Request hash fields (see the module docstring); the Lua scripts name ``webhook_on`` and ``webhook_progress_ms``."""
+
+SIGNATURE_HEADER = "Fusefleet-Signature"
+SIGNATURE_VERSION = "v1"
+SIGNATURE_TOLERANCE_S = 300
+"""How old a signature ``verify`` accepts by default (a receiver's replay window)."""
+MAX_RETRY_DELAY_S = 600.0
+"""The longest wait between two attempts, however many failed."""
+
+
+def subscription(events: Iterable[WebhookEvent] | None) -> str:
+    """The ``webhook_on`` field of a request subscribing to ``events`` (None: ``DEFAULT_EVENTS``)."""
+    chosen = set(events or DEFAULT_EVENTS)
+    names = [name for event in WEBHOOK_EVENTS if event in chosen for name in STREAM_EVENTS[event]]
+    return f" {' '.join(names)} "
+
+
+def webhook_event(stream_event: str) -> WebhookEvent:
+    """The webhook event a stream event is delivered as (``ValueError`` for one that is none)."""
+    for event, names in STREAM_EVENTS.items():
+        if stream_event in names:
+            return event
+    raise ValueError(f"{stream_event!r} is no webhook event")
+
+
+def envelope(event: WebhookEvent, request_id: str, event_id: str, timestamp: int, data: Mapping[str, Any]) -> bytes:
+    """The body of a delivery: ``{"event", "request_id", "event_id", "timestamp", "data"}`` as compact JSON.
+
+    ``event_id`` is the event's id in the request's event stream (the SSE ``id``): a receiver that sees one
+    ``(request_id, event_id)`` twice (deliveries are at least once) drops the second. ``timestamp`` is the one
+    signed (``signature_header``): a retry is signed anew."""
+    body = {"event": event, "request_id": request_id, "event_id": event_id, "timestamp": timestamp, "data": data}
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _digest(secret: str, timestamp: int, body: bytes) -> str:
+    return hmac.new(secret.encode("utf-8"), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+
+
+def signature_header(secret: str, timestamp: int, body: bytes) -> str:
+    """``t=<timestamp>,v1=<hex HMAC-SHA256 of "<timestamp>.<body>">``, the ``Fusefleet-Signature`` of ``body``."""
+    return f"t={timestamp},{SIGNATURE_VERSION}={_digest(secret, timestamp, body)}"
+
+
+def verify(secret: str, header: str, body: bytes, now: float, tolerance_s: float = SIGNATURE_TOLERANCE_S) -> bool:
+    """Whether ``header`` (a ``Fusefleet-Signature``) signs ``body`` with ``secret`` and is at most ``tolerance_s``
+    old at ``now`` (unix seconds). What a receiver does (docs/operations.md#webhooks has it standalone)."""
+    parts: dict[str, list[str]] = {}
+    for item in header.split(","):
+        name, _, value = item.strip().partition("=")
+        parts.setdefault(name, []).append(value)
+    try:
+        timestamp = int(parts.get("t", [""])[0])
+    except ValueError:
+        return False
+    if abs(now - timestamp) > tolerance_s:
+        return False
+    expected = _digest(secret, timestamp, body)
+    return any(hmac.compare_digest(expected, given) for given in parts.get(SIGNATURE_VERSION, []))
+
+
+def retry_delay_s(failed_attempts: int, initial_s: float) -> float:
+    """How long to wait after ``failed_attempts`` (>= 1) failed attempts: ``initial_s`` doubling, at most
+    ``MAX_RETRY_DELAY_S``."""
+    doublings = min(max(failed_attempts, 1) - 1, 32)
+    return min(MAX_RETRY_DELAY_S, initial_s * float(2**doublings))
