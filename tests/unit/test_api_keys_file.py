@@ -16,7 +16,7 @@ from api.auth import RELOAD_CHECK_S, KeysWatcher, bearer_token
 from api.keys_file import ApiKey, KeysFileError, key_table, load_keys, new_token, parse_keys, token_hash
 from fusefleet.cli import cli
 from shared import keys as k
-from shared.contracts import RequestSpec
+from tests.unit.test_scripts import submit as submit_requests
 
 A_TOKEN, B_TOKEN = "ff_token-of-alice", "ff_token-of-bob"
 FILE = f"""
@@ -246,24 +246,7 @@ def test_the_bucket_never_holds_more_than_its_burst(client: fakeredis.FakeRedis)
 
 def submit(client: fakeredis.FakeRedis, *ids: str, key: str = "", max_queued: int = 0) -> int:
     """``submit.lua`` with an API key (``max_queued`` 0: the key has none)."""
-    keys = k.RedisKeys("t")
-    unfinished = keys.api_key_unfinished(key) if max_queued else ""
-    args: list[object] = [100, key, unfinished, max_queued, 60]
-    for rid in ids:
-        spec = RequestSpec(
-            id=rid,
-            model="demo",
-            prompt=rid,
-            seed=1,
-            width=64,
-            height=64,
-            num_inference_steps=4,
-            guidance_scale=5.0,
-            created_at=1.0,
-        )
-        args += [rid, spec.model_dump_json(), spec.created_at, "", ""]
-    script = client.register_script(k.SUBMIT)
-    return int(script(keys=[keys.requests, *(keys.request(r) for r in ids)], args=args))
+    return submit_requests(client, k.RedisKeys("t"), *ids, key=key, max_queued=max_queued)
 
 
 def test_submit_records_the_key_and_counts_only_its_unfinished_requests(client: fakeredis.FakeRedis) -> None:

@@ -25,8 +25,18 @@ def client() -> fakeredis.FakeRedis:
     return fakeredis.FakeRedis(decode_responses=True)
 
 
-def submit(client: fakeredis.FakeRedis, keys: k.RedisKeys, *ids: str, max_len: int = 100) -> int:
-    args: list[object] = [max_len, "", "", 0, 60]  # no API key (tests/unit/test_api_keys.py submits with them)
+def submit(
+    client: fakeredis.FakeRedis,
+    keys: k.RedisKeys,
+    *ids: str,
+    max_len: int = 100,
+    key: str = "",
+    max_queued: int = 0,
+) -> int:
+    """``submit.lua`` for requests whose ids are also their prompts; under API key ``key`` ('' = none), with its
+    ``max_queued`` (0 = the key has none)."""
+    unfinished = keys.api_key_unfinished(key) if max_queued else ""
+    args: list[object] = [max_len, key, unfinished, max_queued, 60]
     for rid in ids:
         spec = RequestSpec(
             id=rid,
