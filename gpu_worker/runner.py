@@ -15,12 +15,13 @@ error, and never calls it.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 from PIL import Image
 
+from shared.compat import StepKey
 from shared.contracts import ModelTraits, RequestSpec, Task
 from shared.settings import Settings
 
@@ -97,6 +98,62 @@ class ConditionedRunner(Protocol):
     def run(
         self, specs: Sequence[RequestSpec], on_step: StepCallback, inputs: Mapping[str, InputImages] | None = None
     ) -> list[list[Image.Image]]: ...
+
+
+class StepSet(Protocol):
+    """A running set of requests on one step key (step mode, ``docs/step_mode.md``): each ``step`` is one fused
+    denoiser call over the rows of every live request, each request at its own step with its own steps, guidance and
+    generators. Requests join between steps and leave when their last row is done (or aborted).
+
+    Threads: ``join``, ``step`` and ``outputs`` belong to the worker's loop; ``abort``, ``progress`` and ``requests``
+    may be called from any thread.
+    """
+
+    def join(self, specs: Sequence[RequestSpec]) -> dict[str, str]:
+        """Add the requests' rows; they take their first step at the next ``step`` (prompts encoded together).
+        Returns ``{request id: why}`` for the requests refused (nothing of them joined; the others did)."""
+        ...
+
+    def step(self, only: Collection[str] | None = None) -> list[str]:
+        """One denoising step of every live request (or of the request ids ``only`` names) in one fused call;
+        the ids of the requests this step finished (every row done), whose outputs ``outputs`` then gives.
+        Raises what the denoiser raises, with every request left as it was before the step."""
+        ...
+
+    def outputs(self, request_ids: Sequence[str]) -> list[list[Image.Image]]:
+        """The ``spec.n`` images of each finished request (decoded together), in order; they leave the set."""
+        ...
+
+    def abort(self, request_id: str) -> bool:
+        """Drop the request's rows before the next step; False when it is not live."""
+        ...
+
+    def progress(self) -> dict[str, tuple[int, int]]:
+        """Live request id -> (denoiser calls done, of total)."""
+        ...
+
+    @property
+    def requests(self) -> tuple[str, ...]:
+        """The live requests, in joining order."""
+        ...
+
+
+class StepRunner(Protocol):
+    """A runner that can run step mode: ``step_mode`` says whether its loaded model can (a family with a step-mode
+    adapter), ``step_set(key)`` makes an empty set for the requests of ``key`` (ValueError naming what it cannot
+    run)."""
+
+    @property
+    def step_mode(self) -> bool: ...
+
+    def step_set(self, key: StepKey) -> StepSet: ...
+
+
+def step_runner(runner: object) -> StepRunner | None:
+    """``runner`` as a ``StepRunner`` when its model can run step mode, else None (it runs request-level)."""
+    if callable(getattr(runner, "step_set", None)) and bool(getattr(runner, "step_mode", False)):
+        return cast(StepRunner, runner)
+    return None
 
 
 def load_runner(settings: Settings) -> BatchRunner:

@@ -196,4 +196,6 @@ class WorkerStore:
         pipe = self._redis.pipeline(transaction=False)
         pipe.zrem(self.keys.workers, worker)
         pipe.hdel(self.keys.capabilities, worker)
+        pipe.hdel(self.keys.step_sets, worker)
+        pipe.hdel(self.keys.step_rows, worker)
         pipe.execute()

@@ -161,7 +161,14 @@ class SchedulerStore:
         while its outputs are stored (``forward_done.lua``) frees its worker's slot for the next batch.
         """
         ttl_ms = int(self._settings.worker_ttl_s * 1000)
-        keys = [self.keys.workers, self.keys.inflight, self.keys.capabilities, self.keys.storing]
+        keys = [
+            self.keys.workers,
+            self.keys.inflight,
+            self.keys.capabilities,
+            self.keys.storing,
+            self.keys.step_sets,
+            self.keys.step_rows,
+        ]
         return int(self._free_slots(keys=keys, args=[ttl_ms]))
 
     def schedule(

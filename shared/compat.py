@@ -11,7 +11,8 @@ have one size).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, fields
 
 from shared.contracts import RequestSpec, Task
 
@@ -72,3 +73,48 @@ def output_pixels(n: int, width: int, height: int, num_frames: int | None = None
 def pixel_cost(spec: RequestSpec) -> int:
     """``output_pixels`` of a stored request."""
     return output_pixels(spec.n, spec.width, spec.height, spec.num_frames)
+
+
+# --- step mode -------------------------------------------------------------------------------------------------
+
+PER_ROW: frozenset[str] = frozenset(
+    {"num_inference_steps", "guidance_scale", "guidance_rescale", "n", "has_negative_prompt"}
+)
+"""The compatibility-key fields a row of the step engine carries itself (its own scheduler and step count, its own
+guidance, a request is ``n`` rows, a guided row without a negative prompt is guided by the empty prompt), so they
+do not split a running set."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepKey:
+    """Step-mode bucket of a request: the :class:`CompatKey` fields not in :data:`PER_ROW`, what one fused denoiser
+    call cannot mix (size, frames, prompt sequence length, LoRA, task and strength, the model). Requests with equal
+    step keys may share one running set (``docs/step_mode.md``)."""
+
+    model: str
+    width: int
+    height: int
+    num_frames: int | None
+    true_cfg_scale: float | None
+    max_sequence_length: int | None
+    fps: int | None
+    lora_name: str | None
+    lora_scale: float | None
+    task: Task
+    strength: float | None
+
+    @property
+    def digest(self) -> str:
+        """A short stable name of the key, the same in every process (how Redis names a running set's key)."""
+        text = "|".join(f"{field.name}={getattr(self, field.name)!r}" for field in fields(self))
+        return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:16]
+
+
+def step_key(spec: RequestSpec) -> StepKey:
+    """The step-mode bucket of ``spec``: its compatibility key without the per-row fields."""
+    return step_key_of(compat_key(spec))
+
+
+def step_key_of(key: CompatKey) -> StepKey:
+    """``key`` less its :data:`PER_ROW` fields."""
+    return StepKey(**{field.name: getattr(key, field.name) for field in fields(StepKey)})

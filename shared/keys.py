@@ -39,8 +39,14 @@ key                             type    contents
                                         published_ms (Redis server time); TTL once out of flight
 ``P:batch:{id}:lock``           string  claim token of the run holding the batch (TTL, renewed by heartbeats)
 ``P:inflight``                  zset    batches with unfinished requests, scored by first publish time (ms)
-``P:storing``                   zset    batches in flight whose forward is over while their run stores the outputs
-                                        (they free their worker's slot), scored by when (Redis time, ms)
+``P:storing``                   zset    batches in flight that occupy no worker slot: their forward is over while
+                                        their run stores the outputs, or they run in a step-mode set (which holds
+                                        the slot), scored by when (Redis time, ms)
+``P:step:sets``                 hash    step mode: worker -> step key digest of its open running set (``sealed``
+                                        once it takes no more joins); each open set holds its worker's slot
+``P:step:rows``                 hash    step mode: worker -> requests in its open set or sent to it
+``P:step:inbox:{worker}``       list    step mode: batch messages sent to the worker's running set
+                                        (``step_join.lua``), read at its next step boundary
 ``P:workers``                   zset    live worker node names, scored by last heartbeat (Redis time, ms)
 ``P:capabilities``              hash    worker node name -> WorkerCapabilities JSON (model, pipeline, tasks);
                                         swept with the worker's heartbeat entry
@@ -111,6 +117,17 @@ class RedisKeys:
     @property
     def storing(self) -> str:
         return f"{self.prefix}:storing"
+
+    @property
+    def step_sets(self) -> str:
+        return f"{self.prefix}:step:sets"
+
+    @property
+    def step_rows(self) -> str:
+        return f"{self.prefix}:step:rows"
+
+    def step_inbox(self, worker: str) -> str:
+        return f"{self.prefix}:step:inbox:{worker}"
 
     @property
     def workers(self) -> str:
@@ -210,6 +227,8 @@ REAP = _lua("reap")
 STAMP_PUBLISHED = _lua("stamp_published")
 HEARTBEAT = _lua("heartbeat")
 FREE_SLOTS = _lua("free_slots")
+STEP_JOIN = _lua("step_join")
+STEP_CLOSE = _lua("step_close")
 RENEW = _lua("renew")
 RELEASE = _lua("release")
 RESULTS_RECORD = _lua("results_record")

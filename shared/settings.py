@@ -79,6 +79,15 @@ class Settings(BaseSettings):
         "is still served first, so nothing starves): fuller batches on mixed traffic.",
     )
 
+    step_mode: bool = Field(
+        False,
+        description="Step-level batching (docs/step_mode.md): the scheduler groups requests by their step key (which "
+        "leaves out steps, guidance and output count) and sends compatible requests to a worker's running set, "
+        "where they join at the next denoising step and leave when done; at most max_num_seqs requests per set. "
+        "Workers whose pipeline has a step-mode adapter (Stable Diffusion 1.x/2.x, SD3) run sets; the others run "
+        "each batch request-level, split by compatibility key. Off: request-level batching everywhere.",
+    )
+
     max_batch_pixels: int = Field(
         16_777_216,
         ge=64,

@@ -6,8 +6,8 @@ running set. Stable Diffusion 1.x/2.x and Stable Diffusion 3 have adapters; ever
 """
 
 from gpu_worker.step_engine.engine import ADAPTERS, StepEngine, UnsupportedPipeline, supports
-from gpu_worker.step_engine.key import PER_ROW, StepKey, step_key
 from gpu_worker.step_engine.rows import Finished, Row, RowProgress, rows_of
+from shared.compat import PER_ROW, StepKey, step_key
 
 __all__ = [
     "ADAPTERS",

@@ -24,10 +24,10 @@ import torch
 
 from gpu_worker.families import family_of
 from gpu_worker.step_engine.adapter import Canvas, FamilyAdapter, Prompt
-from gpu_worker.step_engine.key import StepKey
 from gpu_worker.step_engine.rows import Finished, Row, RowProgress
 from gpu_worker.step_engine.stable_diffusion import StableDiffusionAdapter
 from gpu_worker.step_engine.stable_diffusion_3 import StableDiffusion3Adapter
+from shared.compat import StepKey
 from shared.contracts import Task
 
 ADAPTERS: Mapping[str, type[FamilyAdapter]] = {

@@ -3,7 +3,7 @@ finished row's latents.
 
 A row carries everything that may differ between the rows of one running set (prompt, negative prompt, steps,
 guidance scale and rescale, and its own generator); what must be shared by the whole set (size, LoRA, scheduler
-type, task) is the step key's (:mod:`gpu_worker.step_engine.key`) and the engine's.
+type, task) is the step key's (``shared.compat.StepKey``) and the engine's.
 """
 
 from __future__ import annotations
