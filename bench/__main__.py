@@ -14,6 +14,7 @@ from bench.loadgen import LoadSpec, Pattern, Workload, run_load
 from bench.peers.simulated_gpu import GPU_SHAPED
 from bench.report import summarize, write_json
 from bench.simcompare import LOADS as SIM_LOADS
+from bench.stepmode import SECONDS as STEP_SECONDS
 from bench.targets import FusefleetTarget
 
 cli = typer.Typer(help="fusefleet benchmarks.", no_args_is_help=True)
@@ -157,6 +158,39 @@ def priority(
     from bench.priority import measure
 
     typer.echo(json.dumps(measure(workers=workers, seqs=seqs, probes=probes, log_dir=LOGS / "priority"), indent=2))
+
+
+@cli.command()
+def stepmode(
+    loads: Annotated[str, typer.Option(help="Offered loads, fractions of the request-level capacity.")] = "0.5,0.8,1.1",
+    seconds: Annotated[float, typer.Option(help="Poisson arrivals window of each load point.")] = STEP_SECONDS,
+    workloads: Annotated[str, typer.Option(help="homog, mixed or both, comma separated.")] = "homog,mixed",
+    docs: Annotated[bool, typer.Option(help="Write the figures and the section into docs/benchmarks.*.")] = False,
+    out_dir: Annotated[Path, typer.Option(help="Raw results and the Markdown tables.")] = Path("bench-results"),
+    docs_dir: Annotated[Path, typer.Option(help="Where benchmarks.json, benchmarks.md and the plots are.")] = Path(
+        "docs"
+    ),
+) -> None:
+    """Step mode against request-level (strict, grouped) on the SIMULATED GPU (about 7-8 minutes): p50/p99 and
+    throughput under Poisson load; step_p99_ratio_80 and step_mixed_tput with --docs."""
+    import signal
+    import sys
+
+    from bench.stepmode import StepBenchConfig, markdown, run_stepmode
+
+    try:
+        cfg = StepBenchConfig(
+            loads=tuple(float(load) for load in loads.split(",")),
+            seconds=seconds,
+            workloads=tuple(_workload(w.strip()) for w in workloads.split(",")),
+            out_dir=out_dir,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: every fleet started is stopped
+    results = run_stepmode(cfg, docs_dir if docs else None, log=lambda line: typer.echo(line, err=True))
+    typer.echo(markdown(results))
+    typer.echo(f"results: {out_dir / 'stepmode.json'}" + (f"; docs: {docs_dir}" if docs else ""), err=True)
 
 
 @cli.command()

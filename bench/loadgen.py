@@ -6,7 +6,8 @@ Arrival patterns:
 - ``burst``: ``burst_size`` requests at once, every ``burst_gap_s`` seconds.
 
 Workloads: ``homog`` (every request 64 px) and ``mixed`` (64 px and 32 px interleaved 50/50); ``sides`` replaces
-those sizes (the GPU-shaped benchmark: 512 px, and 512/768 px interleaved).
+those sizes (the GPU-shaped benchmark: 512 px, and 512/768 px interleaved); ``steps_choices`` and
+``guidance_choices`` likewise cycle step counts and guidance scales request by request (the step-mode benchmark).
 Each request is recorded (submit, server timestamps when the target reports them, finish, batch size, status).
 """
 
@@ -43,16 +44,20 @@ class LoadSpec:
     guidance_scale: float = 5.0
     seed: int = 0
     sides: tuple[int, ...] = ()  # image sides cycled request by request; () = the workload's SIZES
+    steps_choices: tuple[int, ...] = ()  # step counts cycled request by request; () = steps
+    guidance_choices: tuple[float, ...] = ()  # guidance scales cycled request by request; () = guidance_scale
 
     def params(self, index: int) -> dict[str, Any]:
         sizes = self.sides or SIZES[self.workload]
         side = sizes[index % len(sizes)]
+        steps = self.steps_choices or (self.steps,)
+        guidance = self.guidance_choices or (self.guidance_scale,)
         return {
             "prompt": f"benchmark prompt {index}",
             "width": side,
             "height": side,
-            "num_inference_steps": self.steps,
-            "guidance_scale": self.guidance_scale,
+            "num_inference_steps": steps[index % len(steps)],
+            "guidance_scale": guidance[index % len(guidance)],
             "seed": 1000 + index,
         }
 

@@ -5,29 +5,39 @@
   ``FUSEFLEET_SIM_PER_IMAGE_MS``; with ``FUSEFLEET_SIM_REF_SIDE`` each image weighs its area) and returns
   placeholder images, so batching and scale-out behave as on a GPU (the time is spent off the CPU). The cost
   model, the sleeping and the images are ``bench.peers.simulated_gpu``'s, shared with the peer servers. Every
-  figure it produces must be labelled *simulated*. With
+  figure it produces must be labelled *simulated*. With ``FUSEFLEET_SIM_REF_STEPS=20`` a forward of S steps costs
+  (a + b*B) * S / 20 (unset: a + b*B whatever its steps). With
   ``FUSEFLEET_SIM_TRACE=path`` (a benchmark's variable, not a setting) it appends one JSON line per forward
   (``start``, ``end``: wall-clock seconds; ``images``) to that file, for ``bench.gap``.
+- It also runs step mode (``step_mode``, ``step_set``: the ``gpu_worker.runner.StepRunner`` contract): a
+  ``SimulatedStepSet`` sleeps ``(a + b*R) / 20`` per step of R rows (``CostModel.step_s``), each request leaving
+  after its own number of steps, and traces one line per step (``rows``, ``finished``) to the same file.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 
 from PIL import Image
 
 from bench.peers.simulated_gpu import (
     REF_SIDE_ENV,
+    REF_STEPS_ENV,
     TRACE_ENV,
     CostModel,
     placeholder_image,
     record_forward,
+    record_step,
     sleep_forward,
 )
 from gpu_worker.runner import StepCallback
-from shared.contracts import RequestSpec
+from shared.compat import StepKey, step_key
+from shared.contracts import RequestSpec, Task
 from shared.settings import Settings
 
 
@@ -50,12 +60,19 @@ class NullRunner:
 
 class SimulatedGpuRunner:
     """Sleeps a + b*B milliseconds per forward (B = output images, each weighted by its area when
-    ``FUSEFLEET_SIM_REF_SIDE`` is set), reporting each step; no CPU work."""
+    ``FUSEFLEET_SIM_REF_SIDE`` is set; times S / ref_steps when ``FUSEFLEET_SIM_REF_STEPS`` is), reporting each
+    step; no CPU work. In step mode, its running sets are ``SimulatedStepSet``s on the same cost model."""
 
     fused = True
+    step_mode = True
 
     def __init__(self, settings: Settings) -> None:
-        self.cost = CostModel(settings.sim_base_ms, settings.sim_per_image_ms, int(os.environ.get(REF_SIDE_ENV) or 0))
+        self.cost = CostModel(
+            settings.sim_base_ms,
+            settings.sim_per_image_ms,
+            int(os.environ.get(REF_SIDE_ENV) or 0),
+            int(os.environ.get(REF_STEPS_ENV) or 0),
+        )
         self.trace = os.environ.get(TRACE_ENV)
 
     def cost_s(self, images: int) -> float:
@@ -66,7 +83,150 @@ class SimulatedGpuRunner:
     def run(self, specs: Sequence[RequestSpec], on_step: StepCallback) -> list[list[Image.Image]]:
         started = time.time()
         images = sum(spec.n for spec in specs)
-        seconds = self.cost.forward_s((spec.width, spec.height) for spec in specs for _ in range(spec.n))
-        sleep_forward(seconds, specs[0].num_inference_steps, on_step)
+        steps = specs[0].num_inference_steps  # one compatibility key: one step count
+        seconds = self.cost.forward_s(((spec.width, spec.height) for spec in specs for _ in range(spec.n)), steps)
+        sleep_forward(seconds, steps, on_step)
         record_forward(self.trace, started, images)
         return placeholder_images(specs)
+
+    def step_set(self, key: StepKey) -> SimulatedStepSet:
+        """An empty running set for the requests of ``key``; ValueError naming the field for what the step engine
+        does not run either (``StepEngine.for_key``): image tasks, video, true CFG."""
+        if key.task is not Task.TEXT_TO_IMAGE:
+            raise ValueError(f"task: step mode runs text-to-image only, not {key.task}")
+        for name in ("num_frames", "true_cfg_scale", "strength"):
+            if getattr(key, name) is not None:
+                raise ValueError(f"{name}: not taken in step mode")
+        return SimulatedStepSet(self.cost, key, self.trace)
+
+
+@dataclass(slots=True, eq=False)
+class _LiveRequest:
+    """A request in a simulated running set: ``n`` rows that step together, ``done`` of ``total`` steps."""
+
+    spec: RequestSpec
+    done: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.spec.num_inference_steps
+
+    @property
+    def sizes(self) -> list[tuple[int, int]]:
+        """One (width, height) per row (output image)."""
+        return [(self.spec.width, self.spec.height)] * self.spec.n
+
+
+class SimulatedStepSet:
+    """A running set on the simulated GPU (``gpu_worker.runner.StepSet``): each ``step`` sleeps, off the CPU, what
+    one step of the live rows costs (``CostModel.step_s``: ``(a + b * rows) / 20``), then advances every request it
+    stepped by one; a request whose count reaches its ``num_inference_steps`` is finished and leaves the set, and
+    ``outputs`` gives its ``n`` placeholder images. Requests join between steps with their own step counts and
+    guidance, as in the step engine, and an abort drops a request before the next step (one aborted while a step
+    sleeps is stepped but never returned).
+
+    Threads: ``join``, ``step`` and ``outputs`` belong to the worker's loop; ``abort``, ``progress`` and
+    ``requests`` may be called from any thread (a lock guards the dictionaries, never held while sleeping).
+    ``sleep`` is the clock's (``time.sleep``); a test may pass another to see the seconds without waiting.
+    """
+
+    def __init__(
+        self,
+        cost: CostModel,
+        key: StepKey,
+        trace: str | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.cost = cost
+        self.key = key
+        self._trace = trace
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._live: dict[str, _LiveRequest] = {}  # joining order
+        self._finished: dict[str, _LiveRequest] = {}  # left the set, outputs not taken yet
+
+    def join(self, specs: Sequence[RequestSpec]) -> dict[str, str]:
+        """Add the requests; they take their first step at the next ``step``. ``{request id: why}`` for those
+        refused (a duplicate, another step key, steps < 1, a guidance the engine refuses)."""
+        refused: dict[str, str] = {}
+        with self._lock:
+            for spec in specs:
+                why = self._refusal(spec)
+                if why:
+                    refused[spec.id] = why
+                else:
+                    self._live[spec.id] = _LiveRequest(spec)
+        return refused
+
+    def _refusal(self, spec: RequestSpec) -> str | None:
+        if spec.id in self._live or spec.id in self._finished:
+            return f"request {spec.id} is already in the running set"
+        if step_key(spec) != self.key:
+            return "step key: the request does not belong to this running set"
+        if spec.num_inference_steps < 1:
+            return f"num_inference_steps must be >= 1, got {spec.num_inference_steps}"
+        if spec.n < 1:
+            return f"n must be >= 1, got {spec.n}"
+        if not math.isfinite(spec.guidance_scale):
+            return f"guidance_scale must be finite, got {spec.guidance_scale}"
+        if not 0.0 <= spec.guidance_rescale <= 1.0:
+            return f"guidance_rescale must be in [0, 1], got {spec.guidance_rescale}"
+        return None
+
+    def step_cost_s(self, only: Collection[str] | None = None) -> float:
+        """Seconds the next ``step(only)`` will sleep: one step of the rows of the live requests it steps."""
+        with self._lock:
+            stepping = self._stepping(only)
+        return self.cost.step_s(size for request in stepping for size in request.sizes)
+
+    def _stepping(self, only: Collection[str] | None) -> list[_LiveRequest]:
+        return [request for rid, request in self._live.items() if only is None or rid in only]
+
+    def step(self, only: Collection[str] | None = None) -> list[str]:
+        """One step of every live request (or of those ``only`` names): sleeps its cost, then the ids of the
+        requests it finished, in joining order. Nothing live: returns at once."""
+        with self._lock:
+            stepping = self._stepping(only)
+        if not stepping:
+            return []
+        started = time.time()
+        self._sleep(self.cost.step_s(size for request in stepping for size in request.sizes))
+        finished: list[_LiveRequest] = []
+        with self._lock:
+            for request in stepping:
+                rid = request.spec.id
+                if self._live.get(rid) is not request:  # aborted while the step ran
+                    continue
+                request.done += 1
+                if request.done >= request.total:
+                    self._finished[rid] = self._live.pop(rid)
+                    finished.append(request)
+        rows = sum(request.spec.n for request in stepping)
+        record_step(self._trace, started, rows, sum(request.spec.n for request in finished))
+        return [request.spec.id for request in finished]
+
+    def outputs(self, request_ids: Sequence[str]) -> list[list[Image.Image]]:
+        """The ``n`` placeholder images of each finished request, in order; they leave the set. KeyError for an
+        id that has not finished here (or whose outputs were taken)."""
+        with self._lock:
+            missing = [rid for rid in request_ids if rid not in self._finished]
+            if missing:
+                raise KeyError(f"not finished in this running set: {', '.join(missing)}")
+            done = [self._finished.pop(rid).spec for rid in request_ids]
+        return placeholder_images(done)
+
+    def abort(self, request_id: str) -> bool:
+        """Drop the request before the next step; False when it is not live (unknown, finished or aborted)."""
+        with self._lock:
+            return self._live.pop(request_id, None) is not None
+
+    def progress(self) -> dict[str, tuple[int, int]]:
+        """Live request id -> (steps done, of its total)."""
+        with self._lock:
+            return {rid: (request.done, request.total) for rid, request in self._live.items()}
+
+    @property
+    def requests(self) -> tuple[str, ...]:
+        """The live requests, in joining order."""
+        with self._lock:
+            return tuple(self._live)

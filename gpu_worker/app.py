@@ -5,6 +5,11 @@ prefork child loads the runner in ``worker_process_init``, starts the heartbeat 
 scheduler, and then executes ``fusefleet.run_batch`` tasks. A task returns once its batch's forwards are over: the
 batch is finished (outputs encoded and stored, requests ended) by the process's ``BackgroundFinisher`` while the
 next task runs its forward. At shutdown the process waits up to ``FINISH_ON_SHUTDOWN_S`` for that finish.
+
+With ``FUSEFLEET_STEP_MODE`` and a runner whose model has a step-mode adapter (``gpu_worker.runner.step_runner``), a
+task instead opens a running set with its batch and runs it until the set closes (``gpu_worker.step_loop``): the
+scheduler sends further batches of the same step key to the worker's inbox, and each request is stored and finished
+inline the moment its last step is done (no finisher: a set has no next forward to hide it behind).
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from gpu_worker.executor import BatchExecutor
 from gpu_worker.finisher import BackgroundFinisher
 from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.metrics import WorkerMetrics
-from gpu_worker.runner import load_runner, runner_tasks, runner_traits
+from gpu_worker.runner import load_runner, runner_tasks, runner_traits, step_runner
+from gpu_worker.step_loop import StepLoop
 from gpu_worker.store import Locked, WorkerStore
 from shared.celery_config import RUN_BATCH_TASK, make_celery
 from shared.contracts import BatchMessage, WorkerCapabilities
@@ -44,6 +50,7 @@ class _ProcessState:
     heartbeat: Heartbeat | None = None
     finisher: BackgroundFinisher | None = None
     metrics: WorkerMetrics | None = None
+    step_loop: StepLoop | None = None
 
 
 def default_worker_name() -> str:
@@ -84,8 +91,33 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
             finisher=state.finisher,
             metrics=state.metrics,
         )
+        stepper = step_runner(runner) if settings.step_mode else None
+        if stepper is not None:
+            state.step_loop = StepLoop(
+                stepper,
+                worker_name,
+                state.heartbeat,
+                state.executor.writer,
+                state.executor,
+                seal_after_s=settings.soft_time_limit_s / 2,
+                metrics=state.metrics,
+            )
+        elif settings.step_mode:
+            log.warning("step mode is on, but %s has no step-mode adapter: batches run request-level", runner)
+        if settings.step_mode:
+            # a pool process that replaces a dead one (killed, hard time limit) has its worker name: the dead one's
+            # set would hold the slot and take joins no loop reads; its inbox batches go back to the reaper
+            left = store.step_drop(worker_name)
+            if left:
+                log.warning("dropped a dead process's running set; %d sent batches go back to the reaper", len(left))
         state.heartbeat.start()
-        log.info("worker %s ready (runner %s, fused=%s)", worker_name, settings.runner, runner.fused)
+        log.info(
+            "worker %s ready (runner %s, fused=%s, step mode=%s)",
+            worker_name,
+            settings.runner,
+            runner.fused,
+            state.step_loop is not None,
+        )
 
     def shutdown_process(**_: Any) -> None:
         if state.finisher is not None and not state.finisher.close(FINISH_ON_SHUTDOWN_S):
@@ -105,7 +137,10 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
             raise RuntimeError("worker process was not initialised (worker_process_init did not run)")
         batch = BatchMessage.model_validate(message)
         try:
-            outcome = state.executor.execute(batch)
+            if state.step_loop is not None:
+                outcome = state.step_loop.run(batch)
+            else:
+                outcome = state.executor.execute(batch)
         except TRANSIENT_ERRORS as exc:
             # Redis stayed away past redis_outage_retry_s: the batch keeps its place in flight, its lock lapses,
             # and the scheduler's reaper publishes it again once Redis is back (docs/reliability.md).

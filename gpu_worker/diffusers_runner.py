@@ -27,9 +27,9 @@ import torch
 from gpu_worker.demo_model import ensure_demo_model
 from gpu_worker.families import family_of
 from gpu_worker.lora import LoraActivator
-from gpu_worker.runner import InputImages, StepCallback, Video
-from shared.compat import compat_key
-from shared.contracts import ModelTraits, RequestSpec, Task
+from gpu_worker.runner import InputImages, StepCallback, StepSet, Video
+from shared.compat import StepKey, compat_key
+from shared.contracts import LoraRef, ModelTraits, RequestSpec, Task
 from shared.settings import Settings
 
 DERIVED_PIPELINES: dict[Task, str] = {
@@ -170,6 +170,26 @@ class DiffusersRunner:
     def fused(self) -> bool:
         """One forward per batch: the family takes prompt and generator lists (or ``settings.fused`` says so)."""
         return self.traits.fused
+
+    @property
+    def step_mode(self) -> bool:
+        """Whether the loaded pipeline's family has a step-mode adapter (``gpu_worker.step_engine``)."""
+        from gpu_worker.step_engine import supports  # the step engine imports this module
+
+        return supports(self.pipe)
+
+    def step_set(self, key: StepKey) -> StepSet:
+        """An empty running set for the requests of ``key``, with the key's LoRA active on the pipeline (as ``run``
+        activates a batch's); ValueError naming what step mode cannot run (an image task, video, true CFG)."""
+        from gpu_worker.step_engine import StepEngine
+        from gpu_worker.step_engine.request_set import RequestSet
+
+        engine = StepEngine.for_key(self.pipe, key)
+        lora = None
+        if key.lora_name is not None:
+            lora = LoraRef(name=key.lora_name, scale=1.0 if key.lora_scale is None else key.lora_scale)
+        self.loras.activate(lora)
+        return RequestSet(engine, self.device)
 
     def release_memory(self) -> None:
         """Give cached accelerator memory back after an out-of-memory forward, before a smaller retry."""

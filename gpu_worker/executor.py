@@ -21,7 +21,8 @@ Once a batch's forwards are over, what is left (encoding and storing its outputs
 the batch) is handed to a ``Finisher`` and ``execute`` returns: the worker's ``BackgroundFinisher`` does it behind
 the next batch's forward, after ``forward_done`` has freed the worker's slot for that batch (``gpu_worker.finisher``
 says what bounds it). A runner that is not fused runs request by request, and its outputs are stored after the
-batch's last forward.
+batch's last forward. A batch whose requests have several compatibility keys (a step-mode scheduler batches by step
+key) runs one fused forward per key, in the order of each key's first request (``compat_groups``).
 """
 
 from __future__ import annotations
@@ -34,36 +35,27 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import TypeVar, cast
 
 from celery.exceptions import SoftTimeLimitExceeded
 from PIL import Image
 
 from gpu_worker.finisher import Finisher, InlineFinisher
 from gpu_worker.heartbeat import Heartbeat
-from gpu_worker.images import encode
 from gpu_worker.log_context import carry_context, ids
 from gpu_worker.metrics import WorkerMetrics
-from gpu_worker.runner import (
-    BatchRunner,
-    ConditionedRunner,
-    InputImages,
-    Video,
-    runner_tasks,
-    runner_traits,
-    video_frames,
-)
+from gpu_worker.result_writer import ResultWriter, Statuses, error_info
+from gpu_worker.runner import BatchRunner, ConditionedRunner, InputImages, runner_tasks, runner_traits
 from gpu_worker.step_reporter import StepReporter
 from gpu_worker.store import Claimed, Locked, WorkerStore
-from gpu_worker.video import encode_mp4
-from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus, Task
-from shared.results import ResultStore, result_keys
-from shared.retry import call_with_retry, is_transient
+from shared.compat import CompatKey, compat_key
+from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, Task
+from shared.results import ResultStore
+from shared.retry import is_transient
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Statuses = dict[str, RequestStatus | None]
 
 
 @dataclass(slots=True)
@@ -113,45 +105,19 @@ def decode_inputs(spec: RequestSpec, image: bytes | None, mask: bytes | None) ->
     return InputImages(image=decoded, mask=decoded_mask)
 
 
-def error_info(exc: BaseException) -> ErrorInfo:
-    return ErrorInfo(type=type(exc).__name__, message=str(exc) or repr(exc))
-
-
 def is_out_of_memory(exc: BaseException) -> bool:
     """torch.cuda.OutOfMemoryError, a host MemoryError, or a backend's 'out of memory' RuntimeError."""
     return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc)
 
 
-def output_problem(spec: RequestSpec, outputs: object, frames: int | None = None) -> str | None:
-    """Why ``outputs`` is not a valid result for ``spec`` (``spec.n`` PIL images; or, for a video model,
-    ``spec.n`` videos of ``frames`` frames each), or None."""
-    kind = "images" if frames is None else "videos"
-    if not isinstance(outputs, Sequence) or isinstance(outputs, str | bytes):
-        return f"runner returned {type(outputs).__name__} instead of a list of {kind}"
-    if len(outputs) != spec.n:
-        return f"runner returned {len(outputs)} {kind}, expected {spec.n}"
-    if frames is None:
-        wrong = [type(image).__name__ for image in outputs if not isinstance(image, Image.Image)]
-        return f"runner returned {wrong[0]} instead of an image" if wrong else None
-    for video in outputs:
-        if not isinstance(video, Video):
-            return f"runner returned {type(video).__name__} instead of a video"
-        if len(video.frames) != frames or not all(isinstance(frame, Image.Image) for frame in video.frames):
-            return f"runner returned a video of {len(video.frames)} frames, expected {frames} images"
-    return None
-
-
-def encode_outputs(spec: RequestSpec, outputs: Sequence[Any]) -> list[bytes]:
-    """The stored bytes of a request's outputs, in ``result_keys`` order: each image in the request's format; or
-    each video's MP4 followed by its frames."""
-    encoded: list[bytes] = []
-    for output in outputs:
-        if isinstance(output, Video):
-            encoded.append(encode_mp4(output.frames, output.fps))
-            encoded += [encode(frame, spec.output_format, spec.output_compression) for frame in output.frames]
-        else:
-            encoded.append(encode(output, spec.output_format, spec.output_compression))
-    return encoded
+def compat_groups(specs: Sequence[RequestSpec]) -> list[list[RequestSpec]]:
+    """``specs`` split by compatibility key (one fused forward each), in the order of each group's first request;
+    a batch of one key is one group. A step-mode scheduler batches by step key, which leaves out steps, guidance
+    and output count, so a request-level worker may receive a batch of several compatibility keys."""
+    groups: dict[CompatKey, list[RequestSpec]] = {}
+    for spec in specs:
+        groups.setdefault(compat_key(spec), []).append(spec)
+    return list(groups.values())
 
 
 class BatchExecutor:
@@ -170,14 +136,14 @@ class BatchExecutor:
         metrics: WorkerMetrics | None = None,
     ) -> None:
         self._store = store
-        self._results = results
         self._runner = runner
         self._traits = runner_traits(runner)
         self._worker = worker
         self._heartbeat = heartbeat
-        self._outage_retry_s = outage_retry_s
         self._finisher = finisher or InlineFinisher()
         self._metrics = metrics
+        self.writer = ResultWriter(store, results, self._traits, outage_retry_s=outage_retry_s)
+        """Ends this worker's requests (shared with the step-mode loop, ``gpu_worker.step_loop``)."""
 
     def execute(self, batch: BatchMessage) -> BatchOutcome | Locked:
         """Run ``batch``'s forwards unless another run holds it (then ``Locked``: retry later), then hand its
@@ -189,6 +155,12 @@ class BatchExecutor:
         claim = self._redis(lambda: self._store.claim(batch, token, self._worker), "claiming the batch")
         if isinstance(claim, Locked):
             return claim
+        return self.execute_claimed(batch, claim)
+
+    def execute_claimed(self, batch: BatchMessage, claim: Claimed) -> BatchOutcome:
+        """``execute`` for a batch already claimed (``claim``): the step-mode loop hands over a batch it does not
+        run as a set. Raises only when Redis stays unreachable past ``outage_retry_s``."""
+        token = claim.token
         if self._heartbeat is not None:
             self._heartbeat.hold(batch.batch_id, token)
         outcome = BatchOutcome(batch.batch_id, dict(claim.statuses))
@@ -219,7 +191,7 @@ class BatchExecutor:
         try:
             for specs, outputs in run.outputs:
                 try:
-                    outcome.statuses.update(self._store_results(specs, outputs, run.token))
+                    outcome.statuses.update(self.writer.store_results(specs, outputs, run.token))
                 except Exception as exc:  # noqa: BLE001 - the requests must end and say why
                     if is_transient(exc):
                         raise
@@ -250,7 +222,7 @@ class BatchExecutor:
             log.warning("batch %s: could not free the slot early: %s", batch_id, exc)
 
     def _redis(self, call: Callable[[], T], what: str) -> T:
-        return call_with_retry(call, what=what, give_up_after_s=self._outage_retry_s)
+        return self.writer.redis(call, what)
 
     def _run_claimed(self, claim: Claimed, run: _Run) -> Statuses:
         """Run the claimed requests' forwards; their outputs wait in ``run.outputs``. Returns the statuses of the
@@ -258,11 +230,12 @@ class BatchExecutor:
         statuses, specs = self._prepare(claim, run)
         if not specs:
             return statuses
-        keys = [key for spec in specs for key in result_keys(spec, run.token, video_frames(spec, self._traits))]
-        self._redis(lambda: self._store.record_results(keys), "journaling result keys")
-        if self._runner.fused:
-            return {**statuses, **self._run_group(specs, run)}
-        return {**statuses, **self._run_each(specs, run)}
+        self.writer.journal(specs, run.token)
+        if not self._runner.fused:
+            return {**statuses, **self._run_each(specs, run)}
+        for group in compat_groups(specs):  # one group unless the batch mixes keys (a step-mode scheduler's batch)
+            statuses.update(self._run_group(group, run))
+        return statuses
 
     def _prepare(self, claim: Claimed, run: _Run) -> tuple[Statuses, list[RequestSpec]]:
         """Fail what this runner cannot run (a task it does not do, an input that cannot be read); decode the
@@ -333,7 +306,7 @@ class BatchExecutor:
 
     def _fail(self, errors: dict[str, ErrorInfo], token: str) -> Statuses:
         """End these requests of this claim as failed, each with its error (retried through an outage)."""
-        return self._redis(lambda: self._store.finish_many({}, errors, token), "failing requests")
+        return self.writer.fail(errors, token)
 
     def _forward(self, specs: Sequence[RequestSpec], run: _Run) -> list[list[Image.Image]]:
         reporter = StepReporter(self._store, [spec.id for spec in specs], run.token)
@@ -356,46 +329,7 @@ class BatchExecutor:
             self._metrics.forward(len(specs), outputs, reporter.last_step, elapsed_s)
         return list(images)
 
-    def _store_results(
-        self, specs: Sequence[RequestSpec], images: Sequence[object], token: str
-    ) -> Statuses:
-        """Encode every request's images, write them to the result store, and finish the requests in one round
-        trip; a request whose output is wrong, or that the store refuses, fails alone."""
-        stored: dict[str, list[str]] = {}
-        errors: dict[str, ErrorInfo] = {}
-        for spec, output in zip(specs, images, strict=True):
-            frames = video_frames(spec, self._traits)
-            problem = output_problem(spec, output, frames)
-            if problem is not None:
-                errors[spec.id] = ErrorInfo(type="RunnerError", message=problem)
-                continue
-            assert isinstance(output, Sequence)
-            try:
-                encoded = encode_outputs(spec, output)
-            except Exception as exc:  # noqa: BLE001 - a bad image fails its request, not the batch
-                message = f"encoding the image failed: {type(exc).__name__}: {exc}"
-                errors[spec.id] = ErrorInfo(type="RunnerError", message=message)
-                continue
-            keys = result_keys(spec, token, frames)
-            try:
-                for key, data in zip(keys, encoded, strict=True):
-                    self._put(key, data)
-            except Exception as exc:  # noqa: BLE001 - the store refused it (or stayed away): this request fails
-                if is_transient(exc):
-                    raise
-                errors[spec.id] = ErrorInfo(type="ResultStoreError", message=str(exc) or repr(exc))
-                continue
-            stored[spec.id] = keys
-        if errors:
-            log.warning("%d requests returned unusable output: %s", len(errors), errors)
-        return self._redis(lambda: self._store.finish_many(stored, errors, token), "storing results")
-
-    def _put(self, key: str, data: bytes) -> None:
-        """Write one image to the result store (a Redis store's writes are retried through an outage)."""
-        self._redis(lambda: self._results.put(key, data), "storing an image")
-
     def _release_memory(self) -> None:
         release: Callable[[], None] | None = getattr(self._runner, "release_memory", None)
         if release is not None:
             release()
-

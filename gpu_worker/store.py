@@ -72,6 +72,7 @@ class WorkerStore:
         self._forward_done = client.register_script(k.FORWARD_DONE)
         self._renew = client.register_script(k.RENEW)
         self._heartbeat = client.register_script(k.HEARTBEAT)
+        self._step_close = client.register_script(k.STEP_CLOSE)
 
     def claim(self, batch: BatchMessage, token: str, worker: str) -> Claimed | Locked:
         ids = list(batch.request_ids)
@@ -191,6 +192,48 @@ class WorkerStore:
             keys=[self.keys.workers, self.keys.events, self.keys.capabilities],
             args=[worker, int(first), k.EVENTS_MAXLEN, capabilities.model_dump_json()],
         )
+
+    # --- step mode (docs/step_mode.md, gpu_worker.step_loop) ---------------------------------------------------
+
+    def step_open(self, worker: str, digest: str, requests: int) -> None:
+        """Register ``worker``'s running set of step key ``digest`` holding ``requests`` requests: the scheduler may
+        send it batches of that key (``step_join.lua``), and the set holds the worker's slot (``free_slots.lua``)."""
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hset(self.keys.step_sets, worker, digest)
+        pipe.hset(self.keys.step_rows, worker, requests)
+        pipe.execute()
+
+    def step_seal(self, worker: str) -> None:
+        """The worker's running set takes no more joins (it still drains its inbox and rows)."""
+        self._redis.hset(self.keys.step_sets, worker, k.STEP_SEALED)
+
+    def step_inbox_pop(self, worker: str) -> str | None:
+        """The oldest batch message (``BatchMessage`` JSON) sent to the worker's running set, or None."""
+        message: str | None = self._redis.lpop(self.keys.step_inbox(worker))  # type: ignore[assignment]
+        return message
+
+    def step_leave(self, worker: str, requests: int) -> None:
+        """``requests`` requests counted in the worker's set ended, or were sent to it and will not run in it."""
+        if requests:
+            self._redis.hincrby(self.keys.step_rows, worker, -requests)
+
+    def step_close(self, worker: str) -> bool:
+        """Close the worker's empty running set (it frees the slot and wakes the scheduler); False when batches
+        wait in its inbox (claim them and go on)."""
+        keys = [self.keys.step_sets, self.keys.step_rows, self.keys.step_inbox(worker), self.keys.events]
+        return int(self._step_close(keys=keys, args=[worker, k.EVENTS_MAXLEN])) == 1
+
+    def step_drop(self, worker: str) -> list[str]:
+        """Take down the worker's running set after a run that could not end it normally: no more joins, its slot
+        freed, and the batch messages left in its inbox returned (and removed). Those batches were never claimed:
+        the reaper publishes them again after ``batch_claim_timeout_s``."""
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hdel(self.keys.step_sets, worker)
+        pipe.hdel(self.keys.step_rows, worker)
+        pipe.lrange(self.keys.step_inbox(worker), 0, -1)
+        pipe.delete(self.keys.step_inbox(worker))
+        left: list[str] = pipe.execute()[2]
+        return left
 
     def leave(self, worker: str) -> None:
         pipe = self._redis.pipeline(transaction=False)

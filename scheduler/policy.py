@@ -22,6 +22,19 @@ Contract (vLLM-Omni request-level batching, strict FIFO head-of-line):
 * Otherwise the admission wait ends at ``min(head.arrived_at + max_wait_s, last_arrival + stable_s)``, where
   ``last_arrival`` is the latest arrival among the live requests of the head's level: ``now >= deadline``
   dispatches, anything earlier answers ``Wait(until=deadline)``.
+
+Step mode (``place``, ``docs/step_mode.md``): before a new batch is decided, the head's requests may join a running
+set. ``place(waiting, open_sets, config)`` is pure in the same way (no I/O, no state, no clock) and answers a
+``Join`` or None (then ``decide`` as above):
+
+* The head is the first live request, as for ``decide``; with none, or with no usable set, the answer is None.
+* A usable set is one of ``open_sets`` that is not sealed, whose ``key`` equals the head's key (the step key) and
+  has room: ``config.cap(head) - set.rows > 0`` (the batch cap, ``max_num_seqs`` and the pixel budget, bounds the
+  requests of a set). Among usable sets the one with the most room is chosen; ties go to the lowest worker name.
+* The join holds the head plus the live requests of its level after it with an equal key, as the candidate batch
+  of ``decide`` (strict: stopping at the first live request whose key differs; grouped: skipping it), up to the
+  chosen set's room. It is dispatched at once: the set is already running, so waiting would only add latency.
+* Aborted requests never join; ``dropped_ids`` reports every one seen, as ``decide`` does.
 """
 
 from __future__ import annotations
@@ -99,6 +112,44 @@ class Wait:
 Decision = Dispatch | Wait
 
 
+@dataclass(frozen=True, slots=True)
+class OpenSet:
+    """A worker's running step-mode set, as last read (``P:step:sets``, ``P:step:rows``)."""
+
+    worker: str
+    key: Hashable  # the step key of its requests (compared with WaitingRequest.key)
+    rows: int  # requests in it or sent to it
+    sealed: bool = False  # it takes no more joins
+
+
+@dataclass(frozen=True, slots=True)
+class Join:
+    """Send ``request_ids`` as one batch to ``worker``'s running set now."""
+
+    worker: str
+    request_ids: tuple[str, ...]  # the batch, in service order
+    dropped_ids: tuple[str, ...]  # aborted requests seen, to be discarded (acked) by the caller
+
+
+def _candidate(
+    waiting: Sequence[WaitingRequest], head: WaitingRequest, limit: int, grouped: bool
+) -> tuple[list[WaitingRequest], bool]:
+    """The head plus the following live requests of its level with its key, at most ``limit``; and whether the
+    batch is closed (strict order: a live incompatible request of the level follows it)."""
+    batch = [head]
+    for request in waiting:
+        if len(batch) >= limit:
+            return batch, False
+        if request is head or request.aborted or request.level != head.level:
+            continue
+        if request.key != head.key:
+            if grouped:
+                continue
+            return batch, True
+        batch.append(request)
+    return batch, False
+
+
 def decide(waiting: Sequence[WaitingRequest], free_slots: int, now: float, config: PolicyConfig) -> Decision:
     """What the scheduler should do at clock ``now`` with ``waiting`` (service order) and ``free_slots``."""
     dropped = tuple(r.id for r in waiting if r.aborted)
@@ -108,17 +159,7 @@ def decide(waiting: Sequence[WaitingRequest], free_slots: int, now: float, confi
 
     live = [r for r in waiting if not r.aborted and r.level == head.level]
     cap = config.cap(head)
-    batch = [head]
-    closed = False
-    for request in live[1:]:
-        if len(batch) == cap:
-            break
-        if request.key != head.key:
-            if config.grouped:
-                continue
-            closed = True
-            break
-        batch.append(request)
+    batch, closed = _candidate(live, head, cap, config.grouped)
 
     ids = tuple(r.id for r in batch)
     if len(batch) == cap or closed or config.max_wait_s == 0:
@@ -130,3 +171,21 @@ def decide(waiting: Sequence[WaitingRequest], free_slots: int, now: float, confi
     if now >= deadline:
         return Dispatch(request_ids=ids, dropped_ids=dropped)
     return Wait(until=deadline, dropped_ids=dropped)
+
+
+def place(waiting: Sequence[WaitingRequest], open_sets: Sequence[OpenSet], config: PolicyConfig) -> Join | None:
+    """The head's batch joined to the open set of its key with the most room; None when no set can take it."""
+    head = next((r for r in waiting if not r.aborted), None)
+    if head is None:
+        return None
+    cap = config.cap(head)
+    usable = [s for s in open_sets if not s.sealed and s.key == head.key and s.rows < cap]
+    if not usable:
+        return None
+    chosen = min(usable, key=lambda s: (s.rows, s.worker))  # the most room (cap - rows), then the lowest name
+    batch, _ = _candidate(waiting, head, cap - chosen.rows, config.grouped)
+    return Join(
+        worker=chosen.worker,
+        request_ids=tuple(r.id for r in batch),
+        dropped_ids=tuple(r.id for r in waiting if r.aborted),
+    )

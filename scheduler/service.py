@@ -6,6 +6,12 @@ queued requests past their deadline (``Timeout``), refresh the abort/status flag
 the policy, and for each ``Dispatch`` move the requests into a batch atomically (fenced by the lease), publish the
 Celery task, and only then acknowledge their stream entries.
 
+With ``step_mode`` (``docs/step_mode.md``) requests are bucketed by their step key (``shared.compat.step_key``), and
+before a new batch is decided the head's batch may join a worker's open running set of its key with room
+(``scheduler.policy.place``, over the sets read from Redis and cached like the free-slot count): the batch is
+scheduled as any other and sent to the worker's inbox (``step_join.lua``); when the set closed, was sealed or filled
+meanwhile, it is published to Celery as a normal batch instead (it starts a set on a free worker).
+
 Exactly one scheduler is active (a lease in Redis); others stand by and take over when it lapses. A new leader
 first replays the pending (read, unacknowledged) entries page by page: queued requests wait again, requests that
 already moved into a batch have that batch published again (workers skip finished or held batches), so a crash at
@@ -26,17 +32,18 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
+from functools import lru_cache
 
 from celery import Celery
 
 from scheduler.deadlines import overdue
 from scheduler.lease import Lease
-from scheduler.policy import Dispatch, PolicyConfig, WaitingRequest, decide
+from scheduler.policy import Dispatch, Join, OpenSet, PolicyConfig, WaitingRequest, decide, place
 from scheduler.queue import QUEUES, QueuedRequest
-from scheduler.store import LeaseLost, SchedulerStore, StreamEntry
+from scheduler.store import LeaseLost, RunningSet, SchedulerStore, StreamEntry
 from shared.celery_config import RUN_BATCH_TASK
-from shared.compat import compat_key, pixel_cost
+from shared.compat import StepKey, compat_key, pixel_cost, step_key
 from shared.contracts import BatchMessage, RequestStatus
 from shared.logging_setup import ids as ids_of
 from shared.retry import Backoff, is_transient
@@ -49,6 +56,12 @@ REAP_INTERVAL_S = 1.0  # how often the active scheduler's reaper looks at the ba
 OUTAGE_BACKOFF_CAP_S = 5.0  # longest pause between attempts to reach Redis again
 HEALTHY_LEAD_S = 10.0  # a lead that lasted this long before failing resets the backoff
 CAPACITY_TTL_S = 0.25  # a known free-slot count is trusted this long unless a worker event says it changed
+
+
+@lru_cache(maxsize=1024)
+def _digest(key: StepKey) -> str:
+    """``key.digest``, computed once per key (the step keys in use are few)."""
+    return key.digest
 
 
 class SchedulerService:
@@ -75,6 +88,8 @@ class SchedulerService:
         self._fresh: set[str] = set()  # admitted this round: certainly still queued unless aborted just now
         self._free: int | None = None  # free worker slots as last counted (minus our dispatches since)
         self._free_at = 0.0
+        self._sets: list[RunningSet] | None = None  # step mode: running sets as last read (plus our joins since)
+        self._sets_at = 0.0
 
     # --- leadership ------------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -112,6 +127,7 @@ class SchedulerService:
         self._queue.clear()
         self._fresh.clear()
         self._free = None
+        self._sets = None
         self._store.ensure_groups()
         try:
             self._recover()
@@ -135,7 +151,8 @@ class SchedulerService:
                 self._fresh.clear()
                 read = self._store.read_new(block_ms)
                 if read.woken:
-                    self._free = None  # a batch finished or a worker joined
+                    self._free = None  # a batch finished, a set closed or a worker joined
+                    self._sets = None
                 self._admit(read.entries)
                 deadline = self._dispatch_ready()
         except LeaseLost:
@@ -175,7 +192,7 @@ class SchedulerService:
                 QueuedRequest(
                     id=entry.request_id,
                     entry_id=entry.entry_id,
-                    key=compat_key(spec),
+                    key=step_key(spec) if self._settings.step_mode else compat_key(spec),
                     arrived_at=now,
                     cost=pixel_cost(spec),
                     priority=spec.priority,
@@ -232,7 +249,12 @@ class SchedulerService:
         until: float | None = None
         while self._queue:
             free = self._free_slots()
-            head = self._head_window(free)
+            sets = self._open_sets()
+            head = self._head_window(check=free > 0 or bool(sets))
+            if sets and (join := place(head, self._placeable(sets, head), self._config)) is not None:
+                self._forget(join.dropped_ids)
+                self._join(join, head)
+                continue
             decision = decide(head, free, self._clock(), self._config)
             self._forget(decision.dropped_ids)
             if not isinstance(decision, Dispatch):
@@ -261,12 +283,32 @@ class SchedulerService:
             self._free, self._free_at = self._store.free_slots(), now
         return self._free
 
-    def _head_window(self, free: int) -> list[WaitingRequest]:
+    def _open_sets(self) -> list[RunningSet]:
+        """Step mode: the running sets that take joins (not sealed), read from Redis when unknown or stale, else as
+        last read plus our joins since. Empty in request-level mode."""
+        if not self._settings.step_mode:
+            return []
+        now = self._clock()
+        if self._sets is None or now - self._sets_at > CAPACITY_TTL_S:
+            self._sets, self._sets_at = self._store.running_sets(), now
+        return [s for s in self._sets if not s.sealed]
+
+    @staticmethod
+    def _placeable(sets: Sequence[RunningSet], head: Sequence[WaitingRequest]) -> list[OpenSet]:
+        """``sets`` for the policy: each keyed by the step key of the waiting requests with its digest (a set no
+        waiting request matches keeps its digest, which equals no step key)."""
+        keys: dict[str, Hashable] = {}
+        for request in head:
+            if isinstance(request.key, StepKey):
+                keys.setdefault(_digest(request.key), request.key)
+        return [OpenSet(s.worker, keys.get(s.digest, s.digest), s.rows, s.sealed) for s in sets]
+
+    def _head_window(self, check: bool) -> list[WaitingRequest]:
         window = self._queue.head(self._window)
         ids = [request.id for request in window]
         # Requests that waited since an earlier round may have been aborted meanwhile: look (one round trip) when
-        # something could be dispatched, once per round. SCHEDULE re-checks every request anyway.
-        stale = [rid for rid in ids if rid not in self._fresh] if free > 0 else []
+        # something could be dispatched (``check``), once per round. SCHEDULE re-checks every request anyway.
+        stale = [rid for rid in ids if rid not in self._fresh] if check else []
         aborted: set[str] = set()
         if stale:
             for rid, (status, abort, _) in zip(stale, self._store.statuses(stale), strict=True):
@@ -287,8 +329,50 @@ class SchedulerService:
             self._publish(batch_id, joined)
         self._forget(ids)
 
+    def _join(self, join: Join, head: Sequence[WaitingRequest]) -> None:
+        """Schedule ``join``'s requests into a batch and send it to the worker's running set; publish it to Celery
+        instead when the set refuses it (closed, sealed or full meanwhile)."""
+        batch_id = uuid.uuid4().hex
+        ids = list(join.request_ids)
+        first = next(r for r in head if r.id == ids[0])
+        assert isinstance(first.key, StepKey)
+        deadlines = [request.deadline if (request := self._queue.get(rid)) else None for rid in ids]
+        joined = self._store.schedule(self._lease.key, self._lease.token, batch_id, ids, deadlines)
+        if joined:
+            message = self._message(batch_id, joined)
+            cap = self._config.cap(first)
+            fields = ids_of(batch_id=batch_id, worker=join.worker, request_ids=joined)
+            if self._store.step_join(
+                join.worker, _digest(first.key), message.model_dump_json(), batch_id, len(joined), cap
+            ):
+                log.info(
+                    "joined batch %s (%d requests) to %s's running set",
+                    batch_id,
+                    len(joined),
+                    join.worker,
+                    extra=fields,
+                )
+                self._count_join(join.worker, len(joined))
+            else:
+                log.info("%s's running set refused batch %s; publishing it", join.worker, batch_id, extra=fields)
+                self._sets = None  # it closed, was sealed or filled: read the sets again
+                self._free = None  # the batch takes a slot of its own now
+                self._publish(batch_id, joined)
+        self._forget(ids)
+
+    def _count_join(self, worker: str, count: int) -> None:
+        """Count ``count`` requests just sent to ``worker``'s set against its room in the cached sets."""
+        if self._sets is not None:
+            self._sets = [
+                RunningSet(s.worker, s.digest, s.rows + count) if s.worker == worker else s for s in self._sets
+            ]
+
+    @staticmethod
+    def _message(batch_id: str, request_ids: list[str]) -> BatchMessage:
+        return BatchMessage(batch_id=batch_id, request_ids=tuple(request_ids), created_at=time.time())
+
     def _publish(self, batch_id: str, request_ids: list[str]) -> None:
-        message = BatchMessage(batch_id=batch_id, request_ids=tuple(request_ids), created_at=time.time())
+        message = self._message(batch_id, request_ids)
         self._celery.send_task(
             RUN_BATCH_TASK,
             args=[message.model_dump(mode="json")],

@@ -42,6 +42,19 @@ class Reaped:
     request_ids: dict[str, list[str]] = field(default_factory=dict)  # of each batch to publish again
 
 
+@dataclass(frozen=True, slots=True)
+class RunningSet:
+    """A worker's step-mode running set as read from Redis (``P:step:sets``, ``P:step:rows``)."""
+
+    worker: str
+    digest: str  # its step key's digest (shared.compat.StepKey.digest), or k.STEP_SEALED
+    rows: int  # requests in it or sent to it
+
+    @property
+    def sealed(self) -> bool:
+        return self.digest == k.STEP_SEALED
+
+
 class LeaseLost(Exception):
     """The batch transition was refused: another scheduler holds the lease now."""
 
@@ -68,6 +81,7 @@ class SchedulerStore:
         self._fail = client.register_script(k.FAIL)
         self._free_slots = client.register_script(k.FREE_SLOTS)
         self._expire = client.register_script(k.EXPIRE)
+        self._step_join = client.register_script(k.STEP_JOIN)
 
     def ensure_groups(self) -> None:
         for stream in (self.keys.requests, self.keys.events):
@@ -170,6 +184,31 @@ class SchedulerStore:
             self.keys.step_rows,
         ]
         return int(self._free_slots(keys=keys, args=[ttl_ms]))
+
+    def running_sets(self) -> list[RunningSet]:
+        """Every worker's step-mode running set (one round trip), sealed ones included, by worker name. Sets of
+        workers whose heartbeat is stale are swept by ``free_slots``; ``step_join`` checks liveness itself."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hgetall(self.keys.step_sets)
+        pipe.hgetall(self.keys.step_rows)
+        sets, rows = cast(tuple[dict[str, str], dict[str, str]], tuple(pipe.execute()))
+        return [RunningSet(worker, str(digest), int(rows.get(worker) or 0)) for worker, digest in sorted(sets.items())]
+
+    def step_join(self, worker: str, digest: str, message_json: str, batch_id: str, count: int, cap: int) -> bool:
+        """Send scheduled batch ``batch_id`` (its ``BatchMessage`` JSON, ``count`` requests) to ``worker``'s running
+        set of step key ``digest`` (``step_join.lua``): False when refused (the worker is gone, its set closed,
+        sealed, on another key, or it would hold more than ``cap`` requests); the caller publishes it instead."""
+        keys = [
+            self.keys.step_sets,
+            self.keys.step_rows,
+            self.keys.step_inbox(worker),
+            self.keys.workers,
+            self.keys.storing,
+        ]
+        worker_ttl_ms = int(self._settings.worker_ttl_s * 1000)
+        inbox_ttl_ms = int(2 * self._settings.batch_claim_timeout_s * 1000)
+        args: list[str | int] = [worker, digest, message_json, batch_id, count, cap, worker_ttl_ms, inbox_ttl_ms]
+        return int(self._step_join(keys=keys, args=args)) == 1
 
     def schedule(
         self,

@@ -92,6 +92,8 @@ from importlib.resources import files
 SCHEDULER_GROUP = "scheduler"
 SCHEDULER_CONSUMER = "active"  # one consumer name: a new leader inherits its predecessor's pending entries
 EVENTS_MAXLEN = 1000
+STEP_SEALED = "sealed"
+"""A worker's ``P:step:sets`` field once its running set takes no more joins (a value no step key digest has)."""
 WEBHOOK_GROUP = "webhooks"
 WEBHOOK_CONSUMER = "active"  # one consumer name, as the scheduler's: a new dispatcher inherits the pending entries
 

@@ -13,7 +13,16 @@ reads a and b through its settings of the same names (``sim_base_ms``, ``sim_per
     FUSEFLEET_SIM_BASE_MS       a: ms per forward, whatever its size
     FUSEFLEET_SIM_PER_IMAGE_MS  b: ms per output image of ref_side x ref_side px
     FUSEFLEET_SIM_REF_SIDE      ref_side; unset or 0: every image costs b, whatever its size
-    FUSEFLEET_SIM_TRACE         optional file: one JSON line per forward (``record_forward``)
+    FUSEFLEET_SIM_REF_STEPS     ref_steps: a and b are the cost of a forward of that many denoising steps, and a
+                                forward of S steps costs (a + b * B) * S / ref_steps; unset or 0: a forward costs
+                                a + b * B whatever its steps (the test fleets' simple model)
+    FUSEFLEET_SIM_TRACE         optional file: one JSON line per forward (``record_forward``) or step (``record_step``)
+
+**Per step** (step mode, ``docs/step_mode.md``): one denoising step of a running set of R rows costs
+``(a + b * R) / ref_steps`` (``CostModel.step_s``; ``REF_STEPS`` = 20 when ref_steps is unset), the same per-step
+form as a request-level forward with ref_steps set: a step over R rows costs what one step of a batch-R pipeline
+call costs, as measured on the H200 (docs/step_mode.md, "Speed on an NVIDIA H200"). Only fusefleet's
+``SimulatedGpuRunner`` passes steps; the peers call ``forward_s`` without them (their benchmark runs 20 steps).
 
 The GPU-shaped default (``GPU_SHAPED``) is a least-squares fit of ``a + b * B`` to ``SD15_H200``: seconds per
 pipeline call measured with the Stable Diffusion 1.5 architecture (random weights, fp16, 512 px, 20 steps, CFG
@@ -35,7 +44,11 @@ from PIL import Image
 BASE_ENV = "FUSEFLEET_SIM_BASE_MS"
 PER_IMAGE_ENV = "FUSEFLEET_SIM_PER_IMAGE_MS"
 REF_SIDE_ENV = "FUSEFLEET_SIM_REF_SIDE"
+REF_STEPS_ENV = "FUSEFLEET_SIM_REF_STEPS"
 TRACE_ENV = "FUSEFLEET_SIM_TRACE"
+REF_STEPS = 20
+"""The step count of the measured curve (``SD15_H200``): the per-step cost divides a forward's cost by it when the
+model has no ``ref_steps`` of its own."""
 PLACEHOLDER_MAX_SIDE = 8
 PLACEHOLDER_RGB = (128, 128, 128)
 
@@ -48,19 +61,31 @@ SD_A100_DIFFUSERS_DOCS: dict[int, float] = {1: 1.98, 2: 2.38, 4: 3.89, 8: 7.04, 
 
 @dataclass(frozen=True)
 class CostModel:
-    """t = a + b * (output images, each weighted by its area over ref_side**2): one fused forward."""
+    """t = a + b * (output images, each weighted by its area over ref_side**2): one fused forward (of ``ref_steps``
+    denoising steps when set: then a forward of S steps costs t * S / ref_steps)."""
 
     base_ms: float
     per_image_ms: float
     ref_side: int = 0
+    ref_steps: int = 0
 
     def units(self, width: int, height: int) -> float:
         """What one output image of ``width`` x ``height`` px costs, in images of ref_side x ref_side px."""
         return width * height / self.ref_side**2 if self.ref_side else 1.0
 
-    def forward_s(self, sizes: Iterable[tuple[int, int]]) -> float:
-        """Seconds of one fused forward whose output images have these (width, height)."""
-        return (self.base_ms + self.per_image_ms * sum(self.units(w, h) for w, h in sizes)) / 1000.0
+    def forward_s(self, sizes: Iterable[tuple[int, int]], steps: int | None = None) -> float:
+        """Seconds of one fused forward whose output images have these (width, height), of ``steps`` denoising
+        steps: scaled by steps / ref_steps when both are set, else the model's t whatever the steps."""
+        seconds = (self.base_ms + self.per_image_ms * sum(self.units(w, h) for w, h in sizes)) / 1000.0
+        return seconds * steps / self.ref_steps if steps is not None and self.ref_steps else seconds
+
+    def step_s(self, sizes: Iterable[tuple[int, int]]) -> float:
+        """Seconds of one denoising step of a running set whose rows (one per output image) have these (width,
+        height): ``(a + b * rows) / ref_steps`` (``REF_STEPS`` when the model has none). An empty set costs 0."""
+        units = [self.units(w, h) for w, h in sizes]
+        if not units:
+            return 0.0
+        return (self.base_ms + self.per_image_ms * sum(units)) / 1000.0 / (self.ref_steps or REF_STEPS)
 
     def capacity(self, sides: Iterable[int], batch: int) -> float:
         """Images/s of the pipeline alone serving equal shares of square images of these sides, each in full
@@ -82,6 +107,7 @@ class CostModel:
             BASE_ENV: repr(self.base_ms),
             PER_IMAGE_ENV: repr(self.per_image_ms),
             REF_SIDE_ENV: str(self.ref_side),
+            REF_STEPS_ENV: str(self.ref_steps),
         }
 
     @classmethod
@@ -90,8 +116,8 @@ class CostModel:
         missing = [name for name in (BASE_ENV, PER_IMAGE_ENV) if not environ.get(name, "").strip()]
         if missing:
             raise KeyError(f"the simulated GPU needs {' and '.join(missing)} in the environment")
-        side = environ.get(REF_SIDE_ENV, "").strip()
-        return cls(float(environ[BASE_ENV]), float(environ[PER_IMAGE_ENV]), int(side) if side else 0)
+        side, steps = (environ.get(name, "").strip() for name in (REF_SIDE_ENV, REF_STEPS_ENV))
+        return cls(float(environ[BASE_ENV]), float(environ[PER_IMAGE_ENV]), int(side or 0), int(steps or 0))
 
     @classmethod
     def fit(cls, seconds_per_call: Mapping[int, float], ref_side: int = 0) -> CostModel:
@@ -136,3 +162,13 @@ def record_forward(trace: str | None, started: float, images: int) -> None:
     if trace:
         with open(trace, "a", encoding="utf-8") as out:
             out.write(json.dumps({"start": started, "end": time.time(), "images": images}) + "\n")
+
+
+def record_step(trace: str | None, started: float, rows: int, finished: int) -> None:
+    """Append one step of a running set to the trace file ``trace`` (nothing when None): ``start``, ``end`` (as
+    ``record_forward``), ``rows`` stepped and ``finished`` (the output images that step completed). Forward and
+    step lines share ``start`` and ``end``, so ``simcompare.forward_stats`` reads either."""
+    if trace:
+        with open(trace, "a", encoding="utf-8") as out:
+            line = {"start": started, "end": time.time(), "rows": rows, "finished": finished}
+            out.write(json.dumps(line) + "\n")

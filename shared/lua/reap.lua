@@ -7,7 +7,9 @@
 --     waits in the broker queue -> the message was lost: publish it again.
 -- Each decision to publish stamps published_seq and published_ms, so a batch is republished once per claim or
 -- per timeout. Times are Redis server time (ms), so the clocks of scheduler and worker hosts do not matter.
--- A batch no run holds stores behind no forward: it leaves the storing zset (its worker died while storing).
+-- A batch no run holds stores behind no forward: it leaves the storing zset (its worker died while storing), but for
+-- one never claimed (sent to a step-mode set by step_join.lua, waiting in its inbox: the set holds the slot), which
+-- leaves it only when it is taken out of flight or published again.
 -- KEYS[1] inflight zset, KEYS[2] broker queue (list of Celery messages), KEYS[3] storing zset.
 -- ARGV[1] key prefix, ARGV[2] claim timeout (ms), ARGV[3] ttl of a finished batch hash (s).
 -- Returns {{batch id, its request ids (space separated), ...} to publish again, number taken out of flight}.
@@ -18,8 +20,8 @@ local removed = 0
 for _, batch_id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   local batch = ARGV[1] .. ':batch:' .. batch_id
   if redis.call('EXISTS', batch .. ':lock') == 0 then
-    redis.call('ZREM', KEYS[3], batch_id)
     local st = redis.call('HMGET', batch, 'ids', 'claimed_seq', 'published_seq', 'published_ms')
+    if st[2] then redis.call('ZREM', KEYS[3], batch_id) end
     members[batch_id] = st[1] or ''
     local live = false
     for id in string.gmatch(st[1] or '', '%S+') do
@@ -28,6 +30,7 @@ for _, batch_id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
     end
     if not live then
       redis.call('ZREM', KEYS[1], batch_id)
+      redis.call('ZREM', KEYS[3], batch_id)
       redis.call('EXPIRE', batch, ARGV[3])
       removed = removed + 1
     else
@@ -53,6 +56,7 @@ local out = {}
 for _, batch_id in ipairs(republish) do
   local batch = ARGV[1] .. ':batch:' .. batch_id
   redis.call('HSET', batch, 'published_ms', now, 'published_seq', redis.call('HINCRBY', batch, 'seq', 1))
+  redis.call('ZREM', KEYS[3], batch_id)
   table.insert(out, batch_id)
   table.insert(out, members[batch_id])
 end

@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from gpu_worker.demo_model import ensure_demo_model
+from gpu_worker.diffusers_runner import DiffusersRunner
 from tests.support import fleet as support_fleet
 from tests.support.fleet import TERMINAL, Fleet
 from tests.support.lora import make_test_lora
 from tests.support.redis_server import RedisServer
+from tests.support.solo import solo_runner_of
 
 __all__ = ["LORA_NAME", "TERMINAL", "Fleet", "fleet_env", "running_fleet"]
 
@@ -71,3 +73,9 @@ def fleet(
 ) -> Iterator[Fleet]:
     with running_fleet(redis_server, model_cache, lora_dir, tmp_path_factory.mktemp("fleet-logs")) as one:
         yield one
+
+
+@pytest.fixture(scope="module")
+def solo_runner(model_cache: Path, lora_dir: Path) -> DiffusersRunner:
+    """The real runner on the demo model in the test process: what a request gives when run alone."""
+    return solo_runner_of(model_cache, lora_dir)

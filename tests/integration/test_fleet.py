@@ -2,51 +2,16 @@
 
 from __future__ import annotations
 
-import io
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any
 
 import numpy as np
-import pytest
-from PIL import Image
 
 from gpu_worker.diffusers_runner import DiffusersRunner
-from shared.contracts import LoraRef, RequestSpec
-from shared.settings import Settings
 from tests.integration.conftest import LORA_NAME, Fleet
 from tests.support.runners import EXPLODE_MARKER
-
-
-@pytest.fixture(scope="module")
-def solo_runner(model_cache: Path, lora_dir: Path) -> DiffusersRunner:
-    return DiffusersRunner(Settings(model_cache_dir=model_cache, lora_dir=lora_dir, torch_threads=2))
-
-
-def solo_image(runner: DiffusersRunner, state: dict[str, Any], lora: LoraRef | None = None) -> np.ndarray:
-    params = state["params"]
-    spec = RequestSpec(
-        id="solo",
-        model="demo",
-        prompt=params["prompt"],
-        negative_prompt=params.get("negative_prompt"),
-        seed=state["seed"],
-        width=params["width"],
-        height=params["height"],
-        num_inference_steps=params["num_inference_steps"],
-        guidance_scale=params["guidance_scale"],
-        n=1,
-        lora=lora,
-        created_at=0.0,
-    )
-    (images,) = runner.run([spec], lambda step, total: False)
-    return np.asarray(images[0], dtype=np.int16)
-
-
-def png_array(data: bytes) -> np.ndarray:
-    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.int16)
+from tests.support.solo import png_array, solo_image
 
 
 def test_concurrent_compatible_requests_are_fused_and_match_solo_runs(

@@ -23,6 +23,7 @@ from gpu_worker.runner import StepCallback
 from gpu_worker.store import Claimed, Locked, WorkerStore
 from scheduler.lease import Lease
 from scheduler.store import SchedulerStore
+from shared.compat import compat_key
 from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus, Task, WorkerCapabilities
 from shared.results import ResultStoreError
 from shared.results.filesystem import FilesystemResultStore
@@ -377,3 +378,37 @@ def test_worker_liveness_ignores_host_clocks(
     capabilities = WorkerCapabilities(model="demo", pipeline="Test", tasks=(Task.TEXT_TO_IMAGE,))
     WorkerStore(client, settings).heartbeat("late-clock@host", capabilities, first=True)
     assert SchedulerStore(client, settings).free_slots() == 1
+
+
+class RecordingRunner(ScriptedRunner):
+    """Records the request ids of each forward, and refuses a forward that mixes compatibility keys (as the
+    diffusers runner's ``check_batch`` does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list[str]] = []
+
+    def run(self, specs: Sequence[RequestSpec], on_step: StepCallback) -> list[list[object]]:
+        self.calls.append([spec.id for spec in specs])
+        if len({compat_key(spec) for spec in specs}) > 1:
+            raise ValueError("not one batch")
+        return super().run(specs, on_step)
+
+
+def test_a_batch_of_several_compatibility_keys_runs_one_fused_forward_per_key(
+    client: fakeredis.FakeRedis, settings: Settings
+) -> None:
+    """A step-mode scheduler batches by step key (steps and guidance left out): a request-level worker runs each
+    compatibility key's requests as one forward, in the order of each key's first request."""
+    batch = scheduled_batch(client, settings, ["a", "b", "c", "d", "e"])
+    keys = SchedulerStore(client, settings).keys
+    for rid, update in {"b": {"num_inference_steps": 8}, "d": {"num_inference_steps": 8}, "e": {"n": 2}}.items():
+        spec = RequestSpec.model_validate_json(client.hget(keys.request(rid), "spec"))
+        client.hset(keys.request(rid), "spec", spec.model_copy(update=update).model_dump_json())
+    runner = RecordingRunner()
+    outcome = executor(client, settings, runner).execute(batch)
+    assert isinstance(outcome, BatchOutcome)
+    assert runner.calls == [["a", "c"], ["b", "d"], ["e"]]
+    assert outcome.statuses == {rid: RequestStatus.FAILED if rid == "e" else RequestStatus.SUCCEEDED for rid in "abcde"}
+    assert error(client, settings, "e") == ("RunnerError", "runner returned 1 images, expected 2")
+    assert in_flight(client, settings) == []

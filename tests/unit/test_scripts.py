@@ -32,23 +32,17 @@ def submit(
     max_len: int = 100,
     key: str = "",
     max_queued: int = 0,
+    **spec_fields: object,
 ) -> int:
     """``submit.lua`` for requests whose ids are also their prompts; under API key ``key`` ('' = none), with its
-    ``max_queued`` (0 = the key has none)."""
+    ``max_queued`` (0 = the key has none); ``spec_fields`` replace the defaults of their specs (64x64, 4 steps,
+    guidance 5)."""
     unfinished = keys.api_key_unfinished(key) if max_queued else ""
     args: list[object] = [max_len, key, unfinished, max_queued, 60]
     for rid in ids:
-        spec = RequestSpec(
-            id=rid,
-            model="demo",
-            prompt=rid,
-            seed=1,
-            width=64,
-            height=64,
-            num_inference_steps=4,
-            guidance_scale=5.0,
-            created_at=time.time(),
-        )
+        defaults: dict[str, object] = {"width": 64, "height": 64, "num_inference_steps": 4, "guidance_scale": 5.0}
+        fields = {"id": rid, "model": "demo", "prompt": rid, "seed": 1, "created_at": time.time()}
+        spec = RequestSpec.model_validate(fields | defaults | spec_fields)
         args += [rid, spec.model_dump_json(), spec.created_at, "", ""]
     script = client.register_script(k.SUBMIT)
     return int(script(keys=[keys.requests, *(keys.request(r) for r in ids)], args=args))

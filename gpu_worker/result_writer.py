@@ -1,0 +1,130 @@
+"""Ending a claimed run's requests: journal their result keys, encode and store their outputs, finish them.
+
+Shared by the request-level executor (``gpu_worker.executor``) and the step-mode loop (``gpu_worker.step_loop``):
+every write carries the claim's token (``finish.lua`` ignores a writer whose claim is not the current one), Redis
+calls are retried through an outage for ``outage_retry_s`` (then the transient error is raised: the caller leaves
+the batch to the reaper), and a request whose output is unusable or refused by the result store fails alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from PIL import Image
+
+from gpu_worker.images import encode
+from gpu_worker.runner import Video, video_frames
+from gpu_worker.store import WorkerStore
+from gpu_worker.video import encode_mp4
+from shared.contracts import ErrorInfo, ModelTraits, RequestSpec, RequestStatus
+from shared.results import ResultStore, result_keys
+from shared.retry import call_with_retry, is_transient
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Statuses = dict[str, RequestStatus | None]
+
+
+def error_info(exc: BaseException) -> ErrorInfo:
+    return ErrorInfo(type=type(exc).__name__, message=str(exc) or repr(exc))
+
+
+def output_problem(spec: RequestSpec, outputs: object, frames: int | None = None) -> str | None:
+    """Why ``outputs`` is not a valid result for ``spec`` (``spec.n`` PIL images; or, for a video model,
+    ``spec.n`` videos of ``frames`` frames each), or None."""
+    kind = "images" if frames is None else "videos"
+    if not isinstance(outputs, Sequence) or isinstance(outputs, str | bytes):
+        return f"runner returned {type(outputs).__name__} instead of a list of {kind}"
+    if len(outputs) != spec.n:
+        return f"runner returned {len(outputs)} {kind}, expected {spec.n}"
+    if frames is None:
+        wrong = [type(image).__name__ for image in outputs if not isinstance(image, Image.Image)]
+        return f"runner returned {wrong[0]} instead of an image" if wrong else None
+    for video in outputs:
+        if not isinstance(video, Video):
+            return f"runner returned {type(video).__name__} instead of a video"
+        if len(video.frames) != frames or not all(isinstance(frame, Image.Image) for frame in video.frames):
+            return f"runner returned a video of {len(video.frames)} frames, expected {frames} images"
+    return None
+
+
+def encode_outputs(spec: RequestSpec, outputs: Sequence[Any]) -> list[bytes]:
+    """The stored bytes of a request's outputs, in ``result_keys`` order: each image in the request's format; or
+    each video's MP4 followed by its frames."""
+    encoded: list[bytes] = []
+    for output in outputs:
+        if isinstance(output, Video):
+            encoded.append(encode_mp4(output.frames, output.fps))
+            encoded += [encode(frame, spec.output_format, spec.output_compression) for frame in output.frames]
+        else:
+            encoded.append(encode(output, spec.output_format, spec.output_compression))
+    return encoded
+
+
+class ResultWriter:
+    """Writes the outcome of a claimed run's requests, for one worker process (its store, result store and
+    model traits)."""
+
+    def __init__(
+        self, store: WorkerStore, results: ResultStore, traits: ModelTraits, *, outage_retry_s: float = 0.0
+    ) -> None:
+        self.store = store
+        self._results = results
+        self._traits = traits
+        self._outage_retry_s = outage_retry_s
+
+    def redis(self, call: Callable[[], T], what: str) -> T:
+        """``call()``, retried through a Redis outage for ``outage_retry_s`` (then its error is raised)."""
+        return call_with_retry(call, what=what, give_up_after_s=self._outage_retry_s)
+
+    def journal(self, specs: Sequence[RequestSpec], token: str) -> None:
+        """Journal the result keys this claim may write for ``specs`` (before the first forward or step that can
+        produce them): a run that dies between storing and finishing leaves them to the sweeper."""
+        keys = [key for spec in specs for key in result_keys(spec, token, video_frames(spec, self._traits))]
+        if keys:
+            self.redis(lambda: self.store.record_results(keys), "journaling result keys")
+
+    def fail(self, errors: dict[str, ErrorInfo], token: str) -> Statuses:
+        """End these requests of this claim as failed, each with its error (an abort flag wins: aborted)."""
+        if not errors:
+            return {}
+        return self.redis(lambda: self.store.finish_many({}, errors, token), "failing requests")
+
+    def store_results(self, specs: Sequence[RequestSpec], outputs: Sequence[object], token: str) -> Statuses:
+        """Encode every request's outputs, write them to the result store, and finish the requests in one round
+        trip; a request whose output is wrong, or that the store refuses, fails alone."""
+        stored: dict[str, list[str]] = {}
+        errors: dict[str, ErrorInfo] = {}
+        for spec, output in zip(specs, outputs, strict=True):
+            frames = video_frames(spec, self._traits)
+            problem = output_problem(spec, output, frames)
+            if problem is not None:
+                errors[spec.id] = ErrorInfo(type="RunnerError", message=problem)
+                continue
+            assert isinstance(output, Sequence)
+            try:
+                encoded = encode_outputs(spec, output)
+            except Exception as exc:  # noqa: BLE001 - a bad image fails its request, not the batch
+                message = f"encoding the image failed: {type(exc).__name__}: {exc}"
+                errors[spec.id] = ErrorInfo(type="RunnerError", message=message)
+                continue
+            keys = result_keys(spec, token, frames)
+            try:
+                for key, data in zip(keys, encoded, strict=True):
+                    self._put(key, data)
+            except Exception as exc:  # noqa: BLE001 - the store refused it (or stayed away): this request fails
+                if is_transient(exc):
+                    raise
+                errors[spec.id] = ErrorInfo(type="ResultStoreError", message=str(exc) or repr(exc))
+                continue
+            stored[spec.id] = keys
+        if errors:
+            log.warning("%d requests returned unusable output: %s", len(errors), errors)
+        return self.redis(lambda: self.store.finish_many(stored, errors, token), "storing results")
+
+    def _put(self, key: str, data: bytes) -> None:
+        """Write one output to the result store (a Redis store's writes are retried through an outage)."""
+        self.redis(lambda: self._results.put(key, data), "storing an image")

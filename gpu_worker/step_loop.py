@@ -1,0 +1,459 @@
+"""Step mode on the worker (docs/step_mode.md): a Celery batch opens a running set, and the set runs until it is
+empty while the scheduler sends it more batches through the worker's inbox.
+
+``StepLoop.run(batch)`` claims the batch (``CLAIM``, as the executor does) and, when its requests share one step key
+the runner can run (``StepRunner.step_set``), runs them as the first members of a running set:
+
+* **Open.** ``P:step:sets[worker]`` = the key's digest and ``P:step:rows[worker]`` = the requests it runs, then
+  ``FORWARD_DONE``: the batch occupies no slot of its own, the open set holds the worker's (``free_slots.lua``).
+* **Each step boundary.** Batch messages the scheduler sent (``step_join.lua``) are popped from the inbox, each
+  claimed under its own token (one that another run holds is skipped), marked ``FORWARD_DONE`` and held by the
+  heartbeat; its running requests join the set (one refused by the engine fails alone, ``InvalidRequest``), and
+  ``P:step:rows`` drops by the requests the claim does not run. Then one fused step of every live request.
+* **A request ends at once.** Those a step finished are decoded together and stored and ``FINISH``ed inline (the
+  loop waits for it: simplest, and a step-mode set is never idle for want of a forward to overlap); aborted ones
+  (the abort flag, brought back by one ``StepReporter`` per batch and step count, off the loop) leave the set at the
+  next step and end ``aborted``; ones another run claimed meanwhile are dropped. Each ended request takes one off
+  ``P:step:rows``; a batch whose requests have all ended is released (``BATCH_DONE``).
+* **Failures.** A step that runs out of memory is retried as two halves (the runner's cache emptied first), down to
+  a single request, which fails ``OutOfMemory``; any other exception from a step re-steps the requests one by one,
+  so only the culprit(s) fail with the error. Anything else that escapes the loop (a bug, the soft time limit) fails
+  every live request with it, ends every held batch and takes the set down (``step_drop``).
+* **Seal.** ``soft_time_limit_s / 2`` after the set opened it is sealed (no more joins), so the Celery task ends
+  within its time limit: the set drains its inbox and rows, each bounded by its own steps.
+* **Close.** Empty set and inbox: ``STEP_CLOSE`` frees the slot; when a batch arrived meanwhile the loop goes on.
+* **Redis away** past ``redis_outage_retry_s``: the held batches are released (their locks lapse) and the transient
+  error is raised: the reaper publishes them again, and batches left in the inbox after the claim timeout. The set's
+  registration is taken down when Redis answers once more, else it is swept with the worker's heartbeat.
+
+A batch whose requests have several step keys, or whose key the runner cannot open a set for (an image task, video,
+true CFG: ValueError; a LoRA that cannot be loaded), runs request-level through the executor
+(``BatchExecutor.execute_claimed``), split by compatibility key: it runs there, or its requests fail saying why.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from celery.exceptions import SoftTimeLimitExceeded
+from pydantic import ValidationError
+
+from gpu_worker.executor import BatchExecutor, BatchOutcome, is_out_of_memory
+from gpu_worker.heartbeat import Heartbeat
+from gpu_worker.log_context import ids
+from gpu_worker.metrics import WorkerMetrics
+from gpu_worker.result_writer import ResultWriter, Statuses, error_info
+from gpu_worker.runner import StepRunner, StepSet
+from gpu_worker.step_reporter import StepReporter
+from gpu_worker.store import Claimed, Locked, RowSignal, WorkerStore
+from shared.compat import StepKey, step_key
+from shared.contracts import BatchMessage, ErrorInfo, RequestSpec
+from shared.retry import is_transient
+
+log = logging.getLogger(__name__)
+
+ABORTED = ErrorInfo(type="Aborted", message="aborted while running")
+"""What an aborted request is ended with: ``finish.lua`` ends a flagged request ``aborted`` whatever the outcome."""
+
+
+@dataclass(slots=True)
+class SetOutcome:
+    """What a running set did: the batches it ran (the first one first) and each of their requests' status."""
+
+    batches: list[str]
+    statuses: Statuses
+
+
+@dataclass(slots=True, eq=False)
+class _Held:
+    """A batch claimed into the set: its claim token and its requests still in the set."""
+
+    batch_id: str
+    token: str
+    live: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True, eq=False)
+class _Group:
+    """Requests of one batch with one step count: they step in lockstep, so one reporter writes their progress and
+    brings back their abort flags."""
+
+    held: _Held
+    total: int
+    request_ids: list[str]
+    reporter: StepReporter
+
+
+class StepLoop:
+    """Runs the batches of one worker process as step-mode running sets (see the module's docstring)."""
+
+    def __init__(
+        self,
+        runner: StepRunner,
+        worker: str,
+        heartbeat: Heartbeat | None,
+        writer: ResultWriter,
+        fallback: BatchExecutor,
+        *,
+        seal_after_s: float,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
+        self.runner = runner
+        self.worker = worker
+        self.heartbeat = heartbeat
+        self.writer = writer
+        self.store: WorkerStore = writer.store
+        self.fallback = fallback
+        self.seal_after_s = seal_after_s
+        self.metrics = metrics
+
+    def run(self, batch: BatchMessage) -> SetOutcome | BatchOutcome | Locked:
+        """Claim ``batch`` and run it as a new running set until the set closes; ``Locked`` when another run holds
+        it; the executor's outcome when it runs request-level. Raises only when Redis stays unreachable past the
+        outage bound (the batches are then left to the reaper)."""
+        token = uuid.uuid4().hex
+        claim = self.writer.redis(lambda: self.store.claim(batch, token, self.worker), "claiming the batch")
+        if isinstance(claim, Locked):
+            return claim
+        keys = {step_key(spec) for spec in claim.specs}
+        if len(keys) != 1:
+            if claim.specs:
+                log.info("batch %s mixes %d step keys: running it request-level", batch.batch_id, len(keys))
+            return self.fallback.execute_claimed(batch, claim)
+        (key,) = keys
+        try:
+            step_set = self.runner.step_set(key)
+        except SoftTimeLimitExceeded:
+            raise
+        except Exception as exc:  # noqa: BLE001 - request-level then runs the batch, or fails it saying why
+            if is_transient(exc):
+                raise
+            log.info("batch %s runs request-level: %s: %s", batch.batch_id, type(exc).__name__, exc)
+            return self.fallback.execute_claimed(batch, claim)
+        return _RunningSet(self, key, step_set).run(batch, claim)
+
+
+class _RunningSet:
+    """One running set, from its first batch to its close."""
+
+    def __init__(self, loop: StepLoop, key: StepKey, step_set: StepSet) -> None:
+        self.loop = loop
+        self.store = loop.store
+        self.writer = loop.writer
+        self.worker = loop.worker
+        self.digest = key.digest
+        self.set = step_set
+        self.held: dict[str, _Held] = {}  # batch id -> its claim
+        self.owner: dict[str, _Held] = {}  # live request id -> its batch's claim
+        self.specs: dict[str, RequestSpec] = {}
+        self.groups: list[_Group] = []
+        self.outcome = SetOutcome(batches=[], statuses={})
+        self.opened = time.monotonic()
+        self.sealed = False
+
+    # --- the loop -------------------------------------------------------------------------------------------------
+
+    def run(self, first: BatchMessage, claim: Claimed) -> SetOutcome:
+        try:
+            self._hold(first.batch_id, claim.token)
+            self.writer.redis(
+                lambda: self.store.step_open(self.worker, self.digest, len(claim.specs)), "opening the set"
+            )
+            self._admit(first, claim)
+            while True:
+                self._seal_when_due()
+                self._read_inbox()
+                if not self.owner:
+                    if self.writer.redis(lambda: self.store.step_close(self.worker), "closing the set"):
+                        break
+                    continue
+                finished = self._step(None)
+                self._report(finished)
+                if finished:
+                    self._finish(finished)
+        except Exception as exc:
+            if is_transient(exc):
+                self._abandon(exc)
+                raise
+            self._fail_all(exc)
+        except BaseException:
+            self._release_all()
+            raise
+        statuses = self.outcome.statuses
+        log.info("set %s closed: %s", self.digest, {rid: str(status) for rid, status in statuses.items()})
+        return self.outcome
+
+    def _seal_when_due(self) -> None:
+        if not self.sealed and time.monotonic() - self.opened >= self.loop.seal_after_s:
+            self.writer.redis(lambda: self.store.step_seal(self.worker), "sealing the set")
+            self.sealed = True
+            log.info("set %s sealed after %.0f s: no more joins", self.digest, time.monotonic() - self.opened)
+
+    def _read_inbox(self) -> None:
+        """Claim and join every batch the scheduler sent to the set since the last step."""
+        while True:
+            raw = self.writer.redis(lambda: self.store.step_inbox_pop(self.worker), "reading the inbox")
+            if raw is None:
+                return
+            try:
+                message = BatchMessage.model_validate_json(raw)
+            except ValidationError as exc:
+                log.error("unreadable batch message in the inbox, dropped (the reaper runs it again): %s", exc)
+                continue
+            claim = self._claim(message)
+            if isinstance(claim, Locked):
+                log.info("batch %s sent to the set is held by another run: skipped", message.batch_id)
+                self._leave(len(message.request_ids))
+                continue
+            self._hold(message.batch_id, claim.token)
+            self._admit(message, claim, counted=len(message.request_ids))
+
+    def _claim(self, message: BatchMessage) -> Claimed | Locked:
+        token = uuid.uuid4().hex
+        return self.writer.redis(lambda: self.store.claim(message, token, self.worker), "claiming a batch")
+
+    # --- joining --------------------------------------------------------------------------------------------------
+
+    def _hold(self, batch_id: str, token: str) -> None:
+        self.held[batch_id] = _Held(batch_id, token)
+        self.outcome.batches.append(batch_id)
+        if self.loop.heartbeat is not None:
+            self.loop.heartbeat.hold(batch_id, token)
+
+    def _admit(self, message: BatchMessage, claim: Claimed, counted: int | None = None) -> None:
+        """Join the claimed batch's running requests to the set. ``counted``: the requests ``P:step:rows`` counts
+        for the batch (None: exactly those the claim runs, as the set was opened with)."""
+        held = self.held[message.batch_id]
+        self.outcome.statuses.update(claim.statuses)
+        self.writer.redis(lambda: self.store.forward_done(message.batch_id, held.token), "marking the batch")
+        specs = claim.specs
+        if counted is not None:
+            self._leave(counted - len(specs))
+        foreign = [spec.id for spec in specs if step_key(spec).digest != self.digest]
+        if foreign:  # not sent by step_join (a stale inbox entry): hand the batch back, the reaper republishes it
+            log.warning("batch %s has requests of another step key (%s): handed back", message.batch_id, foreign)
+            self._leave(len(specs))
+            self._end_batch(held)
+            return
+        self.writer.journal(specs, held.token)
+        refused = self.set.join(specs)
+        for spec in specs:
+            if spec.id not in refused:
+                self.specs[spec.id] = spec
+                self.owner[spec.id] = held
+                held.live.add(spec.id)
+        if refused:
+            log.warning("batch %s: %d requests refused by the set: %s", message.batch_id, len(refused), refused)
+            errors = {rid: ErrorInfo(type="InvalidRequest", message=why) for rid, why in refused.items()}
+            self.outcome.statuses.update(self.writer.fail(errors, held.token))
+            self._leave(len(refused))
+        progress = self.set.progress()
+        by_total: dict[int, list[str]] = {}
+        for spec in specs:
+            if spec.id in held.live:
+                by_total.setdefault(progress.get(spec.id, (0, spec.num_inference_steps))[1], []).append(spec.id)
+        for total, request_ids in by_total.items():
+            reporter = StepReporter(self.store, request_ids, held.token)
+            self.groups.append(_Group(held, total, request_ids, reporter))
+        if not held.live:
+            self._end_batch(held)
+
+    # --- stepping -------------------------------------------------------------------------------------------------
+
+    def _step(self, only: Sequence[str] | None) -> list[str]:
+        """One step of the requests ``only`` names (None: every live one); the requests it finished. A step that
+        raises is halved (out of memory) or re-run request by request (anything else); culprits fail alone."""
+        stepped = list(self.owner) if only is None else list(only)
+        started = time.monotonic()
+        try:
+            finished = self.set.step(only)
+        except SoftTimeLimitExceeded:
+            raise
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            if is_out_of_memory(exc):
+                release = getattr(self.loop.runner, "release_memory", None)
+                if callable(release):
+                    release()
+                if len(stepped) == 1:
+                    message = f"does not fit in memory alone: {error_info(exc).message}"
+                    self._fail_requests({stepped[0]: ErrorInfo(type="OutOfMemory", message=message)})
+                    return []
+                if self.loop.metrics is not None:
+                    self.loop.metrics.oom_split()
+                half = (len(stepped) + 1) // 2
+                log.warning("out of memory stepping %d requests; stepping them in two halves", len(stepped))
+                return self._step(stepped[:half]) + self._step(stepped[half:])
+            if len(stepped) == 1:
+                log.warning("request %s failed its step: %s", stepped[0], exc, extra=ids(request_id=stepped[0]))
+                self._fail_requests({stepped[0]: error_info(exc)})
+                return []
+            log.exception("a step of %d requests failed; stepping them one by one", len(stepped))
+            return [rid for request_id in stepped for rid in self._step([request_id])]
+        if self.loop.metrics is not None:
+            images = sum(self.specs[rid].n for rid in finished if rid in self.specs)
+            self.loop.metrics.forward(len(stepped), images, 1, time.monotonic() - started)
+        return finished
+
+    def _report(self, finished: Sequence[str]) -> None:
+        """Hand each group's step to its reporter; end the requests whose signal says aborted or not ours. A group
+        whose requests all finished writes its final step before they are finished (its reporter is closed)."""
+        done = set(finished)
+        progress = self.set.progress()
+        aborted: list[str] = []
+        dropped: list[str] = []
+        closing: list[_Group] = []
+        late: list[tuple[_Held, str, int]] = []
+        for group in self.groups:
+            live = [rid for rid in group.request_ids if rid in self.owner]
+            if not live:
+                closing.append(group)
+                continue
+            if all(rid in done for rid in live):
+                group.reporter.on_step(group.total, group.total)
+                closing.append(group)
+                continue
+            group.reporter.on_step(max((progress[rid][0] for rid in live if rid in progress), default=0), group.total)
+            for rid in live:
+                if rid in done:  # not in lockstep with its group (cannot happen): write its last step itself
+                    late.append((group.held, rid, group.total))
+            for rid, signal in zip(group.request_ids, group.reporter.signals, strict=True):
+                if rid not in self.owner or rid in done or signal is RowSignal.GO_ON:
+                    continue
+                self.set.abort(rid)
+                (aborted if signal is RowSignal.ABORTED else dropped).append(rid)
+        for group in closing:
+            group.reporter.close()
+            self.groups.remove(group)
+        for held, rid, total in late:
+            self._write_progress(held, rid, total)
+        if aborted:
+            log.info("aborted while running: %s", aborted)
+            for held, request_ids in self._by_batch(aborted).items():
+                self.outcome.statuses.update(self.writer.fail(dict.fromkeys(request_ids, ABORTED), held.token))
+        if dropped:
+            log.warning("claimed by another run or ended meanwhile, dropped: %s", dropped)
+        self._ended([*aborted, *dropped])
+
+    def _write_progress(self, held: _Held, request_id: str, total: int) -> None:
+        self.writer.redis(lambda: self.store.progress([request_id], total, total, held.token), "reporting progress")
+
+    def _finish(self, finished: list[str]) -> None:
+        """Decode, store and finish the requests a step finished (one decode for all, one round trip per batch)."""
+        try:
+            images: Sequence[object] = self.set.outputs(finished)
+        except SoftTimeLimitExceeded:
+            raise
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            log.exception("decoding %d finished requests failed", len(finished))
+            self._fail_requests({rid: error_info(exc) for rid in finished})
+            return
+        outputs = dict(zip(finished, images, strict=True))
+        for held, request_ids in self._by_batch(finished).items():
+            specs = [self.specs[rid] for rid in request_ids]
+            try:
+                statuses = self.writer.store_results(specs, [outputs[rid] for rid in request_ids], held.token)
+            except Exception as exc:  # noqa: BLE001 - the requests must end and say why
+                if is_transient(exc):
+                    raise
+                log.exception("storing results failed; failing those requests")
+                statuses = self.writer.fail({rid: error_info(exc) for rid in request_ids}, held.token)
+            self.outcome.statuses.update(statuses)
+        self._ended(finished)
+
+    # --- ending ---------------------------------------------------------------------------------------------------
+
+    def _by_batch(self, request_ids: Sequence[str]) -> dict[_Held, list[str]]:
+        batches: dict[_Held, list[str]] = {}
+        for rid in request_ids:
+            batches.setdefault(self.owner[rid], []).append(rid)
+        return batches
+
+    def _fail_requests(self, errors: dict[str, ErrorInfo]) -> None:
+        """Take these live requests out of the set and end them failed with their errors."""
+        for rid in errors:
+            self.set.abort(rid)
+        for held, request_ids in self._by_batch(list(errors)).items():
+            self.outcome.statuses.update(self.writer.fail({rid: errors[rid] for rid in request_ids}, held.token))
+        self._ended(list(errors))
+
+    def _ended(self, request_ids: Sequence[str]) -> None:
+        """These requests left the set: count them out, and release each batch none of whose requests is left."""
+        emptied: list[_Held] = []
+        for rid in request_ids:
+            held = self.owner.pop(rid)
+            self.specs.pop(rid, None)
+            held.live.discard(rid)
+            if not held.live and held not in emptied:
+                emptied.append(held)
+        self._leave(len(request_ids))
+        for held in emptied:
+            self._end_batch(held)
+
+    def _leave(self, count: int) -> None:
+        if count:
+            self.writer.redis(lambda: self.store.step_leave(self.worker, count), "counting requests out")
+
+    def _end_batch(self, held: _Held) -> None:
+        for group in [group for group in self.groups if group.held is held]:
+            group.reporter.close()
+            self.groups.remove(group)
+        self.writer.redis(lambda: self.store.batch_done(held.batch_id, held.token), "releasing the batch")
+        self._release(held)
+
+    def _release(self, held: _Held) -> None:
+        self.held.pop(held.batch_id, None)
+        if self.loop.heartbeat is not None:
+            self.loop.heartbeat.release(held.batch_id, held.token)
+
+    def _fail_all(self, exc: Exception) -> None:
+        """Something escaped the loop (a bug, the soft time limit): every live request fails with it, every held
+        batch ends, and the set is taken down (batches left in the inbox go to the reaper)."""
+        log.exception("set %s: %s escaped; failing its %d live requests", self.digest, exc, len(self.owner))
+        try:
+            for held, request_ids in self._by_batch(list(self.owner)).items():
+                errors = {rid: error_info(exc) for rid in request_ids}
+                self.outcome.statuses.update(self.writer.fail(errors, held.token))
+            self.owner.clear()
+            for group in self.groups:
+                group.reporter.close()
+            self.groups.clear()
+            for held in list(self.held.values()):
+                self._end_batch(held)
+            self._drop()
+        except Exception as cleanup:
+            if not is_transient(cleanup):
+                raise
+            self._abandon(cleanup)
+            raise
+
+    def _abandon(self, exc: BaseException) -> None:
+        """Redis stayed away: let every held batch's lock lapse (the reaper runs them again) and try once to take
+        the set down."""
+        log.error("set %s left to the reaper: Redis unavailable (%s)", self.digest, exc)
+        self._release_all()
+        try:
+            self._drop()
+        except Exception as again:  # noqa: BLE001 - swept with the worker's heartbeat, or replaced at the next open
+            log.warning("could not take the set down: %s", again)
+
+    def _release_all(self) -> None:
+        for group in self.groups:
+            group.reporter.close()
+        self.groups.clear()
+        for held in list(self.held.values()):
+            self._release(held)
+
+    def _drop(self) -> None:
+        left = self.store.step_drop(self.worker)
+        if left:
+            log.warning(
+                "set %s dropped with %d batches in its inbox (the reaper runs them again)", self.digest, len(left)
+            )

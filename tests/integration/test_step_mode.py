@@ -1,0 +1,90 @@
+"""Step mode end to end (``FUSEFLEET_STEP_MODE=1``, docs/step_mode.md): real api, scheduler and worker processes on
+the tiny demo model. Requests with other step counts and guidance scales join a running set at a step boundary and
+leave it when done; each one's image equals its solo run within 1/255; an aborted row leaves and its peer goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpu_worker.diffusers_runner import DiffusersRunner
+from tests.integration.conftest import Fleet, running_fleet
+from tests.support.processes import wait_for
+from tests.support.redis_server import RedisServer
+from tests.support.solo import png_array, solo_image
+
+LONG_STEPS = 400  # long enough for the others to join while it runs (the demo model takes ~10 ms a step)
+
+
+@pytest.fixture(scope="module")
+def step_fleet(
+    redis_server: RedisServer, model_cache: Path, lora_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Fleet]:
+    log_dir = tmp_path_factory.mktemp("step-fleet-logs")
+    env = {"FUSEFLEET_STEP_MODE": "1", "FUSEFLEET_REQUEST_BATCH_MAX_WAIT_MS": "0"}
+    with running_fleet(redis_server, model_cache, lora_dir, log_dir, **env) as fleet:
+        yield fleet
+
+
+def _hash(fleet: Fleet, request_id: str) -> dict[str, Any]:
+    return dict(fleet.redis.hgetall(fleet.keys.request(request_id)))
+
+
+def test_requests_with_other_steps_and_guidance_join_a_running_set(
+    step_fleet: Fleet, solo_runner: DiffusersRunner
+) -> None:
+    fleet = step_fleet
+    long = fleet.submit(prompt="the long one", num_inference_steps=LONG_STEPS)
+    fleet.wait_running(long, min_step=2)
+    joiners = [
+        fleet.submit(prompt="a cat", num_inference_steps=3, guidance_scale=1.0, seed=5),
+        fleet.submit(prompt="a dog", num_inference_steps=5, guidance_scale=5.0, seed=6),
+        fleet.submit(prompt="two owls", num_inference_steps=4, guidance_scale=7.5, n=2, seed=7),
+    ]
+    states = fleet.wait_done(joiners, timeout=60)
+    assert {s["status"] for s in states.values()} == {"succeeded"}, states
+    # they finished while the long request still ran: they joined its set instead of waiting for it
+    assert fleet.get(long)["status"] == "running", "the joiners waited for the long request instead of joining it"
+    workers = {_hash(fleet, rid)["worker"] for rid in [long, *joiners]}
+    assert len(workers) == 1, workers
+    for rid, state in states.items():
+        total = state["params"]["num_inference_steps"]
+        assert state["progress"] == {"step": total, "total": total}, state["progress"]
+        for k in range(state["params"]["n"]):
+            solo = solo_image(solo_runner, {**state, "seed": state["seed"] + k})
+            assert np.abs(png_array(fleet.image(rid, k)) - solo).max() <= 1, f"{rid}/{k} differs from its solo run"
+    assert fleet.wait_done([long], timeout=120)[long]["status"] == "succeeded"
+
+
+def test_an_aborted_row_leaves_the_set_and_its_peer_goes_on(step_fleet: Fleet, solo_runner: DiffusersRunner) -> None:
+    fleet = step_fleet
+    peer = fleet.submit(prompt="the peer", num_inference_steps=60, seed=11)
+    fleet.wait_running(peer, min_step=1)
+    victim = fleet.submit(prompt="the victim", num_inference_steps=LONG_STEPS, seed=12)
+    fleet.wait_running(victim, min_step=2)
+    answer = fleet.http.post(f"/v1/requests/{victim}/abort")
+    assert answer.status_code == 200, answer.text
+    victim_state = fleet.wait_done([victim], timeout=15)[victim]
+    assert victim_state["status"] == "aborted"
+    assert victim_state["progress"]["step"] < LONG_STEPS
+    assert fleet.http.get(f"/v1/requests/{victim}/images/0").status_code == 404
+    state = fleet.wait_done([peer], timeout=60)[peer]
+    assert state["status"] == "succeeded"
+    assert np.abs(png_array(fleet.image(peer)) - solo_image(solo_runner, state)).max() <= 1
+
+
+def test_the_set_closes_and_frees_the_worker_when_empty(step_fleet: Fleet) -> None:
+    fleet = step_fleet
+    rid = fleet.submit(prompt="alone", num_inference_steps=3)
+    assert fleet.wait_done([rid])[rid]["status"] == "succeeded"
+    keys = fleet.keys
+
+    def closed() -> bool:
+        return not fleet.redis.hlen(keys.step_sets) and not fleet.redis.zcard(keys.inflight)
+
+    wait_for(closed, 10, "the running set to close and its batches to leave flight")

@@ -1,0 +1,374 @@
+"""The worker's step-mode loop (``gpu_worker.step_loop``) on fakeredis with the real Lua scripts and the real
+diffusers runner on the tiny demo model: a claimed batch opens a running set and runs to success; a batch the
+scheduler sends to the worker's inbox (``step_join.lua``) joins it; an aborted request ends ``aborted`` while its
+peer succeeds; a request whose step raises fails alone; the set's count of requests returns to 0 and the set
+closes (``step_close.lua``); a batch the step engine cannot run goes request-level.
+
+``Hooked`` wraps the real runner's sets: it runs a test's actions before a given step (the loop's thread) and stands
+in for a pipeline that raises on a marked prompt.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable, Collection, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import fakeredis
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+pytest.importorskip("diffusers")
+
+from gpu_worker.diffusers_runner import DiffusersRunner  # noqa: E402
+from gpu_worker.executor import BatchExecutor, BatchOutcome  # noqa: E402
+from gpu_worker.heartbeat import Heartbeat  # noqa: E402
+from gpu_worker.runner import StepSet  # noqa: E402
+from gpu_worker.step_loop import SetOutcome, StepLoop  # noqa: E402
+from gpu_worker.store import WorkerStore  # noqa: E402
+from scheduler.lease import Lease  # noqa: E402
+from scheduler.store import SchedulerStore  # noqa: E402
+from shared import keys as k  # noqa: E402
+from shared.compat import StepKey, step_key  # noqa: E402
+from shared.contracts import BatchMessage, LoraRef, RequestSpec, Task, WorkerCapabilities  # noqa: E402
+from shared.results.filesystem import FilesystemResultStore  # noqa: E402
+from shared.settings import Settings  # noqa: E402
+from tests.unit.test_scripts import submit  # noqa: E402
+
+WORKER = "w1"
+SIDE = 32
+EXPLODE = "explode"
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory: pytest.TempPathFactory) -> DiffusersRunner:
+    cache = tmp_path_factory.mktemp("step-loop-model")
+    return DiffusersRunner(Settings(model_cache_dir=Path(cache), torch_threads=1))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return Settings(key_prefix="t", batch_lock_ttl_s=5, result_ttl_s=60)
+
+
+@pytest.fixture
+def client() -> fakeredis.FakeRedis:
+    return fakeredis.FakeRedis(decode_responses=True)
+
+
+class Hooked:
+    """The real runner, whose sets run ``hooks[k]`` before their k-th full step and raise (as a broken pipeline
+    would) when a step includes a request whose prompt says ``explode``."""
+
+    def __init__(self, runner: DiffusersRunner) -> None:
+        self.runner = runner
+        self.hooks: dict[int, Callable[[], None]] = {}
+        self.steps = 0
+
+    @property
+    def step_mode(self) -> bool:
+        return self.runner.step_mode
+
+    def step_set(self, key: StepKey) -> StepSet:
+        return HookedSet(self, self.runner.step_set(key))
+
+    def release_memory(self) -> None:
+        self.runner.release_memory()
+
+
+class HookedSet:
+    def __init__(self, owner: Hooked, inner: StepSet) -> None:
+        self.owner = owner
+        self.inner = inner
+        self.marked: set[str] = set()
+
+    def join(self, specs: Sequence[RequestSpec]) -> dict[str, str]:
+        self.marked |= {spec.id for spec in specs if EXPLODE in spec.prompt}
+        return self.inner.join(specs)
+
+    def step(self, only: Collection[str] | None = None) -> list[str]:
+        if only is None:
+            self.owner.steps += 1
+            hook = self.owner.hooks.pop(self.owner.steps, None)
+            if hook is not None:
+                hook()
+        culprits = [rid for rid in (self.inner.requests if only is None else only) if rid in self.marked]
+        if culprits:
+            raise ValueError(f"prompt of request {culprits[0]} asked the pipeline to explode")
+        return self.inner.step(only)
+
+    def outputs(self, request_ids: Sequence[str]) -> list[list[Image.Image]]:
+        return self.inner.outputs(request_ids)
+
+    def abort(self, request_id: str) -> bool:
+        return self.inner.abort(request_id)
+
+    def progress(self) -> dict[str, tuple[int, int]]:
+        return self.inner.progress()
+
+    @property
+    def requests(self) -> tuple[str, ...]:
+        return self.inner.requests
+
+
+class ClosingStore(WorkerStore):
+    """The worker's store, noting the set's request count each time the loop closes its set."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rows_at_close: list[str | None] = []
+
+    def step_close(self, worker: str) -> bool:
+        self.rows_at_close.append(self._redis.hget(self.keys.step_rows, worker))  # type: ignore[arg-type]
+        return super().step_close(worker)
+
+
+class Worker:
+    """One step-mode worker process's pieces, on ``client``."""
+
+    def __init__(self, client: fakeredis.FakeRedis, settings: Settings, runner: Hooked, results: Path) -> None:
+        self.client = client
+        self.settings = settings
+        self.store = ClosingStore(client, settings)
+        self.keys = self.store.keys
+        capabilities = WorkerCapabilities(model="demo", pipeline="Test", tasks=(Task.TEXT_TO_IMAGE,))
+        self.store.heartbeat(WORKER, capabilities, first=True)
+        self.heartbeat = Heartbeat(self.store, WORKER, 1.0, capabilities)  # never started: holds are observed
+        self.results = FilesystemResultStore(results)
+        self.executor = BatchExecutor(self.store, runner.runner, WORKER, self.heartbeat, self.results)
+        self.loop = StepLoop(runner, WORKER, self.heartbeat, self.executor.writer, self.executor, seal_after_s=60)
+        self.lease = Lease(client, self.keys.scheduler_lease, 60_000)
+        assert self.lease.try_acquire()
+
+    def schedule(self, batch_id: str, specs: Sequence[RequestSpec]) -> BatchMessage:
+        """Submit the requests and move them into batch ``batch_id``, as the api and the scheduler would."""
+        ids = [spec.id for spec in specs]
+        submit(self.client, self.keys, *ids)
+        for spec in specs:
+            self.client.hset(self.keys.request(spec.id), "spec", spec.model_dump_json())
+        scheduler = SchedulerStore(self.client, self.settings)
+        assert scheduler.schedule(self.lease.key, self.lease.token, batch_id, ids) == ids
+        return BatchMessage(batch_id=batch_id, request_ids=tuple(ids), created_at=time.time())
+
+    def send(self, message: BatchMessage, digest: str) -> None:
+        """What the scheduler does for a join: ``step_join.lua`` puts the batch in this worker's inbox."""
+        script = self.client.register_script(k.STEP_JOIN)
+        keys = [
+            self.keys.step_sets,
+            self.keys.step_rows,
+            self.keys.step_inbox(WORKER),
+            self.keys.workers,
+            self.keys.storing,
+        ]
+        args = [
+            WORKER,
+            digest,
+            message.model_dump_json(),
+            message.batch_id,
+            len(message.request_ids),
+            8,
+            60_000,
+            60_000,
+        ]
+        assert script(keys=keys, args=args) == 1
+
+    def request(self, rid: str) -> dict[str, str]:
+        return dict(self.client.hgetall(self.keys.request(rid)))
+
+    def assert_closed(self) -> None:
+        """The set closed with no request counted, and nothing of it is left in flight or held."""
+        assert self.store.rows_at_close[-1] == "0"
+        assert not self.client.hexists(self.keys.step_sets, WORKER)
+        assert not self.client.hexists(self.keys.step_rows, WORKER)
+        assert self.client.zcard(self.keys.inflight) == 0
+        assert self.client.zcard(self.keys.storing) == 0
+        assert self.heartbeat.held == []
+        assert not self.client.keys("t:batch:*:lock")
+
+
+@pytest.fixture
+def hooked(runner: DiffusersRunner) -> Hooked:
+    return Hooked(runner)
+
+
+@pytest.fixture
+def worker(client: fakeredis.FakeRedis, settings: Settings, hooked: Hooked, tmp_path: Path) -> Worker:
+    return Worker(client, settings, hooked, tmp_path / "results")
+
+
+def spec(rid: str, steps: int, guidance: float = 5.0, *, n: int = 1, seed: int = 1, side: int = SIDE) -> RequestSpec:
+    return RequestSpec(
+        id=rid,
+        model="demo",
+        prompt=f"a picture of {rid}",
+        seed=seed,
+        width=side,
+        height=side,
+        num_inference_steps=steps,
+        guidance_scale=guidance,
+        n=n,
+        created_at=time.time(),
+    )
+
+
+def stored_images(worker: Worker, rid: str) -> list[np.ndarray]:
+    arrays = []
+    for key in worker.request(rid)["results"].split():
+        data = worker.results.get(key)
+        assert data is not None
+        arrays.append(np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.int16))
+    return arrays
+
+
+def solo(runner: DiffusersRunner, request: RequestSpec) -> list[np.ndarray]:
+    (images,) = runner.run([request], lambda step, total: False)
+    return [np.asarray(image, dtype=np.int16) for image in images]
+
+
+def test_a_claimed_batch_runs_as_a_set_to_success(worker: Worker, hooked: Hooked, runner: DiffusersRunner) -> None:
+    quick = spec("quick", steps=2, guidance=1.0, n=2, seed=3)
+    slow = spec("slow", steps=3, guidance=5.0, seed=4)
+    batch = worker.schedule("B1", [quick, slow])
+    seen: dict[str, object] = {}
+
+    def look() -> None:
+        seen["set"] = worker.client.hget(worker.keys.step_sets, WORKER)
+        seen["rows"] = worker.client.hget(worker.keys.step_rows, WORKER)
+        seen["storing"] = worker.client.zrange(worker.keys.storing, 0, -1)
+        seen["held"] = worker.heartbeat.held
+
+    hooked.hooks[1] = look
+    outcome = worker.loop.run(batch)
+    assert isinstance(outcome, SetOutcome)
+    assert outcome.batches == ["B1"]
+    assert outcome.statuses == {"quick": "succeeded", "slow": "succeeded"}
+    # while it ran: the set was open on the batch's step key, counted its requests, and held the worker's slot
+    assert seen == {"set": step_key(quick).digest, "rows": "2", "storing": ["B1"], "held": ["B1"]}
+    for request in (quick, slow):
+        state = worker.request(request.id)
+        assert state["status"] == "succeeded" and state["worker"] == WORKER
+        assert (state["step"], state["total"]) == (str(request.num_inference_steps),) * 2
+        for image, reference in zip(stored_images(worker, request.id), solo(runner, request), strict=True):
+            assert int(np.abs(image - reference).max()) <= 1
+    assert hooked.steps == 3
+    worker.assert_closed()
+    events = [fields for _, fields in worker.client.xrange(worker.keys.events)]
+    assert {"type": "slot_free", "worker": WORKER} in events  # the close woke the scheduler
+
+
+def test_a_batch_sent_to_the_inbox_joins_the_running_set(worker: Worker, hooked: Hooked) -> None:
+    long = spec("long", steps=8, seed=5)
+    joiner = spec("joiner", steps=2, guidance=1.0, n=2, seed=6)
+    first = worker.schedule("B1", [long])
+    rows: list[str | None] = []
+
+    def send() -> None:
+        worker.send(worker.schedule("B2", [joiner]), step_key(joiner).digest)
+
+    def count() -> None:
+        rows.append(worker.client.hget(worker.keys.step_rows, WORKER))
+
+    hooked.hooks[3] = send  # during step 3: it joins at the next boundary and takes the long one's steps 4 and 5
+    hooked.hooks[5] = count
+    hooked.hooks[6] = count
+    outcome = worker.loop.run(first)
+    assert isinstance(outcome, SetOutcome)
+    assert outcome.batches == ["B1", "B2"]
+    assert outcome.statuses == {"long": "succeeded", "joiner": "succeeded"}
+    assert rows == ["2", "1"]  # both counted while the joiner ran; it left after step 5
+    assert float(worker.request("joiner")["finished_at"]) < float(worker.request("long")["finished_at"])
+    assert worker.request("joiner")["worker"] == WORKER
+    assert len(stored_images(worker, "joiner")) == 2
+    assert hooked.steps == 8  # one set: the joiner's steps were the long request's
+    worker.assert_closed()
+
+
+def test_an_aborted_request_ends_aborted_while_its_peer_succeeds(worker: Worker, hooked: Hooked) -> None:
+    peer = spec("peer", steps=6, seed=7)
+    victim = spec("victim", steps=40, seed=8)
+    batch = worker.schedule("B1", [peer, victim])
+    abort = worker.client.register_script(k.ABORT)
+
+    def flag() -> None:
+        args = [time.time(), 60, worker.keys.finished, "victim"]
+        assert abort(keys=[worker.keys.request("victim")], args=args) == "running"
+
+    hooked.hooks[2] = flag
+    outcome = worker.loop.run(batch)
+    assert isinstance(outcome, SetOutcome)
+    assert outcome.statuses == {"peer": "succeeded", "victim": "aborted"}
+    victim_state = worker.request("victim")
+    assert victim_state["status"] == "aborted" and "results" not in victim_state
+    assert int(victim_state["step"]) < 40
+    assert hooked.steps < 40  # the set did not run the victim's steps to the end
+    assert worker.request("peer")["status"] == "succeeded"
+    worker.assert_closed()
+
+
+def test_a_request_whose_step_raises_fails_alone(worker: Worker, hooked: Hooked, runner: DiffusersRunner) -> None:
+    fine = spec("fine", steps=3, seed=9)
+    culprit = spec(EXPLODE, steps=3, seed=10)
+    later = spec("later", steps=2, guidance=1.0, seed=11)
+    batch = worker.schedule("B1", [fine, culprit, later])
+    outcome = worker.loop.run(batch)
+    assert isinstance(outcome, SetOutcome)
+    assert outcome.statuses == {"fine": "succeeded", EXPLODE: "failed", "later": "succeeded"}
+    state = worker.request(EXPLODE)
+    assert (state["error_type"], state["error_message"]) == (
+        "ValueError",
+        f"prompt of request {EXPLODE} asked the pipeline to explode",
+    )
+    for request in (fine, later):  # re-stepped one by one after the failed step, and still their solo images
+        (image,) = stored_images(worker, request.id)
+        assert int(np.abs(image - solo(runner, request)[0]).max()) <= 1
+    worker.assert_closed()
+
+
+def test_a_set_is_sealed_after_half_the_time_limit(worker: Worker, hooked: Hooked) -> None:
+    worker.loop.seal_after_s = 0.0
+    batch = worker.schedule("B1", [spec("a", steps=2)])
+    seen: list[str | None] = []
+    hooked.hooks[1] = lambda: seen.append(worker.client.hget(worker.keys.step_sets, WORKER))
+    outcome = worker.loop.run(batch)
+    assert isinstance(outcome, SetOutcome) and outcome.statuses == {"a": "succeeded"}
+    assert seen == ["sealed"]
+    worker.assert_closed()
+
+
+def test_a_batch_the_step_engine_cannot_take_runs_request_level(worker: Worker, hooked: Hooked) -> None:
+    """Two step keys in one batch (32 and 40 px): the executor runs it, one fused forward per compatibility key."""
+    batch = worker.schedule("B1", [spec("small", steps=2), spec("large", steps=2, side=40)])
+    outcome = worker.loop.run(batch)
+    assert isinstance(outcome, BatchOutcome)
+    assert outcome.wait(30) == {"small": "succeeded", "large": "succeeded"}
+    assert hooked.steps == 0
+    assert not worker.store.rows_at_close  # no set was opened
+    assert worker.client.zcard(worker.keys.inflight) == 0
+
+
+def test_a_set_that_cannot_open_leaves_its_batch_to_the_executor(
+    worker: Worker, hooked: Hooked, runner: DiffusersRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key's LoRA is not in the LoRA folder (FileNotFoundError): request-level fails the request, saying why,
+    instead of leaving it running."""
+    monkeypatch.setattr(runner.loras, "lora_dir", tmp_path)
+    lora = spec("lora", steps=2).model_copy(update={"lora": LoraRef(name="missing")})
+    outcome = worker.loop.run(worker.schedule("B1", [lora]))
+    assert isinstance(outcome, BatchOutcome)
+    assert outcome.wait(30) == {"lora": "failed"}
+    state = worker.request("lora")
+    assert state["error_type"] == "FileNotFoundError" and "LoRA 'missing' not found" in state["error_message"]
+    assert hooked.steps == 0 and not worker.store.rows_at_close
+    assert worker.client.zcard(worker.keys.inflight) == 0
