@@ -12,6 +12,9 @@ queued     accepted                                         ``{"id"}``
 scheduled  put in a batch                                   ``{"id", "batch_id", "batch_size"}``
 running    a worker claimed it (again after a worker died)  ``{"id", "worker"}``
 progress   a denoising step (throttled, see progress.lua)   ``{"id", "step", "total"}``
+requeued   step mode: evicted from ``worker``'s running     ``{"id", "worker", "step"}``
+           set for a higher priority (at ``step``), queued
+           again at the front of its level; it restarts
 succeeded  terminal: the request's state, its image URLs    the ``RequestView`` (``GET /v1/requests/{id}``)
 failed     terminal: the request's state, its error         the ``RequestView``
 aborted    terminal                                         the ``RequestView``
@@ -33,7 +36,7 @@ from pydantic import BaseModel
 from api.schemas import RequestView
 from shared.contracts import RequestStatus
 
-EventName = Literal["queued", "scheduled", "running", "progress", "succeeded", "failed", "aborted"]
+EventName = Literal["queued", "scheduled", "running", "progress", "requeued", "succeeded", "failed", "aborted"]
 EVENT_NAMES: tuple[EventName, ...] = get_args(EventName)
 TERMINAL_EVENTS: frozenset[str] = frozenset(status.value for status in RequestStatus if status.terminal)
 START = "0"
@@ -70,12 +73,22 @@ class ProgressEvent(BaseModel):
     total: int
 
 
-EventData = QueuedEvent | ScheduledEvent | RunningEvent | ProgressEvent | RequestView
+class RequeuedEvent(BaseModel):
+    """``requeued``: step mode evicted the request from ``worker``'s running set at ``step`` so that a request of a
+    higher priority takes its room (``requeue.lua``); it is queued again, at the front of its level, and restarts."""
+
+    id: str
+    worker: str
+    step: int
+
+
+EventData = QueuedEvent | ScheduledEvent | RunningEvent | ProgressEvent | RequeuedEvent | RequestView
 EVENT_MODELS: dict[EventName, type[EventData]] = {
     "queued": QueuedEvent,
     "scheduled": ScheduledEvent,
     "running": RunningEvent,
     "progress": ProgressEvent,
+    "requeued": RequeuedEvent,
     "succeeded": RequestView,
     "failed": RequestView,
     "aborted": RequestView,

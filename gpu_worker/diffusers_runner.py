@@ -1,9 +1,14 @@
 """The default runner: one diffusers pipeline, loaded once, called once per fused batch.
 
-All specs of a batch share one compatibility key (size, frames, steps, guidance, n, LoRA, negative-prompt presence,
-task, strength, ...), so the batch maps onto a single pipeline call: one row per output image (a request's prompt,
+All specs of a batch share one compatibility key (size, frames, steps, guidance, n, negative-prompt presence, task,
+strength, ...), so the batch maps onto a single pipeline call: one row per output image (a request's prompt,
 negative prompt, input image and mask repeated ``n`` times), and every output gets its own generator seeded
 ``spec.seed + k``, which makes each row equal (to float rounding) to a solo run.
+
+LoRA adapters are per row: a batch whose requests all have the same adapter and scale (or none) runs with it active
+on the pipeline; one that mixes them runs each row with its own (``LoraActivator.mixed``, peft's per-row
+``adapter_names``) in the same single call. Should a pipeline's layers not fit that (``LoraMixingError``), the
+runner stops mixing and from then on runs such a batch as one call per adapter, outputs in request order.
 
 What differs between pipeline families (their extra arguments, what they take, how many outputs per prompt they
 call it, videos) is the family's (``gpu_worker.families``), chosen by the loaded pipeline's class. Image-to-image
@@ -26,7 +31,7 @@ import torch
 
 from gpu_worker.demo_model import ensure_demo_model
 from gpu_worker.families import family_of
-from gpu_worker.lora import LoraActivator
+from gpu_worker.lora import LoraActivator, LoraMixingError
 from gpu_worker.runner import InputImages, StepCallback, StepSet, Video
 from shared.compat import StepKey, compat_key
 from shared.contracts import LoraRef, ModelTraits, RequestSpec, Task
@@ -134,6 +139,8 @@ class DiffusersRunner:
                 self.pipeline_name,
             )
         self.loras = LoraActivator(self.pipe, settings.lora_dir)
+        self.lora_mixing = True
+        """Whether a batch of several adapters runs as one call (False once the pipeline proved it cannot)."""
         self._pipes: dict[Task, Any] = {Task.TEXT_TO_IMAGE: self.pipe, **self._derived_pipelines()}
         self._call_params = {
             task: frozenset(inspect.signature(derived.__call__).parameters) for task, derived in self._pipes.items()
@@ -204,13 +211,40 @@ class DiffusersRunner:
         inputs: Mapping[str, InputImages] | None = None,
     ) -> list[list[Any]]:
         """Run ``specs`` in one pipeline call and return ``spec.n`` PIL images (videos, for a video family) per
-        spec, in order.
+        spec, in order. Each row gets its request's LoRA adapter (one call per adapter when this pipeline proved it
+        cannot mix them: ``lora_mixing``).
 
         Image tasks take each request's input image (and mask) from ``inputs``, already of the output size.
         """
         head = check_batch(specs)
         if head.task not in self._pipes:
             raise ValueError(f"{type(self.pipe).__name__} has no {head.task} pipeline")
+        loras = [spec.lora for spec in specs]
+        if len(set(loras)) == 1:
+            self.loras.activate(head.lora)
+            return self._call(specs, on_step, inputs)
+        if self.lora_mixing:
+            try:
+                with self.loras.mixed([spec.lora for spec in specs for _ in range(spec.n)]):
+                    return self._call(specs, on_step, inputs)
+            except LoraMixingError as exc:
+                log.warning("%s cannot mix LoRA adapters (%s): one call per adapter", self.pipeline_name, exc)
+                self.lora_mixing = False
+        groups: dict[LoraRef | None, list[int]] = {}
+        for i, spec in enumerate(specs):
+            groups.setdefault(spec.lora, []).append(i)
+        outputs: list[list[Any]] = [[] for _ in specs]
+        for lora, members in groups.items():
+            self.loras.activate(lora)
+            for i, images in zip(members, self._call([specs[i] for i in members], on_step, inputs), strict=True):
+                outputs[i] = images
+        return outputs
+
+    def _call(
+        self, specs: Sequence[RequestSpec], on_step: StepCallback, inputs: Mapping[str, InputImages] | None
+    ) -> list[list[Any]]:
+        """One pipeline call over ``specs`` (of one compatibility key) with the adapters set up by the caller."""
+        head = specs[0]
         pipe = self._pipes[head.task]
         accepts = self._call_params[head.task]
         steps = head.num_inference_steps
@@ -218,7 +252,6 @@ class DiffusersRunner:
         # num_images_per_prompt=n: the same call, and immune to pipelines that order the repeated rows of one input
         # differently (Sana's and Qwen-Image's prompt masks with n > 1, diffusers 0.42). Generators are per output.
         rows = [spec for spec in specs for _ in range(spec.n)]
-        self.loras.activate(head.lora)
 
         kwargs: dict[str, Any] = {
             "prompt": [spec.prompt for spec in rows],

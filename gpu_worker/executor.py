@@ -16,6 +16,12 @@ Failure handling, from the narrowest to the widest (``docs/reliability.md`` has 
 * Abort flags and ownership come back with each progress write, made off the denoising loop
   (``gpu_worker.step_reporter``): the forward stops once every row is aborted or was claimed by another run;
   results are written only under this run's claim token.
+* An aborted request ends ``aborted`` at once: the reporter's thread ends it (``ResultWriter.abort``, under this
+  run's claim token; its event, webhook and long polls see it at once) as soon as a progress write brings its flag
+  back, while the forward goes on for its peers. Its rows are still computed until the forward ends (a pipeline
+  call cannot drop rows: its scheduler keeps state of the batch's shape), but their outputs are never encoded or
+  stored, and a failed forward's retries leave it out. A row found aborted only by the final write (or whose ending
+  met an outage) is ended the same way once the forward returns.
 
 Once a batch's forwards are over, what is left (encoding and storing its outputs, finishing its requests, releasing
 the batch) is handed to a ``Finisher`` and ``execute`` returns: the worker's ``BackgroundFinisher`` does it behind
@@ -47,7 +53,7 @@ from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.result_writer import ResultWriter, Statuses, error_info
 from gpu_worker.runner import BatchRunner, ConditionedRunner, InputImages, runner_tasks, runner_traits
 from gpu_worker.step_reporter import StepReporter
-from gpu_worker.store import Claimed, Locked, WorkerStore
+from gpu_worker.store import Claimed, Locked, RowSignal, WorkerStore
 from shared.compat import CompatKey, compat_key
 from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, Task
 from shared.results import ResultStore
@@ -85,10 +91,30 @@ class _Run:
     token: str
     inputs: dict[str, InputImages] = field(default_factory=dict)
     outputs: list[tuple[list[RequestSpec], list[object]]] = field(default_factory=list)
+    _ended: Statuses = field(default_factory=dict)  # requests ended while their forward ran (aborted)
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # _ended is written by reporter threads
 
     @property
     def waiting_ids(self) -> set[str]:
         return {spec.id for specs, _ in self.outputs for spec in specs}
+
+    def ended(self, statuses: Statuses) -> None:
+        """These requests ended while their forward ran (any thread): their outputs are not stored."""
+        with self._lock:
+            self._ended.update(statuses)
+
+    @property
+    def ended_statuses(self) -> Statuses:
+        """Each request ended while its forward ran, with its status after that."""
+        with self._lock:
+            return dict(self._ended)
+
+    def keep(self, specs: Sequence[RequestSpec], outputs: Sequence[object]) -> None:
+        """Keep a forward's outputs to store, less those of the requests already ended."""
+        ended = self.ended_statuses
+        kept = [(spec, output) for spec, output in zip(specs, outputs, strict=True) if spec.id not in ended]
+        if kept:
+            self.outputs.append(([spec for spec, _ in kept], [output for _, output in kept]))
 
 
 def decode_inputs(spec: RequestSpec, image: bytes | None, mask: bytes | None) -> InputImages:
@@ -172,14 +198,15 @@ class BatchExecutor:
                 if is_transient(exc):
                     raise  # Redis stayed away: the requests did not fail, the batch runs again (reaper)
                 log.exception("batch %s: %s escaped; failing what this run has not finished", batch.batch_id, exc)
-                waiting = run.waiting_ids  # forwards that did end keep their outputs
-                errors = {spec.id: error_info(exc) for spec in claim.specs if spec.id not in waiting}
+                done = run.waiting_ids | set(run.ended_statuses)  # forwards that did end keep their outputs
+                errors = {spec.id: error_info(exc) for spec in claim.specs if spec.id not in done}
                 outcome.statuses.update(self._fail(errors, token))
+            outcome.statuses.update(run.ended_statuses)
             self._finisher.submit(carry_context(partial(self._finish, batch.batch_id, run, outcome)))
         except BaseException:
             self._release(batch.batch_id, token)
             raise
-        if run.outputs:
+        if run.outputs or run.ended_statuses:
             self._free_slot(batch.batch_id, token)
         return outcome
 
@@ -265,6 +292,8 @@ class BatchExecutor:
 
     def _run_group(self, specs: Sequence[RequestSpec], run: _Run) -> Statuses:
         """One fused forward; on failure split (out of memory) or fall back to one by one (anything else)."""
+        if not specs:
+            return {}
         if len(specs) == 1:
             return self._run_each(specs, run)
         try:
@@ -272,6 +301,8 @@ class BatchExecutor:
         except SoftTimeLimitExceeded:
             raise
         except Exception as exc:
+            ended = run.ended_statuses
+            specs = [spec for spec in specs if spec.id not in ended]  # aborted meanwhile: not run again
             if is_out_of_memory(exc):
                 self._release_memory()
                 if self._metrics is not None:
@@ -281,12 +312,14 @@ class BatchExecutor:
                 return {**self._run_group(specs[:half], run), **self._run_group(specs[half:], run)}
             log.exception("fused forward of %d requests failed; re-running them one by one", len(specs))
             return self._run_each(specs, run)
-        run.outputs.append((list(specs), list(images)))
+        run.keep(specs, images)
         return {}
 
     def _run_each(self, specs: Sequence[RequestSpec], run: _Run) -> Statuses:
         statuses: Statuses = {}
         for spec in specs:
+            if spec.id in run.ended_statuses:  # aborted while a fused forward that then failed ran
+                continue
             try:
                 images = self._forward([spec], run)
             except SoftTimeLimitExceeded:
@@ -301,7 +334,7 @@ class BatchExecutor:
                 )
                 statuses.update(self._fail({spec.id: error}, run.token))
                 continue
-            run.outputs.append(([spec], list(images)))
+            run.keep([spec], images)
         return statuses
 
     def _fail(self, errors: dict[str, ErrorInfo], token: str) -> Statuses:
@@ -309,7 +342,10 @@ class BatchExecutor:
         return self.writer.fail(errors, token)
 
     def _forward(self, specs: Sequence[RequestSpec], run: _Run) -> list[list[Image.Image]]:
-        reporter = StepReporter(self._store, [spec.id for spec in specs], run.token)
+        """One runner call for ``specs``, its progress reported and its aborted requests ended as they are found
+        (see the module's docstring); the outputs of every spec, in order."""
+        on_aborted = partial(self._end_aborted, {spec.id: spec for spec in specs}, run)
+        reporter = StepReporter(self._store, [spec.id for spec in specs], run.token, on_aborted=on_aborted)
         started = time.monotonic()
         try:
             if specs[0].task.needs_image:  # one key per batch: every spec has this task
@@ -321,6 +357,15 @@ class BatchExecutor:
             elapsed_s = time.monotonic() - started
         finally:
             reporter.close()
+            ended = run.ended_statuses
+            late = [
+                spec
+                for spec, signal in zip(specs, reporter.signals, strict=True)
+                if signal is RowSignal.ABORTED and spec.id not in ended
+            ]
+            if late:  # found by the final write, or its ending met an outage: end it now
+                log.info("aborted while running, ended after the forward: %s", [spec.id for spec in late])
+                run.ended(self.writer.abort(late, run.token))
         if not isinstance(images, Sequence) or len(images) != len(specs):
             count = len(images) if isinstance(images, Sequence) else type(images).__name__
             raise RunnerError(f"runner returned {count} results for {len(specs)} requests")
@@ -328,6 +373,13 @@ class BatchExecutor:
             outputs = sum(spec.n for spec in specs)
             self._metrics.forward(len(specs), outputs, reporter.last_step, elapsed_s)
         return list(images)
+
+    def _end_aborted(self, specs: dict[str, RequestSpec], run: _Run, request_ids: list[str]) -> None:
+        """The step reporter's ``on_aborted`` (its thread): end these requests ``aborted`` at once, under the run's
+        claim token, while their forward goes on; a Redis error is raised to the reporter, which tries again."""
+        statuses = self.writer.abort([specs[rid] for rid in request_ids], run.token, retry=False)
+        log.info("aborted while running, ended at once: %s", request_ids)
+        run.ended(statuses)
 
     def _release_memory(self) -> None:
         release: Callable[[], None] | None = getattr(self._runner, "release_memory", None)

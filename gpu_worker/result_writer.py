@@ -93,6 +93,18 @@ class ResultWriter:
             return {}
         return self.redis(lambda: self.store.finish_many({}, errors, token), "failing requests")
 
+    def abort(self, specs: Sequence[RequestSpec], token: str, *, retry: bool = True) -> Statuses:
+        """End these requests of this claim, found aborted, at once and without storing anything: ``aborted`` with
+        no images (``WorkerStore.finish_aborted``), and the result keys journaled for them fall due at once. With
+        ``retry`` (default) Redis calls are retried through an outage for ``outage_retry_s``; without, the error is
+        raised at once (the step reporter's thread tries again with its next report)."""
+        if not specs:
+            return {}
+        keys = {spec.id: result_keys(spec, token, video_frames(spec, self._traits)) for spec in specs}
+        if not retry:
+            return self.store.finish_aborted(keys, token)
+        return self.redis(lambda: self.store.finish_aborted(keys, token), "ending aborted requests")
+
     def store_results(self, specs: Sequence[RequestSpec], outputs: Sequence[object], token: str) -> Statuses:
         """Encode every request's outputs, write them to the result store, and finish the requests in one round
         trip; a request whose output is wrong, or that the store refuses, fails alone."""

@@ -83,7 +83,9 @@ class BatchRunner(Protocol):
         ...
 
     def run(self, specs: Sequence[RequestSpec], on_step: StepCallback) -> list[list[Image.Image]]:
-        """Run ``specs`` (all sharing one compatibility key) and return ``spec.n`` images per spec, in order.
+        """Run ``specs`` (all sharing one compatibility key, which leaves out the LoRA: their adapters and scales may
+        differ, and a runner that cannot mix them in one call splits the batch itself) and return ``spec.n`` images per
+        spec, in order.
 
         Raises whatever the pipeline raises; the worker then isolates the failing request. A runner that lists
         image tasks in ``tasks`` is called as ``run(specs, on_step, inputs=...)`` for them, with ``inputs`` mapping

@@ -19,6 +19,13 @@ the runner can run (``StepRunner.step_set``), runs them as the first members of 
   a single request, which fails ``OutOfMemory``; any other exception from a step re-steps the requests one by one,
   so only the culprit(s) fail with the error. Anything else that escapes the loop (a bug, the soft time limit) fails
   every live request with it, ends every held batch and takes the set down (``step_drop``).
+* **Preemption** (docs/step_mode.md, "Priorities and preemption"). Each joined request's priority is recorded in
+  ``P:step:levels:{worker}`` (removed when it leaves). An eviction in the inbox (a ``StepEviction`` the scheduler
+  sent with ``step_evict.lua`` for a request of a higher level waiting for room) takes the request out of the set
+  at this boundary and requeues it (``requeue.lua``: running -> queued under this claim's token, its progress
+  restarted, at the front of its level; the set's count and levels hash drop with it). Its batch goes on with its
+  other requests and is released when they end (the requeued one is no longer scheduled or running in it). One
+  flagged aborted meanwhile ends ``aborted``; one that ended meanwhile, or a sealed set, ignores the eviction.
 * **Seal.** ``soft_time_limit_s / 2`` after the set opened it is sealed (no more joins), so the Celery task ends
   within its time limit: the set drains its inbox and rows, each bounded by its own steps.
 * **Close.** Empty set and inbox: ``STEP_CLOSE`` frees the slot; when a batch arrived meanwhile the loop goes on.
@@ -51,7 +58,7 @@ from gpu_worker.runner import StepRunner, StepSet
 from gpu_worker.step_reporter import StepReporter
 from gpu_worker.store import Claimed, Locked, RowSignal, WorkerStore
 from shared.compat import StepKey, step_key
-from shared.contracts import BatchMessage, ErrorInfo, RequestSpec
+from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus, StepEviction
 from shared.retry import is_transient
 
 log = logging.getLogger(__name__)
@@ -163,6 +170,7 @@ class _RunningSet:
             self.writer.redis(
                 lambda: self.store.step_open(self.worker, self.digest, len(claim.specs)), "opening the set"
             )
+            self.writer.redis(lambda: self.store.step_levels(self.worker, reset=True), "opening the set")
             self._admit(first, claim)
             while True:
                 self._seal_when_due()
@@ -202,7 +210,12 @@ class _RunningSet:
             try:
                 message = BatchMessage.model_validate_json(raw)
             except ValidationError as exc:
-                log.error("unreadable batch message in the inbox, dropped (the reaper runs it again): %s", exc)
+                try:
+                    eviction = StepEviction.model_validate_json(raw)
+                except ValidationError:
+                    log.error("unreadable batch message in the inbox, dropped (the reaper runs it again): %s", exc)
+                    continue
+                self._evict(eviction.evict)
                 continue
             claim = self._claim(message)
             if isinstance(claim, Locked):
@@ -246,6 +259,9 @@ class _RunningSet:
                 self.specs[spec.id] = spec
                 self.owner[spec.id] = held
                 held.live.add(spec.id)
+        levels = {spec.id: spec.priority for spec in specs if spec.id in held.live}
+        if levels:
+            self.writer.redis(lambda: self.store.step_levels(self.worker, levels), "recording the requests' levels")
         if refused:
             log.warning("batch %s: %d requests refused by the set: %s", message.batch_id, len(refused), refused)
             errors = {rid: ErrorInfo(type="InvalidRequest", message=why) for rid, why in refused.items()}
@@ -310,7 +326,7 @@ class _RunningSet:
         closing: list[_Group] = []
         late: list[tuple[_Held, str, int]] = []
         for group in self.groups:
-            live = [rid for rid in group.request_ids if rid in self.owner]
+            live = [rid for rid in group.request_ids if self.owner.get(rid) is group.held]
             if not live:
                 closing.append(group)
                 continue
@@ -323,7 +339,7 @@ class _RunningSet:
                 if rid in done:  # not in lockstep with its group (cannot happen): write its last step itself
                     late.append((group.held, rid, group.total))
             for rid, signal in zip(group.request_ids, group.reporter.signals, strict=True):
-                if rid not in self.owner or rid in done or signal is RowSignal.GO_ON:
+                if self.owner.get(rid) is not group.held or rid in done or signal is RowSignal.GO_ON:
                     continue
                 self.set.abort(rid)
                 (aborted if signal is RowSignal.ABORTED else dropped).append(rid)
@@ -384,8 +400,37 @@ class _RunningSet:
             self.outcome.statuses.update(self.writer.fail({rid: errors[rid] for rid in request_ids}, held.token))
         self._ended(list(errors))
 
-    def _ended(self, request_ids: Sequence[str]) -> None:
-        """These requests left the set: count them out, and release each batch none of whose requests is left."""
+    def _evict(self, request_id: str) -> None:
+        """The scheduler asked to evict ``request_id`` for a request of a higher level: take it out of the set and
+        requeue it (``requeue.lua``), unless it ended meanwhile or the set is sealed (then its room would go to no
+        one). The set's count and levels hash drop with the requeue itself."""
+        held = self.owner.get(request_id)
+        if held is None or self.sealed:
+            why = "the set is sealed" if held is not None else "it is not in the set (it ended meanwhile)"
+            log.info("eviction of %s ignored: %s", request_id, why, extra=ids(request_id=request_id))
+            return
+        self.set.abort(request_id)
+        outcome = self.writer.redis(
+            lambda: self.store.requeue(request_id, held.token, self.worker), "requeueing a request"
+        )
+        if outcome == 1:
+            log.info(
+                "request %s evicted from the set for a higher level and requeued",
+                request_id,
+                extra=ids(request_id=request_id, batch_id=held.batch_id),
+            )
+            self.outcome.statuses[request_id] = RequestStatus.QUEUED
+            self._ended([request_id], counted=False)
+        elif outcome == 2:  # flagged aborted meanwhile: it ends so, as at any boundary
+            self.outcome.statuses.update(self.writer.fail({request_id: ABORTED}, held.token))
+            self._ended([request_id])
+        else:
+            log.warning("request %s to evict is no longer this run's: dropped", request_id)
+            self._ended([request_id])
+
+    def _ended(self, request_ids: Sequence[str], *, counted: bool = True) -> None:
+        """These requests left the set: count them out (unless ``counted`` is False: ``requeue.lua`` did), and
+        release each batch none of whose requests is left."""
         emptied: list[_Held] = []
         for rid in request_ids:
             held = self.owner.pop(rid)
@@ -393,7 +438,10 @@ class _RunningSet:
             held.live.discard(rid)
             if not held.live and held not in emptied:
                 emptied.append(held)
-        self._leave(len(request_ids))
+        if counted and request_ids:
+            self._leave(len(request_ids))
+            left = list(request_ids)
+            self.writer.redis(lambda: self.store.step_levels(self.worker, left=left), "forgetting the levels")
         for held in emptied:
             self._end_batch(held)
 
@@ -453,6 +501,7 @@ class _RunningSet:
 
     def _drop(self) -> None:
         left = self.store.step_drop(self.worker)
+        self.store.step_levels(self.worker, reset=True)
         if left:
             log.warning(
                 "set %s dropped with %d batches in its inbox (the reaper runs them again)", self.digest, len(left)

@@ -7,13 +7,19 @@ lock lapsed). The forward stops at the step after every row is known to be abort
 reaches the loop within one Redis round trip plus one step, and a slow or stalled Redis slows nothing but the
 reports. While Redis fails, reports pause for ``PAUSE_S`` and the forward goes on. ``close`` writes the final
 step (so a finished request shows ``step == total``) and stops the thread, within ``CLOSE_TIMEOUT_S``.
+
+``on_aborted``, when given, is called on the reporter's thread (never the loop's) with the requests a write just
+found aborted, once per request, so their owner can end them at once while the forward still runs (the request-level
+executor ends them ``aborted``, ``gpu_worker.executor``). A call that raises a Redis outage is retried with the next
+write that still finds the request aborted; any other error is logged and not retried (the owner finds the row's
+``ABORTED`` signal after the forward).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gpu_worker.store import RowSignal, WorkerStore
 from shared.retry import TRANSIENT_ERRORS
@@ -27,10 +33,19 @@ CLOSE_TIMEOUT_S = 2.0  # the longest close waits for the final write
 class StepReporter:
     """Reports one forward's steps for the requests ``request_ids`` of the claim ``token``."""
 
-    def __init__(self, store: WorkerStore, request_ids: Sequence[str], token: str) -> None:
+    def __init__(
+        self,
+        store: WorkerStore,
+        request_ids: Sequence[str],
+        token: str,
+        *,
+        on_aborted: Callable[[list[str]], None] | None = None,
+    ) -> None:
         self._store = store
         self._ids = list(request_ids)
         self._token = token
+        self._on_aborted = on_aborted
+        self._handed: set[str] = set()  # requests handed to on_aborted (reporter thread only)
         self._lock = threading.Lock()
         self._pending: tuple[int, int] | None = None
         self._last_step = 0
@@ -93,3 +108,24 @@ class StepReporter:
             return
         with self._lock:
             self._signals = signals
+        if self._on_aborted is not None:
+            self._hand_aborted(signals)
+
+    def _hand_aborted(self, signals: Sequence[RowSignal]) -> None:
+        """Call ``on_aborted`` with the requests newly found aborted (each once, unless it met an outage)."""
+        assert self._on_aborted is not None
+        aborted = [
+            rid
+            for rid, signal in zip(self._ids, signals, strict=True)
+            if signal is RowSignal.ABORTED and rid not in self._handed
+        ]
+        if not aborted:
+            return
+        try:
+            self._on_aborted(aborted)
+        except TRANSIENT_ERRORS as exc:
+            log.warning("aborted requests %s not ended yet (%s); trying again with the next report", aborted, exc)
+            return
+        except Exception:  # noqa: BLE001 - the owner ends them after the forward from their signals
+            log.exception("ending aborted requests %s failed", aborted)
+        self._handed.update(aborted)

@@ -41,6 +41,11 @@ class Locked:
     retry_after_s: float
 
 
+ABORTED = ErrorInfo(type="Aborted", message="aborted while running")
+"""The error an aborted request is ended with: ``finish.lua`` ends a flagged request ``aborted`` whatever the outcome
+it is given (and keeps no error for it but a deadline's ``Timeout``)."""
+
+
 class RowSignal(IntEnum):
     """What ``progress.lua`` says about one request of a running forward."""
 
@@ -73,6 +78,7 @@ class WorkerStore:
         self._renew = client.register_script(k.RENEW)
         self._heartbeat = client.register_script(k.HEARTBEAT)
         self._step_close = client.register_script(k.STEP_CLOSE)
+        self._requeue = client.register_script(k.REQUEUE)
 
     def claim(self, batch: BatchMessage, token: str, worker: str) -> Claimed | Locked:
         ids = list(batch.request_ids)
@@ -128,6 +134,19 @@ class WorkerStore:
             self._finish(*self._finish_call(request_id, token, RequestStatus.FAILED, error=error), client=pipe)
         ids = [*results, *errors]
         return {rid: _status(reply) for rid, reply in zip(ids, pipe.execute(), strict=True)}
+
+    def finish_aborted(self, result_keys: Mapping[str, Sequence[str]], token: str) -> dict[str, RequestStatus | None]:
+        """End running requests of this claim whose abort flag is set, in one round trip, without images:
+        ``finish.lua`` makes the flag win (``aborted``, no images, its terminal event, a wake-up of long polls), and
+        the keys journaled for each request (``result_keys``: request id -> its keys) fall due at once, so the
+        sweeper forgets them. Returns each one's status after the call (unchanged where not ours)."""
+        if not result_keys:
+            return {}
+        pipe = self._redis.pipeline(transaction=False)
+        for request_id, keys in result_keys.items():
+            call = self._finish_call(request_id, token, RequestStatus.FAILED, keys=keys, error=ABORTED)
+            self._finish(*call, client=pipe)
+        return {rid: _status(reply) for rid, reply in zip(result_keys, pipe.execute(), strict=True)}
 
     def _finish_call(
         self,
@@ -213,9 +232,14 @@ class WorkerStore:
         return message
 
     def step_leave(self, worker: str, requests: int) -> None:
-        """``requests`` requests counted in the worker's set ended, or were sent to it and will not run in it."""
+        """``requests`` requests counted in the worker's set ended, or were sent to it and will not run in it: their
+        room is free for joiners, so the scheduler is woken (a set that was full may take the next waiting ones)."""
         if requests:
-            self._redis.hincrby(self.keys.step_rows, worker, -requests)
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.hincrby(self.keys.step_rows, worker, -requests)
+            wake = {"type": "room_free", "worker": worker}
+            pipe.xadd(self.keys.events, wake, maxlen=k.EVENTS_MAXLEN, approximate=True)  # type: ignore[arg-type]
+            pipe.execute()
 
     def step_close(self, worker: str) -> bool:
         """Close the worker's empty running set (it frees the slot and wakes the scheduler); False when batches
@@ -234,6 +258,38 @@ class WorkerStore:
         pipe.delete(self.keys.step_inbox(worker))
         left: list[str] = pipe.execute()[2]
         return left
+
+    def step_levels(
+        self, worker: str, joined: Mapping[str, int] | None = None, left: Sequence[str] = (), *, reset: bool = False
+    ) -> None:
+        """Keep the worker's set's levels hash (``P:step:levels:{worker}``, read by the scheduler to preempt):
+        ``joined`` (request id -> priority) joined it now, ``left`` left it; ``reset`` first forgets every entry (a
+        new set, or one taken down). One round trip; the hash expires ``batch_time_limit_s`` after its last write."""
+        key = self.keys.step_levels(worker)
+        pipe = self._redis.pipeline(transaction=True)
+        if reset:
+            pipe.delete(key)
+        if left:
+            pipe.hdel(key, *left)
+        if joined:
+            now_ms = int(time.time() * 1000)
+            pipe.hset(key, mapping={rid: f"{priority} {now_ms}" for rid, priority in joined.items()})
+            pipe.expire(key, int(self._settings.batch_time_limit_s))
+        if len(pipe):
+            pipe.execute()
+
+    def requeue(self, request_id: str, token: str, worker: str) -> int:
+        """Evict a running request of this claim from the worker's set and put it back in the queue, at the front
+        of its level, its progress restarted (``requeue.lua``): 1 when requeued (the set's count and levels hash
+        updated with it), 2 when it is flagged aborted (end it so), 0 when this claim no longer runs it."""
+        keys = [
+            self.keys.request(request_id),
+            self.keys.requests,
+            self.keys.step_rows,
+            self.keys.step_levels(worker),
+            self.keys.events,
+        ]
+        return int(self._requeue(keys=keys, args=[token, worker, request_id, k.EVENTS_MAXLEN]))
 
     def leave(self, worker: str) -> None:
         pipe = self._redis.pipeline(transaction=False)

@@ -35,6 +35,20 @@ set. ``place(waiting, open_sets, config)`` is pure in the same way (no I/O, no s
   of ``decide`` (strict: stopping at the first live request whose key differs; grouped: skipping it), up to the
   chosen set's room. It is dispatched at once: the set is already running, so waiting would only add latency.
 * Aborted requests never join; ``dropped_ids`` reports every one seen, as ``decide`` does.
+
+Step-mode preemption (``preempt``, docs/step_mode.md "Priorities and preemption"): a higher level may take a
+running request's room in a set at a step boundary. ``preempt(waiting, open_sets, free_slots, config)`` is pure in
+the same way and answers a ``Preempt`` (evict that request of that worker's set; it goes back to the queue, at the
+front of its level, and restarts) or None:
+
+* Only for a live head that cannot start otherwise: no free slot (``free_slots <= 0``) and no set it could join
+  (``place`` answers None).
+* Only from an open (not sealed) set of the head's key, where one eviction makes room for the head
+  (``rows - 1 < cap(head)``), and only a request of a LOWER level than the head's (never within a level).
+* At most one eviction on its way per key: while a set of the head's key has one pending (``evicting``), the
+  answer is None (that room is coming, and the head will take it).
+* The victim is the member of the lowest level over all candidate sets; ties: the one that joined last (the least
+  work thrown away), then the lowest worker name, then the lowest request id.
 """
 
 from __future__ import annotations
@@ -113,6 +127,15 @@ Decision = Dispatch | Wait
 
 
 @dataclass(frozen=True, slots=True)
+class Member:
+    """A request running in an open set (``P:step:levels:{worker}``), for ``preempt``."""
+
+    id: str
+    level: int  # its level in the service order (as WaitingRequest.level)
+    joined_at: float = 0.0  # when it joined the set (any clock, compared between members only)
+
+
+@dataclass(frozen=True, slots=True)
 class OpenSet:
     """A worker's running step-mode set, as last read (``P:step:sets``, ``P:step:rows``)."""
 
@@ -120,6 +143,8 @@ class OpenSet:
     key: Hashable  # the step key of its requests (compared with WaitingRequest.key)
     rows: int  # requests in it or sent to it
     sealed: bool = False  # it takes no more joins
+    members: tuple[Member, ...] = ()  # its running requests (read for ``preempt`` only)
+    evicting: bool = False  # an eviction was sent to it and is not done yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +154,14 @@ class Join:
     worker: str
     request_ids: tuple[str, ...]  # the batch, in service order
     dropped_ids: tuple[str, ...]  # aborted requests seen, to be discarded (acked) by the caller
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    """Ask ``worker``'s running set to evict ``request_id`` at its next step boundary (it is requeued)."""
+
+    worker: str
+    request_id: str
 
 
 def _candidate(
@@ -189,3 +222,22 @@ def place(waiting: Sequence[WaitingRequest], open_sets: Sequence[OpenSet], confi
         request_ids=tuple(r.id for r in batch),
         dropped_ids=tuple(r.id for r in waiting if r.aborted),
     )
+
+
+def preempt(
+    waiting: Sequence[WaitingRequest], open_sets: Sequence[OpenSet], free_slots: int, config: PolicyConfig
+) -> Preempt | None:
+    """The running request to evict so that the head takes its room; None when the head can start otherwise, or
+    no set of its key runs a request of a lower level (see the module's docstring)."""
+    head = next((r for r in waiting if not r.aborted), None)
+    if head is None or free_slots > 0 or place(waiting, open_sets, config) is not None:
+        return None
+    same = [s for s in open_sets if not s.sealed and s.key == head.key]
+    if any(s.evicting for s in same):
+        return None
+    cap = config.cap(head)
+    candidates = [(m, s.worker) for s in same if s.rows - 1 < cap for m in s.members if m.level < head.level]
+    if not candidates:
+        return None
+    member, worker = min(candidates, key=lambda c: (c[0].level, -c[0].joined_at, c[1], c[0].id))
+    return Preempt(worker=worker, request_id=member.id)

@@ -9,6 +9,10 @@ applied here:
 * ``PriorityQueue`` (``priority``): one FIFO per level; the highest non-empty level comes first, and within a level
   arrival order. With every request at the default priority it is the FIFO of ``FcfsQueue``.
 
+A request the step-mode preemption put back (``requeue.lua``: its stream entry says ``requeued``) is added with
+``front=True``: at the front of its level, ahead of the requests that waited there (it had reached the front once
+already and was running); every other request is added behind those of its level (FIFO).
+
 ``head(n)`` is the window the policy (``scheduler.policy.decide``) looks at, with each request's ``level``: the policy
 forms a batch from the head's level only, so nothing is ever reordered within a level and no request of a lower
 level rides in (and slows) a higher level's forward.
@@ -62,19 +66,23 @@ class RequestQueue(ABC):
         """Every waiting request in service order."""
 
     @abstractmethod
-    def _push(self, request: QueuedRequest) -> None:
-        """Place a new request (its id is not waiting)."""
+    def _push(self, request: QueuedRequest, front: bool) -> None:
+        """Place a new request (its id is not waiting): behind those of its level, or ahead of them (``front``)."""
 
     @abstractmethod
     def _drop(self, request: QueuedRequest) -> None:
         """Take a waiting request out of the order."""
 
     # --- the interface ---------------------------------------------------------------------------------------
-    def add(self, request: QueuedRequest) -> None:
-        """Queue ``request`` behind those of its level (a request already waiting under its id is replaced)."""
+    def add(self, request: QueuedRequest, *, front: bool = False) -> None:
+        """Queue ``request`` behind those of its level, or ahead of them with ``front`` (a requeued request); a
+        request already waiting under its id is replaced."""
         self.remove(request.id)
-        self._requests[request.id] = request
-        self._push(request)
+        if front:
+            self._requests = {request.id: request, **self._requests}
+        else:
+            self._requests[request.id] = request
+        self._push(request, front)
         if request.deadline is not None:
             heapq.heappush(self._deadlines, (request.deadline, request.id, request.entry_id))
 
@@ -139,8 +147,8 @@ class FcfsQueue(RequestQueue):
     def _ordered(self) -> Iterator[QueuedRequest]:
         return iter(self._requests.values())
 
-    def _push(self, request: QueuedRequest) -> None:
-        pass  # the arrival-ordered dict of every queue is this order
+    def _push(self, request: QueuedRequest, front: bool) -> None:
+        pass  # the arrival-ordered dict of every queue (a requeued request first) is this order
 
     def _drop(self, request: QueuedRequest) -> None:
         pass
@@ -160,8 +168,12 @@ class PriorityQueue(RequestQueue):
         for level in sorted(self._levels, reverse=True):
             yield from self._levels[level].values()
 
-    def _push(self, request: QueuedRequest) -> None:
-        self._levels.setdefault(request.priority, {})[request.id] = request
+    def _push(self, request: QueuedRequest, front: bool) -> None:
+        level = self._levels.setdefault(request.priority, {})
+        if front:
+            self._levels[request.priority] = {request.id: request, **level}
+        else:
+            level[request.id] = request
 
     def _drop(self, request: QueuedRequest) -> None:
         level = self._levels[request.priority]

@@ -10,7 +10,12 @@ With ``step_mode`` (``docs/step_mode.md``) requests are bucketed by their step k
 before a new batch is decided the head's batch may join a worker's open running set of its key with room
 (``scheduler.policy.place``, over the sets read from Redis and cached like the free-slot count): the batch is
 scheduled as any other and sent to the worker's inbox (``step_join.lua``); when the set closed, was sealed or filled
-meanwhile, it is published to Celery as a normal batch instead (it starts a set on a free worker).
+meanwhile, it is published to Celery as a normal batch instead (it starts a set on a free worker). With the
+``priority`` scheduling policy, a head that can neither join a set nor start one (no free slot) may **preempt** a
+request of a lower level running in a full set of its key (``scheduler.policy.preempt`` over the sets' members,
+``P:step:levels:{worker}``, read only then): the worker evicts it at its next step boundary and requeues it
+(``step_evict.lua``, ``requeue.lua``); its new stream entry puts it at the front of its level, and the freed room
+goes to the head through ``place``. One eviction at a time per key: the next waits until the last is done.
 
 Exactly one scheduler is active (a lease in Redis); others stand by and take over when it lapses. A new leader
 first replays the pending (read, unacknowledged) entries page by page: queued requests wait again, requests that
@@ -39,7 +44,7 @@ from celery import Celery
 
 from scheduler.deadlines import overdue
 from scheduler.lease import Lease
-from scheduler.policy import Dispatch, Join, OpenSet, PolicyConfig, WaitingRequest, decide, place
+from scheduler.policy import Dispatch, Join, Member, OpenSet, PolicyConfig, WaitingRequest, decide, place, preempt
 from scheduler.queue import QUEUES, QueuedRequest
 from scheduler.store import LeaseLost, RunningSet, SchedulerStore, StreamEntry
 from shared.celery_config import RUN_BATCH_TASK
@@ -90,6 +95,10 @@ class SchedulerService:
         self._free_at = 0.0
         self._sets: list[RunningSet] | None = None  # step mode: running sets as last read (plus our joins since)
         self._sets_at = 0.0
+        # step-mode preemption (priority levels only: under fcfs every request is level 0)
+        self._preemption = settings.step_mode and settings.scheduling_policy == "priority"
+        self._evicting: dict[str, str] = {}  # worker -> the request we asked its set to evict, until it is gone
+        self._members_at: float | None = None  # when the sets' members were last read (None: read when needed)
 
     # --- leadership ------------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -128,6 +137,8 @@ class SchedulerService:
         self._fresh.clear()
         self._free = None
         self._sets = None
+        self._evicting.clear()
+        self._members_at = None
         self._store.ensure_groups()
         try:
             self._recover()
@@ -153,6 +164,7 @@ class SchedulerService:
                 if read.woken:
                     self._free = None  # a batch finished, a set closed or a worker joined
                     self._sets = None
+                    self._members_at = None
                 self._admit(read.entries)
                 deadline = self._dispatch_ready()
         except LeaseLost:
@@ -197,7 +209,8 @@ class SchedulerService:
                     cost=pixel_cost(spec),
                     priority=spec.priority,
                     deadline=spec.deadline,
-                )
+                ),
+                front=entry.requeued,
             )
             self._fresh.add(entry.request_id)
         self._store.ack(done)
@@ -259,6 +272,8 @@ class SchedulerService:
             self._forget(decision.dropped_ids)
             if not isinstance(decision, Dispatch):
                 until = decision.until
+                if free <= 0 and sets:
+                    self._preempt(head, sets, free)
                 break
             self._dispatch(decision)
             self._free = free - 1
@@ -302,6 +317,57 @@ class SchedulerService:
             if isinstance(request.key, StepKey):
                 keys.setdefault(_digest(request.key), request.key)
         return [OpenSet(s.worker, keys.get(s.digest, s.digest), s.rows, s.sealed) for s in sets]
+
+    def _preempt(self, head: list[WaitingRequest], sets: Sequence[RunningSet], free: int) -> None:
+        """Step mode, priority levels: when the head can neither join a set nor start one, ask a set of its key to
+        evict a request of a lower level (``scheduler.policy.preempt``). The sets' members are read (one round trip)
+        at most once per ``CAPACITY_TTL_S`` unless an event woke the loop."""
+        first = next((r for r in head if not r.aborted), None)
+        if not self._preemption or first is None or not isinstance(first.key, StepKey):
+            return
+        now = self._clock()
+        if self._members_at is not None and now - self._members_at < CAPACITY_TTL_S:
+            return
+        placeable = self._placeable(sets, head)
+        open_workers = {s.worker for s in placeable}  # a set closed or sealed since: its eviction is moot
+        self._evicting = {w: rid for w, rid in self._evicting.items() if w in open_workers}
+        workers = [s.worker for s in placeable if s.key == first.key and not s.sealed]
+        if not workers:
+            return
+        self._members_at = now
+        members = self._store.step_levels(workers)
+        for worker in workers:  # an eviction is done once its request left the set's levels (requeued or ended)
+            if worker in self._evicting and self._evicting[worker] not in {m.request_id for m in members[worker]}:
+                del self._evicting[worker]
+        candidates = [
+            OpenSet(
+                s.worker,
+                s.key,
+                s.rows,
+                s.sealed,
+                members=tuple(Member(m.request_id, m.priority, m.joined_ms) for m in members.get(s.worker, [])),
+                evicting=s.worker in self._evicting,
+            )
+            for s in placeable
+            if s.worker in members
+        ]
+        decision = preempt(head, candidates, free, self._config)
+        if decision is None:
+            return
+        fields = ids_of(worker=decision.worker, request_id=decision.request_id)
+        if self._store.step_evict(decision.worker, _digest(first.key), decision.request_id):
+            self._evicting[decision.worker] = decision.request_id
+            log.info(
+                "request %s (level %d) preempts %s in %s's running set",
+                first.id,
+                first.level,
+                decision.request_id,
+                decision.worker,
+                extra=fields,
+            )
+        else:
+            self._members_at = None  # the set closed, was sealed or the request ended: look again
+            self._sets = None
 
     def _head_window(self, check: bool) -> list[WaitingRequest]:
         window = self._queue.head(self._window)

@@ -11,7 +11,7 @@ import redis
 
 from scheduler.deadlines import NOT_STARTED, RAN_PAST, InFlightRequest
 from shared import keys as k
-from shared.contracts import TIMEOUT_ERROR, RequestSpec, RequestStatus
+from shared.contracts import TIMEOUT_ERROR, RequestSpec, RequestStatus, StepEviction
 from shared.settings import Settings
 
 EVENTS_PAGE = 1000
@@ -25,6 +25,7 @@ class StreamEntry:
     entry_id: str
     request_id: str
     spec: RequestSpec | None  # None when the entry is unreadable (then it is failed and discarded)
+    requeued: bool = False  # put back by step-mode preemption (requeue.lua): it goes to the front of its level
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,15 @@ class RunningSet:
         return self.digest == k.STEP_SEALED
 
 
+@dataclass(frozen=True, slots=True)
+class RunningMember:
+    """A request running in a worker's step-mode set (``P:step:levels:{worker}``)."""
+
+    request_id: str
+    priority: int  # RequestSpec.priority
+    joined_ms: float  # when it joined the set (the worker's wall clock, ms)
+
+
 class LeaseLost(Exception):
     """The batch transition was refused: another scheduler holds the lease now."""
 
@@ -82,6 +92,7 @@ class SchedulerStore:
         self._free_slots = client.register_script(k.FREE_SLOTS)
         self._expire = client.register_script(k.EXPIRE)
         self._step_join = client.register_script(k.STEP_JOIN)
+        self._step_evict = client.register_script(k.STEP_EVICT)
 
     def ensure_groups(self) -> None:
         for stream in (self.keys.requests, self.keys.events):
@@ -146,7 +157,8 @@ class SchedulerStore:
             spec: RequestSpec | None = RequestSpec.model_validate_json(fields["spec"])
         except (KeyError, ValueError):
             spec = None
-        return StreamEntry(entry_id=entry_id, request_id=fields.get("id", ""), spec=spec)
+        requeued = fields.get("requeued") == "1"
+        return StreamEntry(entry_id=entry_id, request_id=fields.get("id", ""), spec=spec, requeued=requeued)
 
     def statuses(self, request_ids: Sequence[str]) -> list[tuple[RequestStatus | None, bool, str | None]]:
         """(status, abort flag, batch id) of each request; status None when the request hash is gone."""
@@ -209,6 +221,34 @@ class SchedulerStore:
         inbox_ttl_ms = int(2 * self._settings.batch_claim_timeout_s * 1000)
         args: list[str | int] = [worker, digest, message_json, batch_id, count, cap, worker_ttl_ms, inbox_ttl_ms]
         return int(self._step_join(keys=keys, args=args)) == 1
+
+    def step_levels(self, workers: Sequence[str]) -> dict[str, list[RunningMember]]:
+        """The requests running in each worker's set with their priorities and join times
+        (``P:step:levels:{worker}``, one round trip); a worker with none (or no set) maps to an empty list."""
+        if not workers:
+            return {}
+        pipe = self._redis.pipeline(transaction=False)
+        for worker in workers:
+            pipe.hgetall(self.keys.step_levels(worker))
+        out: dict[str, list[RunningMember]] = {}
+        for worker, fields in zip(workers, pipe.execute(), strict=True):
+            members: list[RunningMember] = []
+            for request_id, value in cast(dict[str, str], fields).items():
+                priority, _, joined = str(value).partition(" ")
+                try:
+                    members.append(RunningMember(str(request_id), int(priority), float(joined or 0)))
+                except ValueError:
+                    continue  # not written by a worker of this version: not a candidate
+            out[worker] = members
+        return out
+
+    def step_evict(self, worker: str, digest: str, request_id: str) -> bool:
+        """Ask ``worker``'s running set of step key ``digest`` to evict ``request_id`` at its next step boundary
+        (``step_evict.lua``): False when the set is no longer open on that key or no longer runs the request."""
+        keys = [self.keys.step_sets, self.keys.step_levels(worker), self.keys.step_inbox(worker)]
+        message = StepEviction(evict=request_id).model_dump_json()
+        inbox_ttl_ms = int(2 * self._settings.batch_claim_timeout_s * 1000)
+        return int(self._step_evict(keys=keys, args=[worker, digest, request_id, message, inbox_ttl_ms])) == 1
 
     def schedule(
         self,

@@ -1,12 +1,14 @@
 """The compatibility key: requests with equal keys may share one fused pipeline forward.
 
 The key holds every field that must be a scalar for the whole pipeline call (shape, frames and fps, steps, guidance
-and true CFG, prompt sequence length, output count, LoRA identity, task and strength) and the presence of a
-negative prompt. The task says whether the call is text-to-image, image-to-image or inpainting (a mask is present
-exactly for inpainting). Prompt text, negative-prompt text, seed, the input image and mask themselves, and the
-output encoding (format and quality, applied to each request's images after the forward) are per row and may
-differ inside a batch (the api resizes every input image to the request's output size, so images of one batch
-have one size).
+and true CFG, prompt sequence length, output count, task and strength) and the presence of a negative prompt. The
+task says whether the call is text-to-image, image-to-image or inpainting (a mask is present exactly for
+inpainting). Prompt text, negative-prompt text, seed, the input image and mask themselves, the LoRA adapter and its
+scale, and the output encoding (format and quality, applied to each request's images after the forward) are per row
+and may differ inside a batch (the api resizes every input image to the request's output size, so images of one
+batch have one size). The worker applies each row's own adapter in the one fused forward (``gpu_worker.lora``:
+peft's per-row ``adapter_names``); a pipeline that cannot mix adapters runs the batch's rows grouped by adapter
+inside the worker. The step key keeps the adapter (the step engine runs one adapter per running set).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, fields
 
-from shared.contracts import RequestSpec, Task
+from shared.contracts import LoraRef, RequestSpec, Task
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,15 +34,13 @@ class CompatKey:
     max_sequence_length: int | None
     fps: int | None
     n: int
-    lora_name: str | None
-    lora_scale: float | None
     has_negative_prompt: bool
     task: Task
     strength: float | None
 
 
 def compat_key(spec: RequestSpec) -> CompatKey:
-    """The batching bucket of ``spec``; no LoRA is a bucket of its own."""
+    """The batching bucket of ``spec`` (its LoRA adapter is per row: not in the key)."""
     return CompatKey(
         model=spec.model,
         width=spec.width,
@@ -53,8 +53,6 @@ def compat_key(spec: RequestSpec) -> CompatKey:
         max_sequence_length=spec.max_sequence_length,
         fps=spec.fps,
         n=spec.n,
-        lora_name=spec.lora.name if spec.lora else None,
-        lora_scale=spec.lora.scale if spec.lora else None,
         has_negative_prompt=spec.negative_prompt is not None,
         task=spec.task,
         strength=spec.strength,
@@ -84,12 +82,18 @@ PER_ROW: frozenset[str] = frozenset(
 guidance, a request is ``n`` rows, a guided row without a negative prompt is guided by the empty prompt), so they
 do not split a running set."""
 
+STEP_ONLY: frozenset[str] = frozenset({"lora_name", "lora_scale"})
+"""The step-key fields that are not compatibility-key fields: the LoRA adapter and scale, per row in a request-level
+forward but one per running set (the step engine's denoiser and prompt-encoder calls run the adapter active on the
+pipeline). :class:`StepKey`'s fields are exactly the :class:`CompatKey` fields less :data:`PER_ROW`, plus these."""
+
 
 @dataclass(frozen=True, slots=True)
 class StepKey:
-    """Step-mode bucket of a request: the :class:`CompatKey` fields not in :data:`PER_ROW`, what one fused denoiser
-    call cannot mix (size, frames, prompt sequence length, LoRA, task and strength, the model). Requests with equal
-    step keys may share one running set (``docs/step_mode.md``)."""
+    """Step-mode bucket of a request: the :class:`CompatKey` fields not in :data:`PER_ROW`, plus the LoRA adapter
+    and scale (:data:`STEP_ONLY`): what one running set's fused denoiser calls cannot mix (size, frames, prompt
+    sequence length, LoRA, task and strength, the model). Requests with equal step keys may share one running set
+    (``docs/step_mode.md``). The digest of a key is unchanged by the LoRA's move out of the compatibility key."""
 
     model: str
     width: int
@@ -111,10 +115,11 @@ class StepKey:
 
 
 def step_key(spec: RequestSpec) -> StepKey:
-    """The step-mode bucket of ``spec``: its compatibility key without the per-row fields."""
-    return step_key_of(compat_key(spec))
+    """The step-mode bucket of ``spec``: its compatibility key without the per-row fields, with its LoRA."""
+    return step_key_of(compat_key(spec), spec.lora)
 
 
-def step_key_of(key: CompatKey) -> StepKey:
-    """``key`` less its :data:`PER_ROW` fields."""
-    return StepKey(**{field.name: getattr(key, field.name) for field in fields(StepKey)})
+def step_key_of(key: CompatKey, lora: LoraRef | None = None) -> StepKey:
+    """``key`` less its :data:`PER_ROW` fields, with the adapter ``lora`` (None: the base model)."""
+    shared = {name: getattr(key, name) for name in (field.name for field in fields(StepKey)) if name not in STEP_ONLY}
+    return StepKey(**shared, lora_name=lora.name if lora else None, lora_scale=lora.scale if lora else None)

@@ -167,6 +167,14 @@ class BatchMessage(Frozen):
     created_at: float
 
 
+class StepEviction(Frozen):
+    """Step mode: a message in a worker's inbox (beside ``BatchMessage``s) asking its running set to evict request
+    ``evict`` at the next step boundary and requeue it (``step_evict.lua``, ``requeue.lua``): a request of a higher
+    level waits for its room."""
+
+    evict: str = Field(min_length=1)
+
+
 class ErrorInfo(Frozen):
     """Why a request failed: the exception type and its message."""
 

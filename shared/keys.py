@@ -46,7 +46,12 @@ key                             type    contents
                                         once it takes no more joins); each open set holds its worker's slot
 ``P:step:rows``                 hash    step mode: worker -> requests in its open set or sent to it
 ``P:step:inbox:{worker}``       list    step mode: batch messages sent to the worker's running set
-                                        (``step_join.lua``), read at its next step boundary
+                                        (``step_join.lua``), and evictions (``step_evict.lua``: a
+                                        ``StepEviction``), read at its next step boundary
+``P:step:levels:{worker}``      hash    step mode: request id -> "<priority> <joined ms>" of each request running
+                                        in the worker's set, written by the worker when it joins and removed when
+                                        it leaves (``requeue.lua`` too); read by the scheduler to preempt; TTL
+                                        ``batch_time_limit_s``, renewed with each write
 ``P:workers``                   zset    live worker node names, scored by last heartbeat (Redis time, ms)
 ``P:capabilities``              hash    worker node name -> WorkerCapabilities JSON (model, pipeline, tasks);
                                         swept with the worker's heartbeat entry
@@ -72,7 +77,8 @@ key                             type    contents
 ==============================  ======  =====================================================================
 
 Every status change goes through a Lua script of ``shared/lua/`` (one file each, documented at its top), so
-each is atomic and only moves forward. Invariants the scripts keep together:
+each is atomic and only moves forward, but one: ``requeue.lua`` moves a running request back to queued (step-mode
+preemption, for the claim that runs it). Invariants the scripts keep together:
 
 * a request that is ``scheduled`` or ``running`` belongs to a batch in ``P:inflight`` (``schedule.lua`` adds
   both at once; ``batch_done.lua`` and ``reap.lua`` remove a batch only when none of its requests is left
@@ -130,6 +136,9 @@ class RedisKeys:
 
     def step_inbox(self, worker: str) -> str:
         return f"{self.prefix}:step:inbox:{worker}"
+
+    def step_levels(self, worker: str) -> str:
+        return f"{self.prefix}:step:levels:{worker}"
 
     @property
     def workers(self) -> str:
@@ -231,6 +240,8 @@ HEARTBEAT = _lua("heartbeat")
 FREE_SLOTS = _lua("free_slots")
 STEP_JOIN = _lua("step_join")
 STEP_CLOSE = _lua("step_close")
+STEP_EVICT = _lua("step_evict")
+REQUEUE = _lua("requeue")
 RENEW = _lua("renew")
 RELEASE = _lua("release")
 RESULTS_RECORD = _lua("results_record")

@@ -24,6 +24,8 @@ field                              written by     counts
 ``step_ms:<le>``, ``step:sum``     WorkerMetrics  each forward's mean step time (seconds / steps), same buckets
 ``images``                         WorkerMetrics  images (or videos) the forwards produced
 ``oom_splits``                     WorkerMetrics  fused forwards halved after running out of memory
+``requeued``                       requeue        step mode: running requests evicted for a higher priority and
+                                                  queued again (not exported to /metrics yet)
 ``webhooks:<outcome>``             webhook_       webhook deliveries: ``delivered``, ``dropped``,
                                    outcome        ``superseded`` (a progress event with a later one
                                                   behind it), ``retried`` (failed attempts tried again)

@@ -46,8 +46,9 @@ FeedDep = Annotated[EventFeed, Depends(get_feed)]
 EVENT_STREAM: Responses = {
     200: {
         "content": {"text/event-stream": {"schema": {"type": "string"}}},
-        "description": "Server-Sent Events: queued, scheduled, running, progress, then one of succeeded, failed, "
-        "aborted (data: JSON naming the request, `id`); the stream closes after the terminal event (docs/api.md).",
+        "description": "Server-Sent Events: queued, scheduled, running, progress (in step mode a request may be "
+        "requeued, back to queued, and run again), then one of succeeded, failed, aborted (data: JSON naming the "
+        "request, `id`); the stream closes after the terminal event (docs/api.md).",
     },
     204: {
         "description": "Nothing left to send: every request ended and Last-Event-ID is at (or past) its terminal "

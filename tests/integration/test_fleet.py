@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from gpu_worker.diffusers_runner import DiffusersRunner
+from shared.contracts import LoraRef
 from tests.integration.conftest import LORA_NAME, Fleet
 from tests.support.runners import EXPLODE_MARKER
 from tests.support.solo import png_array, solo_image
@@ -79,26 +80,30 @@ def test_a_failing_request_fails_alone(fleet: Fleet) -> None:
     assert len({s["batch_id"] for s in states.values()}) < 4, "the four requests should have been fused"
 
 
-def test_lora_batches_by_adapter_and_scale_and_changes_the_image(fleet: Fleet) -> None:
-    lora = {"name": LORA_NAME, "scale": 1.0}
-    ids = fleet.http.post(
-        "/v1/requests/batch",
-        json={
-            "requests": [
-                {"prompt": "a castle", "seed": 11, "lora": lora},
-                {"prompt": "a bridge", "seed": 12, "lora": lora},
-                {"prompt": "a castle", "seed": 11, "lora": {"name": LORA_NAME, "scale": 0.5}},
-                {"prompt": "a castle", "seed": 11},
-            ]
-        },
-    ).json()["ids"]
+def test_lora_adapters_and_scales_share_a_batch_and_each_equals_its_solo_run(
+    fleet: Fleet, solo_runner: DiffusersRunner
+) -> None:
+    """Requests with different adapters, scales, or none are fused into one forward (the LoRA is per row), and each
+    image equals its solo run; the adapter and the scale really change the image."""
+    loras = [
+        LoraRef(name=LORA_NAME, scale=1.0),
+        LoraRef(name=LORA_NAME, scale=1.0),
+        LoraRef(name=LORA_NAME, scale=0.5),
+        None,
+    ]
+    prompts = [("a castle", 11), ("a bridge", 12), ("a castle", 11), ("a castle", 11)]
+    requests = [
+        {"prompt": prompt, "seed": seed, **({"lora": lora.model_dump()} if lora else {})}
+        for (prompt, seed), lora in zip(prompts, loras, strict=True)
+    ]
+    ids = fleet.http.post("/v1/requests/batch", json={"requests": requests}).json()["ids"]
     states = fleet.wait_done(ids)
     assert all(s["status"] == "succeeded" for s in states.values()), states
-    same, other_scale, bare = states[ids[0]], states[ids[2]], states[ids[3]]
-    assert same["batch_id"] == states[ids[1]]["batch_id"]
-    assert other_scale["batch_id"] != same["batch_id"]
-    assert bare["batch_id"] not in (same["batch_id"], other_scale["batch_id"])
-    with_lora, half_lora, without = (png_array(fleet.image(r)) for r in (ids[0], ids[2], ids[3]))
+    assert len({s["batch_id"] for s in states.values()}) == 1, "the four requests should share one batch"
+    images = [png_array(fleet.image(rid)) for rid in ids]
+    for rid, image, lora in zip(ids, images, loras, strict=True):
+        assert np.abs(image - solo_image(solo_runner, states[rid], lora)).max() <= 1, f"{rid} ({lora}) != solo"
+    with_lora, half_lora, without = images[0], images[2], images[3]
     assert np.abs(with_lora - without).max() > 1
     assert np.abs(with_lora - half_lora).max() > 1
 
@@ -112,6 +117,10 @@ def test_abort_while_running_stops_it_and_spares_peers(fleet: Fleet) -> None:
     assert fleet.wait_running(victim, min_step=2)["status"] == "running"
     answer = fleet.http.post(f"/v1/requests/{victim}/abort")
     assert answer.status_code == 200 and answer.json()["status"] == "running"
+    ended = fleet.http.get(f"/v1/requests/{victim}?wait_s=20").json()  # a long poll: woken when it ends
+    assert ended["status"] == "aborted"
+    during = fleet.get(peer)  # the victim ended at once, while the fused forward still runs for its peer
+    assert during["status"] == "running" and during["progress"]["step"] < slow["num_inference_steps"], during
     states = fleet.wait_done(ids)
     assert states[victim]["status"] == "aborted"
     assert states[victim]["images"] == []

@@ -24,8 +24,8 @@ def make_test_lora(model_dir: Path, out_dir: Path, name: str, seed: int) -> Path
     unet = UNet2DConditionModel.from_pretrained(Path(model_dir) / "unet")
     config = LoraConfig(r=4, lora_alpha=4, init_lora_weights=False, target_modules=LORA_TARGET_MODULES)
     torch.manual_seed(seed)
-    unet.add_adapter(config, adapter_name=name)
-    layers = convert_state_dict_to_diffusers(get_peft_model_state_dict(unet, adapter_name=name))
+    unet.add_adapter(config, adapter_name="made")  # not ``name``: peft refuses adapter names with dots
+    layers = convert_state_dict_to_diffusers(get_peft_model_state_dict(unet, adapter_name="made"))
     target = Path(out_dir) / name
     StableDiffusionPipeline.save_lora_weights(target, unet_lora_layers=layers)
     return target

@@ -1,4 +1,5 @@
-"""The compatibility key: every batch-wide field splits buckets, every per-row field does not."""
+"""The compatibility key: every batch-wide field splits buckets, every per-row field does not. The LoRA adapter is
+per row (each row of a fused forward gets its own, ``gpu_worker.lora``); the step key keeps it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from shared.compat import CompatKey, compat_key
+from shared.compat import CompatKey, compat_key, step_key
 from shared.contracts import LoraRef, RequestSpec
 
 BASE: dict[str, Any] = {
@@ -45,12 +46,12 @@ KEYED_FIELDS = frozenset(
         "max_sequence_length",
         "fps",
         "n",
-        "lora",
         "negative_prompt",
         "task",
         "strength",
     }
 )
+# lora (adapter and scale) is per row: a fused forward applies each row's own adapter (gpu_worker.lora.LoraActivator).
 # output_format and output_compression are per row: each request's images are encoded after the forward.
 # priority and timeout_s are the scheduler's (which level a request waits in, its deadline), never the forward's.
 PER_ROW_FIELDS = frozenset(
@@ -64,9 +65,10 @@ PER_ROW_FIELDS = frozenset(
         "output_compression",
         "priority",
         "timeout_s",
+        "lora",
     }
 )
-LORA_KEYED_FIELDS = frozenset({"name", "scale"})
+LORA_FIELDS = frozenset({"name", "scale"})
 
 
 def spec(**overrides: Any) -> RequestSpec:
@@ -88,12 +90,6 @@ DIFFERENT: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "true_cfg_vs_none": ({}, {"true_cfg_scale": 4.0}),
     "max_sequence_length": ({}, {"max_sequence_length": 128}),
     "fps": ({"num_frames": 9, "fps": 24}, {"fps": 8}),
-    "lora_name": ({"lora": LoraRef(name="style-a", scale=1.0)}, {"lora": LoraRef(name="style-b", scale=1.0)}),
-    "lora_scale": (
-        {"lora": LoraRef(name="style-a", scale=1.0)},
-        {"lora": LoraRef(name="style-a", scale=0.5)},
-    ),
-    "lora_vs_none": ({}, {"lora": LoraRef(name="style-a", scale=1.0)}),
     "negative_prompt_presence": ({}, {"negative_prompt": "blurry"}),
     "empty_negative_prompt_presence": ({}, {"negative_prompt": ""}),
     "task": ({}, {"task": "image-to-image", "strength": 0.8}),
@@ -113,6 +109,9 @@ SAME: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "created_at": ({}, {"created_at": 2000.5}),
     "output_format": ({}, {"output_format": "jpeg", "output_compression": 80}),
     "priority_and_timeout": ({}, {"priority": 2, "timeout_s": 5.0}),
+    "lora_name": ({"lora": LoraRef(name="style-a", scale=1.0)}, {"lora": LoraRef(name="style-b", scale=1.0)}),
+    "lora_scale": ({"lora": LoraRef(name="style-a", scale=1.0)}, {"lora": LoraRef(name="style-a", scale=0.5)}),
+    "lora_vs_none": ({}, {"lora": LoraRef(name="style-a", scale=1.0)}),
     "all_per_row": (
         {"negative_prompt": "blurry"},
         {"id": "req-3", "prompt": "x", "negative_prompt": "y", "seed": 0, "created_at": 1.0},
@@ -143,8 +142,13 @@ def test_every_request_field_is_classified() -> None:
     assert not stale, f"classified fields that RequestSpec no longer has: {sorted(stale)}"
 
 
-def test_every_lora_field_is_in_the_key() -> None:
-    assert set(LoraRef.model_fields) == LORA_KEYED_FIELDS
+def test_every_lora_field_is_in_the_step_key() -> None:
+    """The step engine runs one adapter per running set: both the adapter and its scale split step keys."""
+    assert set(LoraRef.model_fields) == LORA_FIELDS
+    base = spec(lora=LoraRef(name="style-a", scale=1.0))
+    for other in (None, LoraRef(name="style-b", scale=1.0), LoraRef(name="style-a", scale=0.5)):
+        assert step_key(spec(lora=other)) != step_key(base), other
+    assert step_key(spec(lora=LoraRef(name="style-a", scale=1.0))) == step_key(base)
 
 
 def test_every_key_field_is_exercised() -> None:

@@ -41,7 +41,7 @@ from gpu_worker.step_engine import (  # noqa: E402
 from gpu_worker.step_engine.bench import measure  # noqa: E402
 from gpu_worker.tiny_models import sd3  # noqa: E402
 from gpu_worker.tiny_models.components import eval_modules  # noqa: E402
-from shared.compat import CompatKey  # noqa: E402
+from shared.compat import STEP_ONLY, CompatKey  # noqa: E402
 from shared.contracts import LoraRef, RequestSpec, Task  # noqa: E402
 
 PIXEL_TOLERANCE = 1
@@ -404,9 +404,10 @@ def test_a_request_is_n_rows_with_the_request_level_generators(pipes: dict[str, 
             assert np.abs(np.asarray(image, dtype=np.int16) - np.asarray(fused[k], dtype=np.int16)).max() <= 1
 
 
-def test_the_step_key_is_the_compat_key_less_the_per_row_fields() -> None:
-    assert {f.name for f in fields(StepKey)} | PER_ROW == {f.name for f in fields(CompatKey)}
+def test_the_step_key_is_the_compat_key_less_the_per_row_fields_plus_the_lora() -> None:
+    assert {f.name for f in fields(StepKey)} | PER_ROW == {f.name for f in fields(CompatKey)} | STEP_ONLY
     assert not {f.name for f in fields(StepKey)} & PER_ROW
+    assert not {f.name for f in fields(CompatKey)} & STEP_ONLY
     base = spec()
     for per_row in (
         {"num_inference_steps": 9},

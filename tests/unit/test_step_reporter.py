@@ -3,6 +3,7 @@ step is written."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 
@@ -96,3 +97,38 @@ def test_an_outage_pauses_reports_and_the_forward_goes_on(settings: Settings) ->
     reporter.close()
     assert time.perf_counter() - started < 2.5  # bounded by CLOSE_TIMEOUT_S even while writes fail
     assert store.writes >= 1
+
+
+def test_aborted_rows_are_handed_over_once_from_the_reporter_thread(settings: Settings) -> None:
+    """``on_aborted`` gets each aborted request once, on the reporter's thread (never the loop's); a Redis outage in
+    it is retried with the next report."""
+    client = fakeredis.FakeRedis(decode_responses=True)
+    store = claimed(client, settings, ["a", "b", "c"])
+    calls: list[tuple[str, list[str]]] = []
+
+    def on_aborted(request_ids: list[str]) -> None:
+        calls.append((threading.current_thread().name, request_ids))
+        if len(calls) == 1:
+            raise redis.ConnectionError("Connection refused")  # the first try meets an outage
+
+    reporter = StepReporter(store, ["a", "b", "c"], "tok", on_aborted=on_aborted)
+    abort = client.register_script(k.ABORT)
+    abort(keys=[store.keys.request("b")], args=[time.time(), 60, "ch", "b"])
+    step = 0
+
+    def handed(count: int) -> bool:
+        nonlocal step
+        step += 1
+        reporter.on_step(step, 100)
+        return len(calls) >= count
+
+    wait_for(lambda: handed(2), 5, "the abort to be handed over again after the outage")
+    abort(keys=[store.keys.request("c")], args=[time.time(), 60, "ch", "c"])
+    wait_for(lambda: handed(3), 5, "the second abort to be handed over")
+    for _ in range(5):
+        reporter.on_step(step + 1, 100)
+        step += 1
+        time.sleep(0.02)
+    reporter.close()
+    assert calls == [("step-reporter", ["b"]), ("step-reporter", ["b"]), ("step-reporter", ["c"])]
+    assert reporter.signals == [RowSignal.GO_ON, RowSignal.ABORTED, RowSignal.ABORTED]

@@ -1,0 +1,104 @@
+"""Step-mode preemption on the worker (``gpu_worker.step_loop``), on fakeredis with the real Lua scripts and the real
+diffusers runner on the tiny demo model (the fixtures of ``tests/unit/test_step_loop.py``): an eviction the
+scheduler sends (``step_evict.lua``) takes a running request out of the set at the next step boundary and requeues
+it (``requeue.lua``); a higher-priority request joins the freed room and finishes first; the evicted request's batch
+still completes with its other request; run again, the evicted request gives its solo images.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("diffusers")
+
+from gpu_worker.diffusers_runner import DiffusersRunner  # noqa: E402
+from gpu_worker.step_loop import SetOutcome  # noqa: E402
+from scheduler.store import SchedulerStore  # noqa: E402
+from shared.compat import step_key  # noqa: E402
+from shared.contracts import BatchMessage, StepEviction  # noqa: E402
+from tests.unit.test_step_loop import (  # noqa: E402, F401 - fixtures
+    WORKER,
+    Hooked,
+    Worker,
+    client,
+    hooked,
+    one_thread,
+    runner,
+    settings,
+    solo,
+    spec,
+    stored_images,
+    worker,
+)
+
+
+def test_an_evicted_request_is_requeued_and_a_higher_level_takes_its_room(
+    worker: Worker,  # noqa: F811 - the fixture
+    hooked: Hooked,  # noqa: F811
+    runner: DiffusersRunner,  # noqa: F811
+) -> None:
+    low1 = spec("low1", steps=8, seed=21).model_copy(update={"priority": -2})
+    low2 = spec("low2", steps=8, seed=22).model_copy(update={"priority": -2})
+    high = spec("high", steps=2, seed=23).model_copy(update={"priority": 2})
+    digest = step_key(low1).digest
+    scheduler = SchedulerStore(worker.client, worker.settings)
+    seen: dict[str, object] = {}
+
+    def look() -> None:
+        levels = worker.client.hgetall(worker.keys.step_levels(WORKER))
+        seen["levels"] = {rid: value.split()[0] for rid, value in levels.items()}
+
+    def preempt() -> None:  # what the scheduler does: evict low2, then (once its room is free) join high
+        worker.client.rpush(worker.keys.step_inbox(WORKER), StepEviction(evict="nobody").model_dump_json())
+        assert scheduler.step_evict(WORKER, digest, "low2")
+        worker.send(worker.schedule("B2", [high]), step_key(high).digest)
+
+    def after() -> None:
+        seen["rows"] = worker.client.hget(worker.keys.step_rows, WORKER)
+        seen["low2"] = worker.request("low2")["status"]
+
+    hooked.hooks[1] = look
+    hooked.hooks[3] = preempt  # read at the boundary after step 3
+    hooked.hooks[4] = after
+    outcome = worker.loop.run(worker.schedule("B1", [low1, low2]))
+    assert isinstance(outcome, SetOutcome)
+    assert outcome.batches == ["B1", "B2"]
+    assert outcome.statuses == {"low1": "succeeded", "low2": "queued", "high": "succeeded"}
+    assert seen == {"levels": {"low1": "-2", "low2": "-2"}, "rows": "2", "low2": "queued"}
+    assert float(worker.request("high")["finished_at"]) < float(worker.request("low1")["finished_at"])
+    assert hooked.steps == 8  # low1's steps: the high request ran within them
+
+    state = worker.request("low2")
+    assert state["status"] == "queued" and state["step"] == "0" and "claim" not in state and "results" not in state
+    [(entry_id, fields)] = worker.client.xrange(worker.keys.requests, count=10)[-1:]
+    assert fields["id"] == "low2" and fields["requeued"] == "1" and state["entry"] == entry_id
+    events = [f["event"] for _, f in worker.client.xrange(worker.keys.request_events("low2"))]
+    assert events[-1] == "requeued" and "running" in events
+    worker.assert_closed()  # B1 left flight with low1 (low2 no longer counts in it); nothing held or counted
+    assert not worker.client.exists(worker.keys.step_levels(WORKER))
+
+    # the requeued request runs again from step 0 and gives its solo images
+    assert scheduler.schedule(worker.lease.key, worker.lease.token, "B3", ["low2"]) == ["low2"]
+    again = worker.loop.run(BatchMessage(batch_id="B3", request_ids=("low2",), created_at=time.time()))
+    assert isinstance(again, SetOutcome) and again.statuses == {"low2": "succeeded"}
+    (image,) = stored_images(worker, "low2")
+    assert int(np.abs(image - solo(runner, low2)[0]).max()) <= 1
+    assert worker.request("low2")["batch_id"] == "B3"
+    worker.assert_closed()
+
+
+def test_a_sealed_set_ignores_an_eviction(worker: Worker, hooked: Hooked) -> None:  # noqa: F811 - the fixtures
+    worker.loop.seal_after_s = 0.0
+    low = spec("low", steps=4, seed=31).model_copy(update={"priority": -2})
+
+    def evict() -> None:  # sent before the set was sealed (the scheduler's read was older)
+        worker.client.rpush(worker.keys.step_inbox(WORKER), StepEviction(evict="low").model_dump_json())
+
+    hooked.hooks[1] = evict
+    outcome = worker.loop.run(worker.schedule("B1", [low]))
+    assert isinstance(outcome, SetOutcome) and outcome.statuses == {"low": "succeeded"}
+    assert hooked.steps == 4
+    worker.assert_closed()
