@@ -101,6 +101,7 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
                 state.executor,
                 seal_after_s=settings.soft_time_limit_s / 2,
                 metrics=state.metrics,
+                finisher=state.finisher,
             )
         elif settings.step_mode:
             log.warning("step mode is on, but %s has no step-mode adapter: batches run request-level", runner)

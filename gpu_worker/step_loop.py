@@ -10,11 +10,13 @@ the runner can run (``StepRunner.step_set``), runs them as the first members of 
   claimed under its own token (one that another run holds is skipped), marked ``FORWARD_DONE`` and held by the
   heartbeat; its running requests join the set (one refused by the engine fails alone, ``InvalidRequest``), and
   ``P:step:rows`` drops by the requests the claim does not run. Then one fused step of every live request.
-* **A request ends at once.** Those a step finished are decoded together and stored and ``FINISH``ed inline (the
-  loop waits for it: simplest, and a step-mode set is never idle for want of a forward to overlap); aborted ones
-  (the abort flag, brought back by one ``StepReporter`` per batch and step count, off the loop) leave the set at the
-  next step and end ``aborted``; ones another run claimed meanwhile are dropped. Each ended request takes one off
-  ``P:step:rows``; a batch whose requests have all ended is released (``BATCH_DONE``).
+* **A request ends at once.** Those a step finished are decoded together on the loop and counted out of the set
+  at once (their room goes to joiners); storing and ``FINISH``ing them is handed to the process's finisher
+  (``gpu_worker.finisher``, one job per batch), so the next steps run while their images are encoded and written,
+  as a request-level batch is finished behind the next forward (at most one job runs and one waits: two steps'
+  outputs in memory). Aborted ones (the abort flag, brought back by one ``StepReporter`` per batch and step count,
+  off the loop) leave the set at the next step and end ``aborted`` without storing anything; ones another run
+  claimed meanwhile are dropped. A batch whose requests have all ended and been stored is released (``BATCH_DONE``).
 * **Failures.** A step that runs out of memory is retried as two halves (the runner's cache emptied first), down to
   a single request, which fails ``OutOfMemory``; any other exception from a step re-steps the requests one by one,
   so only the culprit(s) fail with the error. Anything else that escapes the loop (a bug, the soft time limit) fails
@@ -41,17 +43,20 @@ true CFG: ValueError; a LoRA that cannot be loaded), runs request-level through 
 from __future__ import annotations
 
 import logging
+import queue
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import ValidationError
 
 from gpu_worker.executor import BatchExecutor, BatchOutcome, is_out_of_memory
+from gpu_worker.finisher import Finisher, InlineFinisher
 from gpu_worker.heartbeat import Heartbeat
-from gpu_worker.log_context import ids
+from gpu_worker.log_context import carry_context, ids
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.result_writer import ResultWriter, Statuses, error_info
 from gpu_worker.runner import StepRunner, StepSet
@@ -63,8 +68,10 @@ from shared.retry import is_transient
 
 log = logging.getLogger(__name__)
 
-ABORTED = ErrorInfo(type="Aborted", message="aborted while running")
-"""What an aborted request is ended with: ``finish.lua`` ends a flagged request ``aborted`` whatever the outcome."""
+STORE_POLL_S = 0.05
+"""With nothing to step, how long the loop waits for a store in progress before it reads the inbox again."""
+SETTLE_S = 60.0
+"""How long a set that fails as a whole waits for the stores in progress before it releases its batches."""
 
 
 @dataclass(slots=True)
@@ -82,6 +89,15 @@ class _Held:
     batch_id: str
     token: str
     live: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Stored:
+    """What the finisher did with requests of one batch: their statuses, or the Redis outage that stopped it."""
+
+    held: _Held
+    request_ids: list[str]
+    outcome: Statuses | Exception
 
 
 @dataclass(slots=True, eq=False)
@@ -108,6 +124,7 @@ class StepLoop:
         *,
         seal_after_s: float,
         metrics: WorkerMetrics | None = None,
+        finisher: Finisher | None = None,
     ) -> None:
         self.runner = runner
         self.worker = worker
@@ -117,6 +134,7 @@ class StepLoop:
         self.fallback = fallback
         self.seal_after_s = seal_after_s
         self.metrics = metrics
+        self.finisher: Finisher = finisher or InlineFinisher()
 
     def run(self, batch: BatchMessage) -> SetOutcome | BatchOutcome | Locked:
         """Claim ``batch`` and run it as a new running set until the set closes; ``Locked`` when another run holds
@@ -158,6 +176,8 @@ class _RunningSet:
         self.owner: dict[str, _Held] = {}  # live request id -> its batch's claim
         self.specs: dict[str, RequestSpec] = {}
         self.groups: list[_Group] = []
+        self.storing: dict[str, _Held] = {}  # request id -> its batch's claim, while the finisher stores it
+        self.stored: queue.SimpleQueue[_Stored] = queue.SimpleQueue()  # what the finisher did, for the loop
         self.outcome = SetOutcome(batches=[], statuses={})
         self.opened = time.monotonic()
         self.sealed = False
@@ -175,7 +195,11 @@ class _RunningSet:
             while True:
                 self._seal_when_due()
                 self._read_inbox()
+                self._collect()
                 if not self.owner:
+                    if self.storing:  # nothing to step: wait for the stores (joiners still read each round)
+                        self._collect(wait_s=STORE_POLL_S)
+                        continue
                     if self.writer.redis(lambda: self.store.step_close(self.worker), "closing the set"):
                         break
                     continue
@@ -351,7 +375,7 @@ class _RunningSet:
         if aborted:
             log.info("aborted while running: %s", aborted)
             for held, request_ids in self._by_batch(aborted).items():
-                self.outcome.statuses.update(self.writer.fail(dict.fromkeys(request_ids, ABORTED), held.token))
+                self.outcome.statuses.update(self.writer.abort([self.specs[rid] for rid in request_ids], held.token))
         if dropped:
             log.warning("claimed by another run or ended meanwhile, dropped: %s", dropped)
         self._ended([*aborted, *dropped])
@@ -360,7 +384,10 @@ class _RunningSet:
         self.writer.redis(lambda: self.store.progress([request_id], total, total, held.token), "reporting progress")
 
     def _finish(self, finished: list[str]) -> None:
-        """Decode, store and finish the requests a step finished (one decode for all, one round trip per batch)."""
+        """Decode the requests a step finished (one decode for all, on the loop: it uses the accelerator), count them
+        out of the set at once (their room goes to joiners), and hand storing and finishing them to the finisher, one
+        job per batch, so the next steps run while their images are encoded and written (``_collect`` takes the
+        outcome back)."""
         try:
             images: Sequence[object] = self.set.outputs(finished)
         except SoftTimeLimitExceeded:
@@ -373,16 +400,61 @@ class _RunningSet:
             return
         outputs = dict(zip(finished, images, strict=True))
         for held, request_ids in self._by_batch(finished).items():
-            specs = [self.specs[rid] for rid in request_ids]
-            try:
-                statuses = self.writer.store_results(specs, [outputs[rid] for rid in request_ids], held.token)
-            except Exception as exc:  # noqa: BLE001 - the requests must end and say why
-                if is_transient(exc):
-                    raise
+            specs = [self.specs.pop(rid) for rid in request_ids]
+            for rid in request_ids:
+                del self.owner[rid]
+                self.storing[rid] = held
+            results = [outputs[rid] for rid in request_ids]
+            self.loop.finisher.submit(carry_context(partial(self._store, held, specs, results)))
+        self._count_out(finished)
+
+    def _store(self, held: _Held, specs: list[RequestSpec], results: list[object]) -> None:
+        """The finisher's job: store and finish these requests of one batch; the outcome goes back to the loop
+        (a Redis outage past the bound goes back as the error, for the loop to leave the set to the reaper)."""
+        outcome: Statuses | Exception
+        try:
+            outcome = self.writer.store_results(specs, results, held.token)
+        except Exception as exc:  # noqa: BLE001 - the requests must end and say why
+            if is_transient(exc):
+                outcome = exc
+            else:
                 log.exception("storing results failed; failing those requests")
-                statuses = self.writer.fail({rid: error_info(exc) for rid in request_ids}, held.token)
-            self.outcome.statuses.update(statuses)
-        self._ended(finished)
+                try:
+                    outcome = self.writer.fail({spec.id: error_info(exc) for spec in specs}, held.token)
+                except Exception as again:  # noqa: BLE001 - handed to the loop
+                    outcome = again
+        self.stored.put(_Stored(held, [spec.id for spec in specs], outcome))
+
+    def _collect(self, wait_s: float = 0.0) -> None:
+        """Take back what the finisher stored (waiting up to ``wait_s`` for the first one): record the statuses and
+        release each batch none of whose requests is left. An error it handed back is raised here."""
+        try:
+            done = [self.stored.get(timeout=wait_s) if wait_s > 0 else self.stored.get_nowait()]
+        except queue.Empty:
+            return
+        while True:
+            try:
+                done.append(self.stored.get_nowait())
+            except queue.Empty:
+                break
+        for stored in done:
+            for rid in stored.request_ids:
+                self.storing.pop(rid, None)
+                stored.held.live.discard(rid)
+        failure = next((stored.outcome for stored in done if isinstance(stored.outcome, Exception)), None)
+        if failure is not None:
+            raise failure
+        for stored in done:
+            assert not isinstance(stored.outcome, Exception)
+            self.outcome.statuses.update(stored.outcome)
+            if not stored.held.live and stored.held.batch_id in self.held:
+                self._end_batch(stored.held)
+
+    def _settle(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) for the stores in progress, so that no batch is released under them."""
+        deadline = time.monotonic() + timeout_s
+        while self.storing and time.monotonic() < deadline:
+            self._collect(wait_s=STORE_POLL_S)
 
     # --- ending ---------------------------------------------------------------------------------------------------
 
@@ -422,7 +494,7 @@ class _RunningSet:
             self.outcome.statuses[request_id] = RequestStatus.QUEUED
             self._ended([request_id], counted=False)
         elif outcome == 2:  # flagged aborted meanwhile: it ends so, as at any boundary
-            self.outcome.statuses.update(self.writer.fail({request_id: ABORTED}, held.token))
+            self.outcome.statuses.update(self.writer.abort([self.specs[request_id]], held.token))
             self._ended([request_id])
         else:
             log.warning("request %s to evict is no longer this run's: dropped", request_id)
@@ -438,12 +510,17 @@ class _RunningSet:
             held.live.discard(rid)
             if not held.live and held not in emptied:
                 emptied.append(held)
-        if counted and request_ids:
+        if counted:
+            self._count_out(request_ids)
+        for held in emptied:
+            self._end_batch(held)
+
+    def _count_out(self, request_ids: Sequence[str]) -> None:
+        """These requests no longer take room in the set: the scheduler may send joiners in their place."""
+        if request_ids:
             self._leave(len(request_ids))
             left = list(request_ids)
             self.writer.redis(lambda: self.store.step_levels(self.worker, left=left), "forgetting the levels")
-        for held in emptied:
-            self._end_batch(held)
 
     def _leave(self, count: int) -> None:
         if count:
@@ -466,6 +543,7 @@ class _RunningSet:
         batch ends, and the set is taken down (batches left in the inbox go to the reaper)."""
         log.exception("set %s: %s escaped; failing its %d live requests", self.digest, exc, len(self.owner))
         try:
+            self._settle(SETTLE_S)
             for held, request_ids in self._by_batch(list(self.owner)).items():
                 errors = {rid: error_info(exc) for rid in request_ids}
                 self.outcome.statuses.update(self.writer.fail(errors, held.token))

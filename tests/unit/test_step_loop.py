@@ -11,6 +11,7 @@ in for a pipeline that raises on a marked prompt.
 from __future__ import annotations
 
 import io
+import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
@@ -26,6 +27,7 @@ pytest.importorskip("diffusers")
 
 from gpu_worker.diffusers_runner import DiffusersRunner  # noqa: E402
 from gpu_worker.executor import BatchExecutor, BatchOutcome  # noqa: E402
+from gpu_worker.finisher import BackgroundFinisher  # noqa: E402
 from gpu_worker.heartbeat import Heartbeat  # noqa: E402
 from gpu_worker.runner import StepSet  # noqa: E402
 from gpu_worker.step_loop import SetOutcome, StepLoop  # noqa: E402
@@ -372,3 +374,51 @@ def test_a_set_that_cannot_open_leaves_its_batch_to_the_executor(
     assert state["error_type"] == "FileNotFoundError" and "LoRA 'missing' not found" in state["error_message"]
     assert hooked.steps == 0 and not worker.store.rows_at_close
     assert worker.client.zcard(worker.keys.inflight) == 0
+
+
+class GatedResults(FilesystemResultStore):
+    """The filesystem result store, whose writes wait until ``gate`` is set (a slow result store)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.gate = threading.Event()
+
+    def put(self, key: str, data: bytes) -> None:
+        assert self.gate.wait(30), "the test never opened the gate"
+        super().put(key, data)
+
+
+def test_the_set_steps_on_while_a_finished_request_is_stored_behind_it(
+    client: fakeredis.FakeRedis, settings: Settings, hooked: Hooked, runner: DiffusersRunner, tmp_path: Path
+) -> None:
+    worker = Worker(client, settings, hooked, tmp_path / "results")
+    gated = GatedResults(tmp_path / "gated")
+    worker.executor = BatchExecutor(worker.store, runner, WORKER, worker.heartbeat, gated)
+    finisher = BackgroundFinisher()
+    worker.loop = StepLoop(
+        hooked, WORKER, worker.heartbeat, worker.executor.writer, worker.executor, seal_after_s=60, finisher=finisher
+    )
+    worker.results = gated
+    quick = spec("quick", steps=2, guidance=1.0, seed=3)
+    slow = spec("slow", steps=5, guidance=5.0, seed=4)
+    batch = worker.schedule("B1", [quick, slow])
+    seen: dict[str, object] = {}
+
+    def while_quick_is_stored() -> None:  # before step 4: quick finished at step 2, its store is still blocked
+        seen["quick"] = worker.request("quick")["status"]
+        seen["rows"] = worker.client.hget(worker.keys.step_rows, WORKER)  # counted out at once: room for joiners
+        seen["held"] = worker.heartbeat.held  # its batch stays held while it is stored
+        gated.gate.set()
+
+    hooked.hooks[4] = while_quick_is_stored
+    try:
+        outcome = worker.loop.run(batch)
+    finally:
+        assert finisher.close(30)
+    assert seen == {"quick": "running", "rows": "1", "held": ["B1"]}
+    assert isinstance(outcome, SetOutcome)
+    assert outcome.statuses == {"quick": "succeeded", "slow": "succeeded"}
+    for request in (quick, slow):
+        for got, want in zip(stored_images(worker, request.id), solo(runner, request), strict=True):
+            assert np.abs(got - want).max() <= 1
+    worker.assert_closed()
