@@ -185,6 +185,12 @@ class DiffusersRunner:
 
         return supports(self.pipe)
 
+    @property
+    def fused_by_steps(self) -> bool:
+        """Request-level batches run as closed step sets when the family has a step-mode adapter, so an aborted row
+        leaves the forward at the next step (``gpu_worker.set_forward``)."""
+        return self.step_mode
+
     def step_set(self, key: StepKey) -> StepSet:
         """An empty running set for the requests of ``key``, with the key's LoRA active on the pipeline (as ``run``
         activates a batch's); ValueError naming what step mode cannot run (an image task, video, true CFG)."""

@@ -18,10 +18,11 @@ Failure handling, from the narrowest to the widest (``docs/reliability.md`` has 
   results are written only under this run's claim token.
 * An aborted request ends ``aborted`` at once: the reporter's thread ends it (``ResultWriter.abort``, under this
   run's claim token; its event, webhook and long polls see it at once) as soon as a progress write brings its flag
-  back, while the forward goes on for its peers. Its rows are still computed until the forward ends (a pipeline
-  call cannot drop rows: its scheduler keeps state of the batch's shape), but their outputs are never encoded or
-  stored, and a failed forward's retries leave it out. A row found aborted only by the final write (or whose ending
-  met an outage) is ended the same way once the forward returns.
+  back, while the forward goes on for its peers. A forward run as a closed step set (``gpu_worker.set_forward``,
+  for a runner that is ``fused_by_steps``) drops its rows at the next step; a pipeline call cannot drop rows (its
+  scheduler keeps state of the batch's shape), so there they are computed until it ends. Their outputs are never
+  encoded or stored either way, and a failed forward's retries leave it out. A row found aborted only by the final
+  write (or whose ending met an outage) is ended the same way once the forward returns.
 
 Once a batch's forwards are over, what is left (encoding and storing its outputs, finishing its requests, releasing
 the batch) is handed to a ``Finisher`` and ``execute`` returns: the worker's ``BackgroundFinisher`` does it behind
@@ -52,6 +53,7 @@ from gpu_worker.log_context import carry_context, ids
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.result_writer import ResultWriter, Statuses, error_info
 from gpu_worker.runner import BatchRunner, ConditionedRunner, InputImages, runner_tasks, runner_traits
+from gpu_worker.set_forward import forward_by_steps
 from gpu_worker.step_reporter import StepReporter
 from gpu_worker.store import Claimed, Locked, RowSignal, WorkerStore
 from shared.compat import CompatKey, compat_key
@@ -348,7 +350,10 @@ class BatchExecutor:
         reporter = StepReporter(self._store, [spec.id for spec in specs], run.token, on_aborted=on_aborted)
         started = time.monotonic()
         try:
-            if specs[0].task.needs_image:  # one key per batch: every spec has this task
+            by_steps = forward_by_steps(self._runner, specs, reporter)  # aborted rows leave at the next step
+            if by_steps is not None:
+                images = by_steps
+            elif specs[0].task.needs_image:  # one key per batch: every spec has this task
                 runner = cast(ConditionedRunner, self._runner)  # it lists the task (checked in _prepare)
                 inputs = {spec.id: run.inputs[spec.id] for spec in specs}
                 images = runner.run(specs, reporter.on_step, inputs=inputs)

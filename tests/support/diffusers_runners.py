@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from PIL import Image
 
 from gpu_worker.diffusers_runner import DiffusersRunner
-from gpu_worker.runner import InputImages, StepCallback
+from gpu_worker.runner import InputImages, StepCallback, StepSet
+from shared.compat import StepKey
 from shared.contracts import RequestSpec
 from tests.support.runners import EXPLODE_MARKER
 
@@ -25,3 +26,39 @@ class ExplodingRunner(DiffusersRunner):
         if culprits:
             raise ValueError(f"prompt of request {culprits[0]} asked the pipeline to explode")
         return super().run(specs, on_step, inputs)
+
+    def step_set(self, key: StepKey) -> StepSet:
+        return _ExplodingSet(super().step_set(key))
+
+
+class _ExplodingSet:
+    """A real step set whose steps raise, as the pipeline of ``ExplodingRunner`` does, while a request with
+    ``explode`` in its prompt is among the requests stepped."""
+
+    def __init__(self, inner: StepSet) -> None:
+        self._inner = inner
+        self._marked: set[str] = set()
+
+    def join(self, specs: Sequence[RequestSpec]) -> dict[str, str]:
+        self._marked |= {spec.id for spec in specs if EXPLODE_MARKER in spec.prompt}
+        return self._inner.join(specs)
+
+    def step(self, only: Collection[str] | None = None) -> list[str]:
+        stepped = self._inner.requests if only is None else tuple(only)
+        culprits = [rid for rid in stepped if rid in self._marked]
+        if culprits:
+            raise ValueError(f"prompt of request {culprits[0]} asked the pipeline to explode")
+        return self._inner.step(only)
+
+    def outputs(self, request_ids: Sequence[str]) -> list[list[Image.Image]]:
+        return self._inner.outputs(request_ids)
+
+    def abort(self, request_id: str) -> bool:
+        return self._inner.abort(request_id)
+
+    def progress(self) -> dict[str, tuple[int, int]]:
+        return self._inner.progress()
+
+    @property
+    def requests(self) -> tuple[str, ...]:
+        return self._inner.requests

@@ -197,3 +197,44 @@ def test_a_request_aborted_in_a_forward_that_then_fails_is_not_run_again(
     assert outcome.statuses == {"peer-a": "succeeded", "victim": "aborted", "peer-b": "succeeded"}
     for rid in IDS:
         assert sum(event in TERMINAL for event in events(client, store, rid)) == 1
+
+
+def test_a_family_with_a_step_adapter_drops_the_aborted_rows_at_the_next_step(
+    client: fakeredis.FakeRedis,
+    settings: Settings,
+    runner: DiffusersRunner,
+    results: FilesystemResultStore,
+    tmp_path: Path,
+) -> None:
+    assert runner.fused_by_steps  # the demo model's family (Stable Diffusion) runs request-level batches by steps
+    reference_client = fakeredis.FakeRedis(decode_responses=True)
+    reference_results = FilesystemResultStore(tmp_path / "reference")
+    reference = execute(reference_client, settings, StepHooks(runner, {}), reference_results)  # the pipeline call
+    reference_store = WorkerStore(reference_client, settings)
+    expected = {rid: stored_image(reference_client, reference_store, reference_results, rid) for rid in IDS}
+    assert set(reference.statuses.values()) == {"succeeded"}
+
+    store, batch = batch_of_ten_steps(client, settings)
+    unet_batches: list[int] = []
+
+    def count(module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        unet_batches.append(int(args[0].shape[0]))
+        if len(unet_batches) == 2:
+            abort(client, store, "victim")
+
+    handle = runner.pipe.unet.register_forward_pre_hook(count)
+    try:
+        outcome = BatchExecutor(store, runner, "w1", None, results).execute(batch)
+    finally:
+        handle.remove()
+    assert isinstance(outcome, BatchOutcome)
+    assert outcome.statuses == {"peer-a": "succeeded", "victim": "aborted", "peer-b": "succeeded"}
+    # 3 guided rows: 6 UNet rows a step; once the abort is back from Redis, the victim's two halves are gone
+    assert unet_batches[:2] == [6, 6] and unet_batches[-1] == 4 and len(unet_batches) == STEPS, unet_batches
+    assert set(unet_batches) == {6, 4} and unet_batches == sorted(unet_batches, reverse=True)
+    for rid in ("peer-a", "peer-b"):  # the step engine's tolerance against the pipeline call: 1/255
+        got = stored_image(client, store, results, rid).astype(np.int16)
+        assert np.abs(got - expected[rid].astype(np.int16)).max() <= 1, rid
+    assert not list(results.root.glob("victim*"))
+    for rid in IDS:
+        assert sum(event in TERMINAL for event in events(client, store, rid)) == 1
