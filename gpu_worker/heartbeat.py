@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from gpu_worker.log_context import ids
 from gpu_worker.store import WorkerStore
@@ -41,12 +42,18 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._held: dict[tuple[str, str], float] = {}  # (batch id, token) -> monotonic deadline
         self._announced = False  # the first successful beat also wakes the scheduler
+        self._after_beat: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._loop, name="fusefleet-heartbeat", daemon=True)
 
     def start(self) -> None:
         """Beat once now (announcing the slot) and then every ``interval_s``; a Redis outage only delays it."""
         self._beat()
         self._thread.start()
+
+    def after_beat(self, task: Callable[[], None]) -> None:
+        """Run ``task`` on the beat's thread after each successful beat (repairs that wait for Redis to answer); an
+        error it raises is logged, and it runs again at the next beat."""
+        self._after_beat.append(task)
 
     def hold(self, batch_id: str, token: str) -> None:
         with self._lock:
@@ -97,3 +104,9 @@ class Heartbeat:
                     )
         except Exception as exc:  # noqa: BLE001 - a Redis blip must not kill the beat; the next one retries
             log.warning("heartbeat failed: %s", exc)
+            return
+        for task in self._after_beat:
+            try:
+                task()
+            except Exception as exc:  # noqa: BLE001 - tried again at the next beat
+                log.warning("after-beat task failed: %s", exc)

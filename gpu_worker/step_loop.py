@@ -33,7 +33,8 @@ the runner can run (``StepRunner.step_set``), runs them as the first members of 
 * **Close.** Empty set and inbox: ``STEP_CLOSE`` frees the slot; when a batch arrived meanwhile the loop goes on.
 * **Redis away** past ``redis_outage_retry_s``: the held batches are released (their locks lapse) and the transient
   error is raised: the reaper publishes them again, and batches left in the inbox after the claim timeout. The set's
-  registration is taken down when Redis answers once more, else it is swept with the worker's heartbeat.
+  registration is taken down at once if Redis answers, else by the heartbeat's first beat once it does
+  (``StepLoop.repair``; or by the next run, whichever comes first), so a dead set never holds the slot or takes joins.
 
 A batch whose requests have several step keys, or whose key the runner cannot open a set for (an image task, video,
 true CFG: ValueError; a LoRA that cannot be loaded), runs request-level through the executor
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -135,15 +137,52 @@ class StepLoop:
         self.seal_after_s = seal_after_s
         self.metrics = metrics
         self.finisher: Finisher = finisher or InlineFinisher()
+        self.drop_pending = False  # a set this process could not take down (Redis away): repair() does
+        self._running = False
+        self._guard = threading.Lock()  # between run() and repair() (the heartbeat's thread)
+        if heartbeat is not None:
+            heartbeat.after_beat(self.repair)
+
+    def repair(self) -> None:
+        """After a beat (the heartbeat's thread): take down a set that a run could not (Redis was away, or the run
+        was interrupted), once Redis answers and no set runs, so that it neither holds the worker's slot nor takes
+        joins that no loop reads (they would wait for their claim timeout)."""
+        with self._guard:
+            if self.drop_pending and not self._running:
+                self._drop_stale()
+
+    def _drop_stale(self) -> None:
+        left = self.store.step_drop(self.worker)
+        self.store.step_levels(self.worker, reset=True)
+        self.drop_pending = False
+        log.warning("took down a running set left behind (%d sent batches go back to the reaper)", len(left))
+
+    def release_memory(self) -> None:
+        release = getattr(self.runner, "release_memory", None)
+        if callable(release):
+            release()
 
     def run(self, batch: BatchMessage) -> SetOutcome | BatchOutcome | Locked:
         """Claim ``batch`` and run it as a new running set until the set closes; ``Locked`` when another run holds
         it; the executor's outcome when it runs request-level. Raises only when Redis stays unreachable past the
         outage bound (the batches are then left to the reaper)."""
+        with self._guard:
+            self._running = True
+            if self.drop_pending:
+                self.writer.redis(self._drop_stale, "taking down a set left behind")
+        try:
+            return self._run(batch)
+        finally:
+            with self._guard:
+                self._running = False
+
+    def _run(self, batch: BatchMessage) -> SetOutcome | BatchOutcome | Locked:
         token = uuid.uuid4().hex
         claim = self.writer.redis(lambda: self.store.claim(batch, token, self.worker), "claiming the batch")
         if isinstance(claim, Locked):
             return claim
+        if self.heartbeat is not None:  # held while the set is made (a LoRA may load): its lock must not lapse
+            self.heartbeat.hold(batch.batch_id, token)
         keys = {step_key(spec) for spec in claim.specs}
         if len(keys) != 1:
             if claim.specs:
@@ -153,9 +192,13 @@ class StepLoop:
         try:
             step_set = self.runner.step_set(key)
         except SoftTimeLimitExceeded:
+            if self.heartbeat is not None:
+                self.heartbeat.release(batch.batch_id, token)
             raise
         except Exception as exc:  # noqa: BLE001 - request-level then runs the batch, or fails it saying why
             if is_transient(exc):
+                if self.heartbeat is not None:
+                    self.heartbeat.release(batch.batch_id, token)
                 raise
             log.info("batch %s runs request-level: %s: %s", batch.batch_id, type(exc).__name__, exc)
             return self.fallback.execute_claimed(batch, claim)
@@ -214,6 +257,7 @@ class _RunningSet:
             self._fail_all(exc)
         except BaseException:
             self._release_all()
+            self.loop.drop_pending = True  # the heartbeat takes the set down (StepLoop.repair)
             raise
         statuses = self.outcome.statuses
         log.info("set %s closed: %s", self.digest, {rid: str(status) for rid, status in statuses.items()})
@@ -277,7 +321,21 @@ class _RunningSet:
             self._end_batch(held)
             return
         self.writer.journal(specs, held.token)
-        refused = self.set.join(specs)
+        try:
+            refused = self.set.join(specs)
+        except SoftTimeLimitExceeded:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the joiner fails alone (its prompt encoding, its latents)
+            if is_transient(exc):
+                raise
+            if is_out_of_memory(exc):
+                self.loop.release_memory()
+            log.exception("batch %s could not join the set; failing its %d requests", message.batch_id, len(specs))
+            error = error_info(exc)
+            self.outcome.statuses.update(self.writer.fail({spec.id: error for spec in specs}, held.token))
+            self._leave(len(specs))
+            self._end_batch(held)
+            return
         for spec in specs:
             if spec.id not in refused:
                 self.specs[spec.id] = spec
@@ -317,9 +375,7 @@ class _RunningSet:
             if is_transient(exc):
                 raise
             if is_out_of_memory(exc):
-                release = getattr(self.loop.runner, "release_memory", None)
-                if callable(release):
-                    release()
+                self.loop.release_memory()
                 if len(stepped) == 1:
                     message = f"does not fit in memory alone: {error_info(exc).message}"
                     self._fail_requests({stepped[0]: ErrorInfo(type="OutOfMemory", message=message)})
@@ -555,9 +611,7 @@ class _RunningSet:
                 self._end_batch(held)
             self._drop()
         except Exception as cleanup:
-            if not is_transient(cleanup):
-                raise
-            self._abandon(cleanup)
+            self._abandon(cleanup)  # whatever failed the cleanup: no hold outlives the set, the drop is retried
             raise
 
     def _abandon(self, exc: BaseException) -> None:
@@ -567,8 +621,9 @@ class _RunningSet:
         self._release_all()
         try:
             self._drop()
-        except Exception as again:  # noqa: BLE001 - swept with the worker's heartbeat, or replaced at the next open
-            log.warning("could not take the set down: %s", again)
+        except Exception as again:  # noqa: BLE001 - the heartbeat retries it (StepLoop.repair)
+            log.warning("could not take the set down (the heartbeat tries again): %s", again)
+            self.loop.drop_pending = True
 
     def _release_all(self) -> None:
         for group in self.groups:

@@ -78,6 +78,8 @@ class WorkerStore:
         self._renew = client.register_script(k.RENEW)
         self._heartbeat = client.register_script(k.HEARTBEAT)
         self._step_close = client.register_script(k.STEP_CLOSE)
+        self._step_leave = client.register_script(k.STEP_LEAVE)
+        self._step_seal = client.register_script(k.STEP_SEAL)
         self._requeue = client.register_script(k.REQUEUE)
 
     def claim(self, batch: BatchMessage, token: str, worker: str) -> Claimed | Locked:
@@ -223,8 +225,8 @@ class WorkerStore:
         pipe.execute()
 
     def step_seal(self, worker: str) -> None:
-        """The worker's running set takes no more joins (it still drains its inbox and rows)."""
-        self._redis.hset(self.keys.step_sets, worker, k.STEP_SEALED)
+        """The worker's running set takes no more joins (it still drains its inbox and rows); ``step_seal.lua``."""
+        self._step_seal(keys=[self.keys.step_sets], args=[worker, k.STEP_SEALED])
 
     def step_inbox_pop(self, worker: str) -> str | None:
         """The oldest batch message (``BatchMessage`` JSON) sent to the worker's running set, or None."""
@@ -235,11 +237,8 @@ class WorkerStore:
         """``requests`` requests counted in the worker's set ended, or were sent to it and will not run in it: their
         room is free for joiners, so the scheduler is woken (a set that was full may take the next waiting ones)."""
         if requests:
-            pipe = self._redis.pipeline(transaction=True)
-            pipe.hincrby(self.keys.step_rows, worker, -requests)
-            wake = {"type": "room_free", "worker": worker}
-            pipe.xadd(self.keys.events, wake, maxlen=k.EVENTS_MAXLEN, approximate=True)  # type: ignore[arg-type]
-            pipe.execute()
+            keys = [self.keys.step_sets, self.keys.step_rows, self.keys.events]
+            self._step_leave(keys=keys, args=[worker, requests, k.EVENTS_MAXLEN])
 
     def step_close(self, worker: str) -> bool:
         """Close the worker's empty running set (it frees the slot and wakes the scheduler); False when batches

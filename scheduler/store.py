@@ -218,7 +218,7 @@ class SchedulerStore:
             self.keys.storing,
         ]
         worker_ttl_ms = int(self._settings.worker_ttl_s * 1000)
-        inbox_ttl_ms = int(2 * self._settings.batch_claim_timeout_s * 1000)
+        inbox_ttl_ms = int(2 * self._settings.batch_time_limit_s * 1000)  # outlives any set
         args: list[str | int] = [worker, digest, message_json, batch_id, count, cap, worker_ttl_ms, inbox_ttl_ms]
         return int(self._step_join(keys=keys, args=args)) == 1
 
@@ -247,7 +247,7 @@ class SchedulerStore:
         (``step_evict.lua``): False when the set is no longer open on that key or no longer runs the request."""
         keys = [self.keys.step_sets, self.keys.step_levels(worker), self.keys.step_inbox(worker)]
         message = StepEviction(evict=request_id).model_dump_json()
-        inbox_ttl_ms = int(2 * self._settings.batch_claim_timeout_s * 1000)
+        inbox_ttl_ms = int(2 * self._settings.batch_time_limit_s * 1000)  # outlives any set
         return int(self._step_evict(keys=keys, args=[worker, digest, request_id, message, inbox_ttl_ms])) == 1
 
     def schedule(

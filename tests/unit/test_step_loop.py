@@ -44,6 +44,7 @@ from tests.unit.test_scripts import submit  # noqa: E402
 WORKER = "w1"
 SIDE = 32
 EXPLODE = "explode"
+JOIN_FAILS = "cannot join"
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +98,8 @@ class HookedSet:
         self.marked: set[str] = set()
 
     def join(self, specs: Sequence[RequestSpec]) -> dict[str, str]:
+        if any(JOIN_FAILS in spec.prompt for spec in specs):
+            raise RuntimeError("the text encoder broke on this batch")
         self.marked |= {spec.id for spec in specs if EXPLODE in spec.prompt}
         return self.inner.join(specs)
 
@@ -422,3 +425,39 @@ def test_the_set_steps_on_while_a_finished_request_is_stored_behind_it(
         for got, want in zip(stored_images(worker, request.id), solo(runner, request), strict=True):
             assert np.abs(got - want).max() <= 1
     worker.assert_closed()
+
+
+def test_a_joiner_whose_join_raises_fails_alone(worker: Worker, hooked: Hooked) -> None:
+    first = spec("first", steps=4, seed=1)
+    broken = spec("broken", steps=2, seed=2).model_copy(update={"prompt": f"{JOIN_FAILS}: broken"})
+    joiner = worker.schedule("B2", [broken])
+    hooked.hooks[1] = lambda: worker.send(joiner, step_key(first).digest)
+    outcome = worker.loop.run(worker.schedule("B1", [first]))
+    assert isinstance(outcome, SetOutcome)
+    assert outcome.statuses == {"first": "succeeded", "broken": "failed"}
+    state = worker.request("broken")
+    assert (state["error_type"], state["error_message"]) == ("RuntimeError", "the text encoder broke on this batch")
+    worker.assert_closed()
+
+
+def test_a_set_left_behind_is_taken_down_after_a_beat_when_no_set_runs(worker: Worker) -> None:
+    worker.client.hset(worker.keys.step_sets, WORKER, "a-digest")  # as a run that lost Redis leaves it
+    worker.client.hset(worker.keys.step_rows, WORKER, 3)
+    worker.client.rpush(worker.keys.step_inbox(WORKER), "{}")
+    worker.loop.drop_pending = True
+    worker.loop._running = True  # a set runs: nothing is touched
+    worker.loop.repair()
+    assert worker.client.hget(worker.keys.step_sets, WORKER) == "a-digest"
+    worker.loop._running = False
+    worker.heartbeat._beat()  # the beat runs the repair once Redis answers
+    assert not worker.client.hexists(worker.keys.step_sets, WORKER)
+    assert not worker.client.hexists(worker.keys.step_rows, WORKER)
+    assert not worker.client.exists(worker.keys.step_inbox(WORKER))
+    assert not worker.loop.drop_pending
+
+
+def test_counting_out_and_sealing_never_recreate_a_swept_set(worker: Worker) -> None:
+    worker.store.step_leave(WORKER, 2)  # no set registered (swept with a late heartbeat)
+    worker.store.step_seal(WORKER)
+    assert not worker.client.hexists(worker.keys.step_rows, WORKER)
+    assert not worker.client.hexists(worker.keys.step_sets, WORKER)

@@ -64,7 +64,7 @@ def test_join_accepted_grows_the_set_fills_the_inbox_and_frees_the_batchs_slot(
     assert client.hget(keys.step_rows, "w1") == "4"
     assert client.lrange(keys.step_inbox("w1"), 0, -1) == [message("B1", "a", "b")]
     ttl_ms = client.pttl(keys.step_inbox("w1"))
-    assert 0 < ttl_ms <= 2 * settings.batch_claim_timeout_s * 1000
+    assert 2 * settings.batch_claim_timeout_s * 1000 < ttl_ms <= 2 * settings.batch_time_limit_s * 1000
     assert client.zscore(keys.storing, "B1") is not None
     assert client.hget(keys.step_sets, "w1") == DIGEST  # the set stays open on its key
     # the next batch would take it over its cap: refused, nothing changed
