@@ -22,6 +22,7 @@ from gpu_worker.runner import StepSet  # noqa: E402
 from gpu_worker.step_engine import StepEngine, step_key  # noqa: E402
 from gpu_worker.step_engine.request_set import RequestSet  # noqa: E402
 from shared.contracts import RequestSpec  # noqa: E402
+from tests.support.specs import demo_spec  # noqa: E402
 
 SIDE = 32
 PIXEL_TOLERANCE = 1  # of 255: rows in a set differ from their solo call by float rounding only (docs/step_mode.md)
@@ -46,19 +47,7 @@ def pipe(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def spec(
     rid: str, steps: int, guidance: float, *, n: int = 1, seed: int = 1, negative: str | None = None
 ) -> RequestSpec:
-    return RequestSpec(
-        id=rid,
-        model="demo",
-        prompt=f"a picture of {rid}",
-        negative_prompt=negative,
-        seed=seed,
-        width=SIDE,
-        height=SIDE,
-        num_inference_steps=steps,
-        guidance_scale=guidance,
-        n=n,
-        created_at=0.0,
-    )
+    return demo_spec(rid, steps, guidance, side=SIDE, n=n, seed=seed, negative=negative)
 
 
 def new_set(pipe: Any, first: RequestSpec) -> RequestSet:

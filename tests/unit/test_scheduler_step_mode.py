@@ -53,16 +53,24 @@ def setup(client: fakeredis.FakeRedis, store: SchedulerStore, set_value: str, ro
         submit(client, store.keys, rid, **fields)
 
 
+Scene = tuple[Settings, fakeredis.FakeRedis, SchedulerStore, PublishedBatches]
+
+
+def scene(set_value: str, rows: int, *, step_mode: bool = True) -> Scene:
+    """Settings, a fresh Redis set up by ``setup``, the scheduler's store, and what it publishes to Celery."""
+    settings = settings_for(step_mode=step_mode)
+    client = fakeredis.FakeRedis(decode_responses=True)
+    store = SchedulerStore(client, settings)
+    setup(client, store, set_value, rows=rows)
+    return settings, client, store, PublishedBatches()
+
+
 def inbox(client: fakeredis.FakeRedis, store: SchedulerStore) -> list[BatchMessage]:
     return [BatchMessage.model_validate_json(m) for m in client.lrange(store.keys.step_inbox("w1"), 0, -1)]
 
 
 def test_compatible_requests_with_different_steps_join_the_open_set_as_one_batch() -> None:
-    settings = settings_for(step_mode=True)
-    client = fakeredis.FakeRedis(decode_responses=True)
-    store = SchedulerStore(client, settings)
-    setup(client, store, digest(), rows=1)
-    celery = PublishedBatches()
+    settings, client, store, celery = scene(digest(), 1)
     with running(scheduler(client, settings, celery)):
         assert wait_until(lambda: client.llen(store.keys.step_inbox("w1")) == 1, 5)
         assert wait_until(lambda: client.xlen(store.keys.requests) == 0, 5)  # acknowledged after the join
@@ -77,11 +85,7 @@ def test_compatible_requests_with_different_steps_join_the_open_set_as_one_batch
 
 
 def test_a_join_takes_only_the_sets_room_and_the_rest_waits_for_a_slot() -> None:
-    settings = settings_for(step_mode=True)
-    client = fakeredis.FakeRedis(decode_responses=True)
-    store = SchedulerStore(client, settings)
-    setup(client, store, digest(), rows=2)
-    celery = PublishedBatches()
+    settings, client, store, celery = scene(digest(), 2)
     with running(scheduler(client, settings, celery)):
         assert wait_until(lambda: celery.request_ids() == ["c"], 5), celery.batches  # free slots: w2, w3
     assert [m.request_ids for m in inbox(client, store)] == [("a", "b")]
@@ -90,11 +94,7 @@ def test_a_join_takes_only_the_sets_room_and_the_rest_waits_for_a_slot() -> None
 
 @pytest.mark.parametrize("set_value, rows", [("sealed", 1), ("digest", 4), ("0000000000000000", 0)])
 def test_a_sealed_full_or_other_key_set_leaves_the_requests_to_celery(set_value: str, rows: int) -> None:
-    settings = settings_for(step_mode=True)
-    client = fakeredis.FakeRedis(decode_responses=True)
-    store = SchedulerStore(client, settings)
-    setup(client, store, digest() if set_value == "digest" else set_value, rows=rows)
-    celery = PublishedBatches()
+    settings, client, store, celery = scene(digest() if set_value == "digest" else set_value, rows)
     with running(scheduler(client, settings, celery)):
         assert wait_until(lambda: len(celery.batches) == 1, 5)
         time.sleep(0.2)
@@ -130,11 +130,7 @@ def test_a_set_sealed_after_it_was_read_refuses_the_join_and_the_batch_goes_to_c
 
 
 def test_request_level_mode_ignores_open_sets_and_splits_by_compatibility_key() -> None:
-    settings = settings_for(step_mode=False)
-    client = fakeredis.FakeRedis(decode_responses=True)
-    store = SchedulerStore(client, settings)
-    setup(client, store, digest(), rows=1)
-    celery = PublishedBatches()
+    settings, client, store, celery = scene(digest(), 1, step_mode=False)
     with running(scheduler(client, settings, celery)):
         assert wait_until(lambda: len(celery.batches) == 2, 5)  # two free slots (w1's set holds its own)
         time.sleep(0.2)

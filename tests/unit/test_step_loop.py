@@ -39,6 +39,7 @@ from shared.compat import StepKey, step_key  # noqa: E402
 from shared.contracts import BatchMessage, LoraRef, RequestSpec, Task, WorkerCapabilities  # noqa: E402
 from shared.results.filesystem import FilesystemResultStore  # noqa: E402
 from shared.settings import Settings  # noqa: E402
+from tests.support.specs import demo_spec  # noqa: E402
 from tests.unit.test_scripts import submit  # noqa: E402
 
 WORKER = "w1"
@@ -214,18 +215,7 @@ def worker(client: fakeredis.FakeRedis, settings: Settings, hooked: Hooked, tmp_
 
 
 def spec(rid: str, steps: int, guidance: float = 5.0, *, n: int = 1, seed: int = 1, side: int = SIDE) -> RequestSpec:
-    return RequestSpec(
-        id=rid,
-        model="demo",
-        prompt=f"a picture of {rid}",
-        seed=seed,
-        width=side,
-        height=side,
-        num_inference_steps=steps,
-        guidance_scale=guidance,
-        n=n,
-        created_at=time.time(),
-    )
+    return demo_spec(rid, steps, guidance, side=side, n=n, seed=seed, created_at=time.time())
 
 
 def stored_images(worker: Worker, rid: str) -> list[np.ndarray]:
