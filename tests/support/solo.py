@@ -4,6 +4,7 @@ with (within 1/255)."""
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,22 @@ from shared.settings import Settings
 def solo_runner_of(model_cache: Path, lora_dir: Path) -> DiffusersRunner:
     """The real runner on the tiny demo model, in this process."""
     return DiffusersRunner(Settings(model_cache_dir=model_cache, lora_dir=lora_dir, torch_threads=2))
+
+
+def no_stop(step: int, total: int) -> bool:
+    """A runner's step callback that never stops the run."""
+    return False
+
+
+def arrays_of(runner: DiffusersRunner, specs: Sequence[RequestSpec]) -> list[list[np.ndarray]]:
+    """Each request's images from one ``runner.run`` of ``specs``, as int16 arrays."""
+    return [[np.asarray(image, dtype=np.int16) for image in images] for images in runner.run(specs, no_stop)]
+
+
+def solo_arrays(runner: DiffusersRunner, spec: RequestSpec) -> list[np.ndarray]:
+    """The request's images run alone, as int16 arrays."""
+    (images,) = arrays_of(runner, [spec])
+    return images
 
 
 def solo_image(runner: DiffusersRunner, state: dict[str, Any], lora: LoraRef | None = None) -> np.ndarray:
@@ -36,11 +53,8 @@ def solo_image(runner: DiffusersRunner, state: dict[str, Any], lora: LoraRef | N
         lora=lora,
         created_at=0.0,
     )
-    (images,) = runner.run([spec], lambda step, total: False)
-    return np.asarray(images[0], dtype=np.int16)
+    return solo_arrays(runner, spec)[0]
 
 
 def png_array(data: bytes) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.int16)
-
-

@@ -1,8 +1,8 @@
-"""A request as the step-mode tests build it: the demo model, a prompt of its id, a small square size."""
+"""A request as the step-mode tests build it: the demo model, a prompt of its id (or one given), a small square size."""
 
 from __future__ import annotations
 
-from shared.contracts import RequestSpec
+from shared.contracts import LoraRef, RequestSpec
 
 
 def demo_spec(
@@ -14,13 +14,16 @@ def demo_spec(
     n: int = 1,
     seed: int = 1,
     negative: str | None = None,
+    prompt: str | None = None,
+    lora: LoraRef | None = None,
     created_at: float = 0.0,
 ) -> RequestSpec:
-    """Request ``rid`` of the demo model: ``a picture of {rid}``, ``side`` x ``side`` pixels."""
+    """Request ``rid`` of the demo model: ``prompt`` (by default ``a picture of {rid}``), ``side`` x ``side``
+    pixels."""
     return RequestSpec(
         id=rid,
         model="demo",
-        prompt=f"a picture of {rid}",
+        prompt=f"a picture of {rid}" if prompt is None else prompt,
         negative_prompt=negative,
         seed=seed,
         width=side,
@@ -28,5 +31,6 @@ def demo_spec(
         num_inference_steps=steps,
         guidance_scale=guidance,
         n=n,
+        lora=lora,
         created_at=created_at,
     )

@@ -4,22 +4,23 @@ within 1/255, in one pipeline call whose denoiser sees every row."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import numpy as np
 import pytest
 
 pytest.importorskip("peft")
 
-from gpu_worker.demo_model import DEMO_MODEL_NAME, ensure_demo_model  # noqa: E402
+from gpu_worker.demo_model import ensure_demo_model  # noqa: E402
 from gpu_worker.diffusers_runner import DiffusersRunner  # noqa: E402
 from gpu_worker.lora import BASE_ADAPTER, LoraMixingError, lora_layers, rows_for_batch  # noqa: E402
 from shared.compat import compat_key  # noqa: E402
 from shared.contracts import LoraRef, RequestSpec  # noqa: E402
 from shared.settings import Settings  # noqa: E402
 from tests.support.lora import make_test_lora  # noqa: E402
+from tests.support.solo import arrays_of, no_stop  # noqa: E402
+from tests.support.specs import demo_spec  # noqa: E402
 
 SIZE, STEPS, GUIDANCE = 32, 3, 5.0
 STYLE, OTHER = "style", "other.v2"  # a dot in the name: peft refuses such adapter names, the activator renames
@@ -42,27 +43,8 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> DiffusersRunner:
 
 
 def spec(i: int, lora: LoraRef | None, n: int = 1) -> RequestSpec:
-    return RequestSpec(
-        id=f"r{i}",
-        model=DEMO_MODEL_NAME,
-        prompt=["a castle", "a bridge", "a castle", "a red fox"][i % 4],
-        seed=10 + i,
-        width=SIZE,
-        height=SIZE,
-        num_inference_steps=STEPS,
-        guidance_scale=GUIDANCE,
-        n=n,
-        lora=lora,
-        created_at=0.0,
-    )
-
-
-def pixels(images: Sequence[Any]) -> list[np.ndarray]:
-    return [np.asarray(image, dtype=np.int16) for image in images]
-
-
-def run(runner: DiffusersRunner, specs: Sequence[RequestSpec]) -> list[list[np.ndarray]]:
-    return [pixels(images) for images in runner.run(specs, lambda step, total: False)]
+    prompt = ["a castle", "a bridge", "a castle", "a red fox"][i % 4]
+    return demo_spec(f"r{i}", STEPS, GUIDANCE, side=SIZE, n=n, seed=10 + i, prompt=prompt, lora=lora)
 
 
 @contextmanager
@@ -82,9 +64,9 @@ def test_the_compat_key_leaves_the_lora_out() -> None:
 
 def test_one_fused_call_of_mixed_adapters_and_scales_equals_each_solo_run(runner: DiffusersRunner) -> None:
     specs = [spec(i, lora) for i, lora in enumerate(ROWS)]
-    solo = [run(runner, [one])[0][0] for one in specs]
+    solo = [arrays_of(runner, [one])[0][0] for one in specs]
     with denoiser_batches(runner) as batches:
-        fused = [images[0] for images in run(runner, specs)]
+        fused = [images[0] for images in arrays_of(runner, specs)]
     assert batches == [2 * len(specs)] * STEPS, "one fused forward: every UNet call holds every row, guided"
     for i, (mine, alone) in enumerate(zip(fused, solo, strict=True)):
         assert np.abs(mine - alone).max() <= 1, f"row {i} ({ROWS[i]}) differs from its solo run"
@@ -93,25 +75,25 @@ def test_one_fused_call_of_mixed_adapters_and_scales_equals_each_solo_run(runner
     assert np.abs(solo[1] - solo[2]).max() > 1 and np.abs(solo[1] - solo[3]).max() > 1
     assert runner.loras.loaded == {STYLE, OTHER} and runner.loras.copies == 3
     # after a mixed call, a plain batch is the base model again and a single-adapter batch is that adapter
-    assert np.abs(run(runner, [specs[0]])[0][0] - solo[0]).max() == 0
-    assert np.abs(run(runner, [specs[2]])[0][0] - solo[2]).max() == 0
+    assert np.abs(arrays_of(runner, [specs[0]])[0][0] - solo[0]).max() == 0
+    assert np.abs(arrays_of(runner, [specs[2]])[0][0] - solo[2]).max() == 0
 
 
 def test_n_outputs_per_request_keep_their_adapter(runner: DiffusersRunner) -> None:
     specs = [spec(0, ROWS[1], n=2), spec(1, None, n=2), spec(2, ROWS[3], n=2)]
-    fused = run(runner, specs)
+    fused = arrays_of(runner, specs)
     for one, images in zip(specs, fused, strict=True):
-        alone = run(runner, [one])[0]
+        alone = arrays_of(runner, [one])[0]
         assert [np.abs(a - b).max() for a, b in zip(images, alone, strict=True)] <= [1] * one.n, one.id
 
 
 def test_without_mixing_a_batch_runs_one_call_per_adapter_in_request_order(runner: DiffusersRunner) -> None:
     specs = [spec(i, lora) for i, lora in enumerate([ROWS[1], None, ROWS[1], ROWS[3]])]
-    mixed = run(runner, specs)
+    mixed = arrays_of(runner, specs)
     runner.lora_mixing = False
     try:
         with denoiser_batches(runner) as batches:
-            grouped = run(runner, specs)
+            grouped = arrays_of(runner, specs)
     finally:
         runner.lora_mixing = True
     assert sorted(batches) == sorted([4] * STEPS + [2] * STEPS * 2), "calls of 2 rows (style) and 1 and 1, guided"
@@ -124,10 +106,10 @@ def test_copies_beyond_the_bound_are_deleted_least_recently_used_first(runner: D
     before = loras.max_loaded
     loras.max_loaded = 2
     try:
-        reference = run(runner, [spec(3, ROWS[3])])[0][0]
-        run(runner, [spec(1, ROWS[1]), spec(2, ROWS[2])])  # both styles needed: kept, the other deleted
+        reference = arrays_of(runner, [spec(3, ROWS[3])])[0][0]
+        arrays_of(runner, [spec(1, ROWS[1]), spec(2, ROWS[2])])  # both styles needed: kept, the other deleted
         assert loras.copies == 2 and loras.loaded == {STYLE}
-        again = run(runner, [spec(3, ROWS[3])])[0][0]  # loaded again (a style copy goes)
+        again = arrays_of(runner, [spec(3, ROWS[3])])[0][0]  # loaded again (a style copy goes)
         assert loras.copies == 2 and loras.loaded == {STYLE, OTHER}
         assert np.abs(again - reference).max() == 0
     finally:
@@ -144,8 +126,8 @@ def test_rows_are_mapped_onto_a_batch_of_the_rows_or_twice_them() -> None:
 
 
 def test_a_missing_adapter_fails_the_mixed_batch_naming_it_and_leaves_no_hook(runner: DiffusersRunner) -> None:
-    base = run(runner, [spec(0, None)])[0][0]
+    base = arrays_of(runner, [spec(0, None)])[0][0]
     with pytest.raises(FileNotFoundError, match="nope"):
-        runner.run([spec(0, None), spec(1, LoraRef(name="nope"))], lambda step, total: False)
+        runner.run([spec(0, None), spec(1, LoraRef(name="nope"))], no_stop)
     assert not any(layer._forward_pre_hooks for layer in lora_layers(runner.pipe))
-    assert np.abs(run(runner, [spec(0, None)])[0][0] - base).max() == 0
+    assert np.abs(arrays_of(runner, [spec(0, None)])[0][0] - base).max() == 0

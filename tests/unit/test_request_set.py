@@ -6,7 +6,6 @@ refused join reports only the refused request; an aborted request leaves and its
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +27,7 @@ SIDE = 32
 PIXEL_TOLERANCE = 1  # of 255: rows in a set differ from their solo call by float rounding only (docs/step_mode.md)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/unit/conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +47,13 @@ def spec(
 def new_set(pipe: Any, first: RequestSpec) -> RequestSet:
     step_set = RequestSet(StepEngine.for_key(pipe, step_key(first)))
     _: StepSet = step_set  # what the worker's loop takes (the type checker checks it)
+    return step_set
+
+
+def joined(pipe: Any, *requests: RequestSpec) -> RequestSet:
+    """A new set on the first request's step key that all of ``requests`` joined (none refused)."""
+    step_set = new_set(pipe, requests[0])
+    assert step_set.join(list(requests)) == {}
     return step_set
 
 
@@ -98,12 +99,19 @@ def assert_solo(pipe: Any, request: RequestSpec, images: list[Any]) -> None:
         assert difference <= PIXEL_TOLERANCE, f"{request.id}/{k} differs from its solo call by {difference}/255"
 
 
+def assert_drain_to_solo(pipe: Any, step_set: RequestSet, *requests: RequestSpec) -> None:
+    """Stepped until empty, the set finishes exactly ``requests``, each with its solo images."""
+    done = drain(step_set)
+    assert set(done) == {request.id for request in requests}
+    for request in requests:
+        assert_solo(pipe, request, done[request.id][1])
+
+
 def test_requests_finish_at_their_own_steps_with_their_solo_images(pipe: Any) -> None:
     quick = spec("quick", steps=2, guidance=1.0, n=2, seed=3)
     slow = spec("slow", steps=3, guidance=5.0, seed=4, negative="blurry")
     late = spec("late", steps=2, guidance=5.0, n=2, seed=5)
-    step_set = new_set(pipe, quick)
-    assert step_set.join([quick, slow]) == {}
+    step_set = joined(pipe, quick, slow)
     assert step_set.requests == ("quick", "slow")
     assert step_set.progress() == {"quick": (0, 2), "slow": (0, 3)}
     done = drain(step_set, {1: [late]})
@@ -115,8 +123,7 @@ def test_requests_finish_at_their_own_steps_with_their_solo_images(pipe: Any) ->
 
 def test_a_refused_join_reports_only_that_request(pipe: Any) -> None:
     first = spec("first", steps=2, guidance=5.0)
-    step_set = new_set(pipe, first)
-    assert step_set.join([first]) == {}
+    step_set = joined(pipe, first)
     impossible = spec("impossible", steps=2, guidance=5.0).model_copy(update={"num_inference_steps": 0})
     fine = spec("fine", steps=2, guidance=1.0, seed=9)
     refused = step_set.join([spec("first", steps=3, guidance=1.0), impossible, fine])
@@ -124,32 +131,25 @@ def test_a_refused_join_reports_only_that_request(pipe: Any) -> None:
     assert "already in the running set" in refused["first"]
     assert "steps must be >= 1" in refused["impossible"]
     assert step_set.requests == ("first", "fine")
-    done = drain(step_set)
-    assert set(done) == {"first", "fine"}
-    assert_solo(pipe, first, done["first"][1])
-    assert_solo(pipe, fine, done["fine"][1])
+    assert_drain_to_solo(pipe, step_set, first, fine)
 
 
 def test_an_aborted_request_leaves_and_its_peers_go_on(pipe: Any) -> None:
     peer = spec("peer", steps=3, guidance=5.0, seed=21)
     victim = spec("victim", steps=3, guidance=5.0, n=2, seed=22)
-    step_set = new_set(pipe, peer)
-    assert step_set.join([peer, victim]) == {}
+    step_set = joined(pipe, peer, victim)
     assert step_set.step() == []
     assert step_set.abort("victim")
     assert not step_set.abort("victim")
     assert step_set.requests == ("peer",)
     assert step_set.progress() == {"peer": (1, 3)}
-    done = drain(step_set)
-    assert set(done) == {"peer"}
-    assert_solo(pipe, peer, done["peer"][1])
+    assert_drain_to_solo(pipe, step_set, peer)
 
 
 def test_stepping_some_requests_leaves_the_others_where_they_were(pipe: Any) -> None:
     one = spec("one", steps=2, guidance=5.0, seed=31)
     two = spec("two", steps=2, guidance=1.0, seed=32, n=2)
-    step_set = new_set(pipe, one)
-    assert step_set.join([one, two]) == {}
+    step_set = joined(pipe, one, two)
     assert step_set.step(only=["two"]) == []
     assert step_set.progress() == {"one": (0, 2), "two": (1, 2)}
     assert step_set.step(only=["two"]) == ["two"]

@@ -42,31 +42,58 @@ def settings_for(step_mode: bool) -> Settings:
     )
 
 
-def setup(client: fakeredis.FakeRedis, store: SchedulerStore, set_value: str, rows: int) -> None:
-    """Live workers w1 (running a set: ``set_value`` = a digest or ``sealed``, ``rows`` requests), w2 and w3 (idle),
-    and the MIXED requests queued."""
+def setup(
+    client: fakeredis.FakeRedis,
+    store: SchedulerStore,
+    set_value: str,
+    rows: int,
+    idle: tuple[str, ...] = ("w2", "w3"),
+    queued: dict[str, dict[str, object]] = MIXED,
+) -> None:
+    """Live workers w1 (running a set: ``set_value`` = a digest or ``sealed``, ``rows`` requests) and ``idle``,
+    and the ``queued`` requests (by default the MIXED ones) queued."""
     now_ms = time.time() * 1000
-    client.zadd(store.keys.workers, {"w1": now_ms, "w2": now_ms, "w3": now_ms})
+    client.zadd(store.keys.workers, dict.fromkeys(("w1", *idle), now_ms))
     client.hset(store.keys.step_sets, "w1", set_value)
     client.hset(store.keys.step_rows, "w1", rows)
-    for rid, fields in MIXED.items():
+    for rid, fields in queued.items():
         submit(client, store.keys, rid, **fields)
 
 
 Scene = tuple[Settings, fakeredis.FakeRedis, SchedulerStore, PublishedBatches]
 
 
-def scene(set_value: str, rows: int, *, step_mode: bool = True) -> Scene:
+def scene(
+    set_value: str,
+    rows: int,
+    *,
+    step_mode: bool = True,
+    idle: tuple[str, ...] = ("w2", "w3"),
+    queued: dict[str, dict[str, object]] = MIXED,
+) -> Scene:
     """Settings, a fresh Redis set up by ``setup``, the scheduler's store, and what it publishes to Celery."""
     settings = settings_for(step_mode=step_mode)
     client = fakeredis.FakeRedis(decode_responses=True)
     store = SchedulerStore(client, settings)
-    setup(client, store, set_value, rows=rows)
+    setup(client, store, set_value, rows, idle, queued)
     return settings, client, store, PublishedBatches()
 
 
 def inbox(client: fakeredis.FakeRedis, store: SchedulerStore) -> list[BatchMessage]:
     return [BatchMessage.model_validate_json(m) for m in client.lrange(store.keys.step_inbox("w1"), 0, -1)]
+
+
+def published_without_a_join(scene: Scene, batches: int, rows: int) -> list[list[str]]:
+    """Runs the scheduler until it has published ``batches`` batches to Celery (and a moment more, for any more),
+    checks that nothing joined w1's set (no inbox, still ``rows`` requests counted), and returns the batches'
+    request ids."""
+    settings, client, store, celery = scene
+    with running(scheduler(client, settings, celery)):
+        assert wait_until(lambda: len(celery.batches) == batches, 5)
+        time.sleep(0.2)
+    assert not client.exists(store.keys.step_inbox("w1"))
+    assert client.hget(store.keys.step_rows, "w1") == str(rows)
+    return [batch["request_ids"] for batch in celery.batches]
 
 
 def test_compatible_requests_with_different_steps_join_the_open_set_as_one_batch() -> None:
@@ -94,25 +121,13 @@ def test_a_join_takes_only_the_sets_room_and_the_rest_waits_for_a_slot() -> None
 
 @pytest.mark.parametrize("set_value, rows", [("sealed", 1), ("digest", 4), ("0000000000000000", 0)])
 def test_a_sealed_full_or_other_key_set_leaves_the_requests_to_celery(set_value: str, rows: int) -> None:
-    settings, client, store, celery = scene(digest() if set_value == "digest" else set_value, rows)
-    with running(scheduler(client, settings, celery)):
-        assert wait_until(lambda: len(celery.batches) == 1, 5)
-        time.sleep(0.2)
-    assert [batch["request_ids"] for batch in celery.batches] == [["a", "b", "c"]]  # one step key: one batch
-    assert not client.exists(store.keys.step_inbox("w1"))
-    assert client.hget(store.keys.step_rows, "w1") == str(rows)
+    world = scene(digest() if set_value == "digest" else set_value, rows)
+    assert published_without_a_join(world, 1, rows) == [["a", "b", "c"]]  # one step key: one batch
 
 
 def test_a_set_sealed_after_it_was_read_refuses_the_join_and_the_batch_goes_to_celery() -> None:
     """The scheduler trusts its read of the sets for a while (here: its clock stands still); STEP_JOIN re-checks."""
-    settings = settings_for(step_mode=True)
-    client = fakeredis.FakeRedis(decode_responses=True)
-    store = SchedulerStore(client, settings)
-    now_ms = time.time() * 1000
-    client.zadd(store.keys.workers, {"w1": now_ms})
-    client.hset(store.keys.step_sets, "w1", digest())
-    client.hset(store.keys.step_rows, "w1", 0)
-    celery = PublishedBatches()
+    settings, client, store, celery = scene(digest(), 0, idle=(), queued={})
     frozen: Callable[[], float] = lambda: 100.0  # noqa: E731 - the cached sets never go stale
     lease = Lease(client, store.keys.scheduler_lease, settings.scheduler_lease_ms)
     service = SchedulerService(settings, store, lease, celery, clock=frozen)
@@ -130,10 +145,6 @@ def test_a_set_sealed_after_it_was_read_refuses_the_join_and_the_batch_goes_to_c
 
 
 def test_request_level_mode_ignores_open_sets_and_splits_by_compatibility_key() -> None:
-    settings, client, store, celery = scene(digest(), 1, step_mode=False)
-    with running(scheduler(client, settings, celery)):
-        assert wait_until(lambda: len(celery.batches) == 2, 5)  # two free slots (w1's set holds its own)
-        time.sleep(0.2)
-    assert [batch["request_ids"] for batch in celery.batches] == [["a"], ["b"]]
-    assert not client.exists(store.keys.step_inbox("w1"))
-    assert client.hget(store.keys.step_rows, "w1") == "1"
+    world = scene(digest(), 1, step_mode=False)
+    # two batches, in two free slots (w1's set holds its own)
+    assert published_without_a_join(world, 2, 1) == [["a"], ["b"]]

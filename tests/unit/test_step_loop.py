@@ -10,17 +10,15 @@ in for a pipeline that raises on a marked prompt.
 
 from __future__ import annotations
 
-import io
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 import fakeredis
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 pytest.importorskip("diffusers")
@@ -39,6 +37,7 @@ from shared.compat import StepKey, step_key  # noqa: E402
 from shared.contracts import BatchMessage, LoraRef, RequestSpec, Task, WorkerCapabilities  # noqa: E402
 from shared.results.filesystem import FilesystemResultStore  # noqa: E402
 from shared.settings import Settings  # noqa: E402
+from tests.support.solo import png_array, solo_arrays  # noqa: E402
 from tests.support.specs import demo_spec  # noqa: E402
 from tests.unit.test_scripts import submit  # noqa: E402
 
@@ -48,28 +47,12 @@ EXPLODE = "explode"
 JOIN_FAILS = "cannot join"
 
 
-@pytest.fixture(scope="module")
-def runner(tmp_path_factory: pytest.TempPathFactory) -> DiffusersRunner:
-    cache = tmp_path_factory.mktemp("step-loop-model")
-    return DiffusersRunner(Settings(model_cache_dir=Path(cache), torch_threads=1))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # and ``runner``, ``client``: tests/unit/conftest.py
 
 
 @pytest.fixture
 def settings() -> Settings:
     return Settings(key_prefix="t", batch_lock_ttl_s=5, result_ttl_s=60)
-
-
-@pytest.fixture
-def client() -> fakeredis.FakeRedis:
-    return fakeredis.FakeRedis(decode_responses=True)
 
 
 class Hooked:
@@ -223,13 +206,8 @@ def stored_images(worker: Worker, rid: str) -> list[np.ndarray]:
     for key in worker.request(rid)["results"].split():
         data = worker.results.get(key)
         assert data is not None
-        arrays.append(np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.int16))
+        arrays.append(png_array(data))
     return arrays
-
-
-def solo(runner: DiffusersRunner, request: RequestSpec) -> list[np.ndarray]:
-    (images,) = runner.run([request], lambda step, total: False)
-    return [np.asarray(image, dtype=np.int16) for image in images]
 
 
 def test_a_claimed_batch_runs_as_a_set_to_success(worker: Worker, hooked: Hooked, runner: DiffusersRunner) -> None:
@@ -255,7 +233,7 @@ def test_a_claimed_batch_runs_as_a_set_to_success(worker: Worker, hooked: Hooked
         state = worker.request(request.id)
         assert state["status"] == "succeeded" and state["worker"] == WORKER
         assert (state["step"], state["total"]) == (str(request.num_inference_steps),) * 2
-        for image, reference in zip(stored_images(worker, request.id), solo(runner, request), strict=True):
+        for image, reference in zip(stored_images(worker, request.id), solo_arrays(runner, request), strict=True):
             assert int(np.abs(image - reference).max()) <= 1
     assert hooked.steps == 3
     worker.assert_closed()
@@ -327,7 +305,7 @@ def test_a_request_whose_step_raises_fails_alone(worker: Worker, hooked: Hooked,
     )
     for request in (fine, later):  # re-stepped one by one after the failed step, and still their solo images
         (image,) = stored_images(worker, request.id)
-        assert int(np.abs(image - solo(runner, request)[0]).max()) <= 1
+        assert int(np.abs(image - solo_arrays(runner, request)[0]).max()) <= 1
     worker.assert_closed()
 
 
@@ -412,7 +390,7 @@ def test_the_set_steps_on_while_a_finished_request_is_stored_behind_it(
     assert isinstance(outcome, SetOutcome)
     assert outcome.statuses == {"quick": "succeeded", "slow": "succeeded"}
     for request in (quick, slow):
-        for got, want in zip(stored_images(worker, request.id), solo(runner, request), strict=True):
+        for got, want in zip(stored_images(worker, request.id), solo_arrays(runner, request), strict=True):
             assert np.abs(got - want).max() <= 1
     worker.assert_closed()
 

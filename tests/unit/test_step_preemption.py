@@ -1,8 +1,8 @@
 """Step-mode preemption on the worker (``gpu_worker.step_loop``), on fakeredis with the real Lua scripts and the real
-diffusers runner on the tiny demo model (the fixtures of ``tests/unit/test_step_loop.py``): an eviction the
-scheduler sends (``step_evict.lua``) takes a running request out of the set at the next step boundary and requeues
-it (``requeue.lua``); a higher-priority request joins the freed room and finishes first; the evicted request's batch
-still completes with its other request; run again, the evicted request gives its solo images.
+diffusers runner on the tiny demo model (the fixtures of ``tests/unit/test_step_loop.py`` and its conftest): an
+eviction the scheduler sends (``step_evict.lua``) takes a running request out of the set at the next step boundary
+and requeues it (``requeue.lua``); a higher-priority request joins the freed room and finishes first; the evicted
+request's batch still completes with its other request; run again, the evicted request gives its solo images.
 """
 
 from __future__ import annotations
@@ -19,20 +19,19 @@ from gpu_worker.step_loop import SetOutcome  # noqa: E402
 from scheduler.store import SchedulerStore  # noqa: E402
 from shared.compat import step_key  # noqa: E402
 from shared.contracts import BatchMessage, StepEviction  # noqa: E402
+from tests.support.solo import solo_arrays  # noqa: E402
 from tests.unit.test_step_loop import (  # noqa: E402, F401 - fixtures
     WORKER,
     Hooked,
     Worker,
-    client,
     hooked,
-    one_thread,
-    runner,
     settings,
-    solo,
     spec,
     stored_images,
     worker,
 )
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # and ``runner``, ``client``: tests/unit/conftest.py
 
 
 def test_an_evicted_request_is_requeued_and_a_higher_level_takes_its_room(
@@ -85,7 +84,7 @@ def test_an_evicted_request_is_requeued_and_a_higher_level_takes_its_room(
     again = worker.loop.run(BatchMessage(batch_id="B3", request_ids=("low2",), created_at=time.time()))
     assert isinstance(again, SetOutcome) and again.statuses == {"low2": "succeeded"}
     (image,) = stored_images(worker, "low2")
-    assert int(np.abs(image - solo(runner, low2)[0]).max()) <= 1
+    assert int(np.abs(image - solo_arrays(runner, low2)[0]).max()) <= 1
     assert worker.request("low2")["batch_id"] == "B3"
     worker.assert_closed()
 
