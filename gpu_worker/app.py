@@ -9,7 +9,8 @@ next task runs its forward. At shutdown the process waits up to ``FINISH_ON_SHUT
 With ``FUSEFLEET_STEP_MODE`` and a runner whose model has a step-mode adapter (``gpu_worker.runner.step_runner``), a
 task instead opens a running set with its batch and runs it until the set closes (``gpu_worker.step_loop``): the
 scheduler sends further batches of the same step key to the worker's inbox, and each request is stored and finished
-inline the moment its last step is done (no finisher: a set has no next forward to hide it behind).
+by the same finisher behind the set's next steps. The loop's first beat takes down a set a dead predecessor of this
+process (same worker name) left behind (``StepLoop.repair``).
 """
 
 from __future__ import annotations
@@ -105,12 +106,6 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
             )
         elif settings.step_mode:
             log.warning("step mode is on, but %s has no step-mode adapter: batches run request-level", runner)
-        if settings.step_mode:
-            # a pool process that replaces a dead one (killed, hard time limit) has its worker name: the dead one's
-            # set would hold the slot and take joins no loop reads; its inbox batches go back to the reaper
-            left = store.step_drop(worker_name)
-            if left:
-                log.warning("dropped a dead process's running set; %d sent batches go back to the reaper", len(left))
         state.heartbeat.start()
         log.info(
             "worker %s ready (runner %s, fused=%s, step mode=%s)",

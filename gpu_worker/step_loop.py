@@ -137,7 +137,9 @@ class StepLoop:
         self.seal_after_s = seal_after_s
         self.metrics = metrics
         self.finisher: Finisher = finisher or InlineFinisher()
-        self.drop_pending = False  # a set this process could not take down (Redis away): repair() does
+        # a set left behind, taken down by repair() or the next run: at start, a dead predecessor's (a pool process
+        # replaced after a kill has its worker name); later, one a run could not take down (Redis away)
+        self.drop_pending = True
         self._running = False
         self._guard = threading.Lock()  # between run() and repair() (the heartbeat's thread)
         if heartbeat is not None:
@@ -152,10 +154,14 @@ class StepLoop:
                 self._drop_stale()
 
     def _drop_stale(self) -> None:
-        left = self.store.step_drop(self.worker)
-        self.store.step_levels(self.worker, reset=True)
+        self.drop()
         self.drop_pending = False
-        log.warning("took down a running set left behind (%d sent batches go back to the reaper)", len(left))
+
+    def drop(self) -> None:
+        """Take this worker's running set down (``step_drop``): batches left in its inbox go to the reaper."""
+        left = self.store.step_drop(self.worker)
+        if left:
+            log.warning("took a running set down with %d batches in its inbox (the reaper runs them again)", len(left))
 
     def release_memory(self) -> None:
         release = getattr(self.runner, "release_memory", None)
@@ -233,7 +239,6 @@ class _RunningSet:
             self.writer.redis(
                 lambda: self.store.step_open(self.worker, self.digest, len(claim.specs)), "opening the set"
             )
-            self.writer.redis(lambda: self.store.step_levels(self.worker, reset=True), "opening the set")
             self._admit(first, claim)
             while True:
                 self._seal_when_due()
@@ -404,7 +409,6 @@ class _RunningSet:
         aborted: list[str] = []
         dropped: list[str] = []
         closing: list[_Group] = []
-        late: list[tuple[_Held, str, int]] = []
         for group in self.groups:
             live = [rid for rid in group.request_ids if self.owner.get(rid) is group.held]
             if not live:
@@ -415,9 +419,6 @@ class _RunningSet:
                 closing.append(group)
                 continue
             group.reporter.on_step(max((progress[rid][0] for rid in live if rid in progress), default=0), group.total)
-            for rid in live:
-                if rid in done:  # not in lockstep with its group (cannot happen): write its last step itself
-                    late.append((group.held, rid, group.total))
             for rid, signal in zip(group.request_ids, group.reporter.signals, strict=True):
                 if self.owner.get(rid) is not group.held or rid in done or signal is RowSignal.GO_ON:
                     continue
@@ -426,8 +427,6 @@ class _RunningSet:
         for group in closing:
             group.reporter.close()
             self.groups.remove(group)
-        for held, rid, total in late:
-            self._write_progress(held, rid, total)
         if aborted:
             log.info("aborted while running: %s", aborted)
             for held, request_ids in self._by_batch(aborted).items():
@@ -435,9 +434,6 @@ class _RunningSet:
         if dropped:
             log.warning("claimed by another run or ended meanwhile, dropped: %s", dropped)
         self._ended([*aborted, *dropped])
-
-    def _write_progress(self, held: _Held, request_id: str, total: int) -> None:
-        self.writer.redis(lambda: self.store.progress([request_id], total, total, held.token), "reporting progress")
 
     def _finish(self, finished: list[str]) -> None:
         """Decode the requests a step finished (one decode for all, on the loop: it uses the accelerator), count them
@@ -572,15 +568,12 @@ class _RunningSet:
             self._end_batch(held)
 
     def _count_out(self, request_ids: Sequence[str]) -> None:
-        """These requests no longer take room in the set: the scheduler may send joiners in their place."""
-        if request_ids:
-            self._leave(len(request_ids))
-            left = list(request_ids)
-            self.writer.redis(lambda: self.store.step_levels(self.worker, left=left), "forgetting the levels")
+        """These requests ran in the set and no longer take room in it: the scheduler may send joiners instead."""
+        self._leave(len(request_ids), request_ids)
 
-    def _leave(self, count: int) -> None:
+    def _leave(self, count: int, ran: Sequence[str] = ()) -> None:
         if count:
-            self.writer.redis(lambda: self.store.step_leave(self.worker, count), "counting requests out")
+            self.writer.redis(lambda: self.store.step_leave(self.worker, count, ran), "counting requests out")
 
     def _end_batch(self, held: _Held) -> None:
         for group in [group for group in self.groups if group.held is held]:
@@ -633,9 +626,4 @@ class _RunningSet:
             self._release(held)
 
     def _drop(self) -> None:
-        left = self.store.step_drop(self.worker)
-        self.store.step_levels(self.worker, reset=True)
-        if left:
-            log.warning(
-                "set %s dropped with %d batches in its inbox (the reaper runs them again)", self.digest, len(left)
-            )
+        self.loop.drop()

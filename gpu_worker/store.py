@@ -217,11 +217,13 @@ class WorkerStore:
     # --- step mode (docs/step_mode.md, gpu_worker.step_loop) ---------------------------------------------------
 
     def step_open(self, worker: str, digest: str, requests: int) -> None:
-        """Register ``worker``'s running set of step key ``digest`` holding ``requests`` requests: the scheduler may
-        send it batches of that key (``step_join.lua``), and the set holds the worker's slot (``free_slots.lua``)."""
+        """Register ``worker``'s running set of step key ``digest`` holding ``requests`` requests, its levels hash
+        empty: the scheduler may send it batches of that key (``step_join.lua``), and the set holds the worker's slot
+        (``free_slots.lua``)."""
         pipe = self._redis.pipeline(transaction=True)
         pipe.hset(self.keys.step_sets, worker, digest)
         pipe.hset(self.keys.step_rows, worker, requests)
+        pipe.delete(self.keys.step_levels(worker))
         pipe.execute()
 
     def step_seal(self, worker: str) -> None:
@@ -233,12 +235,13 @@ class WorkerStore:
         message: str | None = self._redis.lpop(self.keys.step_inbox(worker))  # type: ignore[assignment]
         return message
 
-    def step_leave(self, worker: str, requests: int) -> None:
+    def step_leave(self, worker: str, requests: int, ran: Sequence[str] = ()) -> None:
         """``requests`` requests counted in the worker's set ended, or were sent to it and will not run in it: their
-        room is free for joiners, so the scheduler is woken (a set that was full may take the next waiting ones)."""
+        room is free for joiners, so the scheduler is woken (a set that was full may take the next waiting ones);
+        ``ran``, those of them that ran in the set, leave its levels hash. One round trip (``step_leave.lua``)."""
         if requests:
-            keys = [self.keys.step_sets, self.keys.step_rows, self.keys.events]
-            self._step_leave(keys=keys, args=[worker, requests, k.EVENTS_MAXLEN])
+            keys = [self.keys.step_sets, self.keys.step_rows, self.keys.events, self.keys.step_levels(worker)]
+            self._step_leave(keys=keys, args=[worker, requests, k.EVENTS_MAXLEN, *ran])
 
     def step_close(self, worker: str) -> bool:
         """Close the worker's empty running set (it frees the slot and wakes the scheduler); False when batches
@@ -248,34 +251,28 @@ class WorkerStore:
 
     def step_drop(self, worker: str) -> list[str]:
         """Take down the worker's running set after a run that could not end it normally: no more joins, its slot
-        freed, and the batch messages left in its inbox returned (and removed). Those batches were never claimed:
-        the reaper publishes them again after ``batch_claim_timeout_s``."""
+        freed, its levels hash gone, and the batch messages left in its inbox returned (and removed). Those batches
+        were never claimed: the reaper publishes them again after ``batch_claim_timeout_s``."""
         pipe = self._redis.pipeline(transaction=True)
         pipe.hdel(self.keys.step_sets, worker)
         pipe.hdel(self.keys.step_rows, worker)
         pipe.lrange(self.keys.step_inbox(worker), 0, -1)
-        pipe.delete(self.keys.step_inbox(worker))
+        pipe.delete(self.keys.step_inbox(worker), self.keys.step_levels(worker))
         left: list[str] = pipe.execute()[2]
         return left
 
-    def step_levels(
-        self, worker: str, joined: Mapping[str, int] | None = None, left: Sequence[str] = (), *, reset: bool = False
-    ) -> None:
-        """Keep the worker's set's levels hash (``P:step:levels:{worker}``, read by the scheduler to preempt):
-        ``joined`` (request id -> priority) joined it now, ``left`` left it; ``reset`` first forgets every entry (a
-        new set, or one taken down). One round trip; the hash expires ``batch_time_limit_s`` after its last write."""
+    def step_levels(self, worker: str, joined: Mapping[str, int]) -> None:
+        """Record in the worker's set's levels hash (``P:step:levels:{worker}``, read by the scheduler to preempt)
+        that ``joined`` (request id -> priority) joined it now; they leave it with ``step_leave``, and the hash goes
+        with ``step_open``, ``step_drop`` and, at the latest, ``batch_time_limit_s`` after its last write."""
+        if not joined:
+            return
         key = self.keys.step_levels(worker)
+        now_ms = int(time.time() * 1000)
         pipe = self._redis.pipeline(transaction=True)
-        if reset:
-            pipe.delete(key)
-        if left:
-            pipe.hdel(key, *left)
-        if joined:
-            now_ms = int(time.time() * 1000)
-            pipe.hset(key, mapping={rid: f"{priority} {now_ms}" for rid, priority in joined.items()})
-            pipe.expire(key, int(self._settings.batch_time_limit_s))
-        if len(pipe):
-            pipe.execute()
+        pipe.hset(key, mapping={rid: f"{priority} {now_ms}" for rid, priority in joined.items()})
+        pipe.expire(key, int(self._settings.batch_time_limit_s))
+        pipe.execute()
 
     def requeue(self, request_id: str, token: str, worker: str) -> int:
         """Evict a running request of this claim from the worker's set and put it back in the queue, at the front

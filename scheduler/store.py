@@ -218,8 +218,7 @@ class SchedulerStore:
             self.keys.storing,
         ]
         worker_ttl_ms = int(self._settings.worker_ttl_s * 1000)
-        inbox_ttl_ms = int(2 * self._settings.batch_time_limit_s * 1000)  # outlives any set
-        args: list[str | int] = [worker, digest, message_json, batch_id, count, cap, worker_ttl_ms, inbox_ttl_ms]
+        args: list[str | int] = [worker, digest, message_json, batch_id, count, cap, worker_ttl_ms, self._inbox_ttl_ms]
         return int(self._step_join(keys=keys, args=args)) == 1
 
     def step_levels(self, workers: Sequence[str]) -> dict[str, list[RunningMember]]:
@@ -247,8 +246,12 @@ class SchedulerStore:
         (``step_evict.lua``): False when the set is no longer open on that key or no longer runs the request."""
         keys = [self.keys.step_sets, self.keys.step_levels(worker), self.keys.step_inbox(worker)]
         message = StepEviction(evict=request_id).model_dump_json()
-        inbox_ttl_ms = int(2 * self._settings.batch_time_limit_s * 1000)  # outlives any set
-        return int(self._step_evict(keys=keys, args=[worker, digest, request_id, message, inbox_ttl_ms])) == 1
+        return int(self._step_evict(keys=keys, args=[worker, digest, request_id, message, self._inbox_ttl_ms])) == 1
+
+    @property
+    def _inbox_ttl_ms(self) -> int:
+        """How long a worker's inbox outlives its last message: past any set's life (it is deleted with the set)."""
+        return int(2 * self._settings.batch_time_limit_s * 1000)
 
     def schedule(
         self,

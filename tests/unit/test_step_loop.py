@@ -409,6 +409,7 @@ def test_a_joiner_whose_join_raises_fails_alone(worker: Worker, hooked: Hooked) 
 
 
 def test_a_set_left_behind_is_taken_down_after_a_beat_when_no_set_runs(worker: Worker) -> None:
+    assert worker.loop.drop_pending  # a new process first takes down what a dead predecessor of its name left
     worker.client.hset(worker.keys.step_sets, WORKER, "a-digest")  # as a run that lost Redis leaves it
     worker.client.hset(worker.keys.step_rows, WORKER, 3)
     worker.client.rpush(worker.keys.step_inbox(WORKER), "{}")
