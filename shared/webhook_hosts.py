@@ -16,6 +16,11 @@ entry                  allows
 Then every address the host is (an IP literal) or resolves to (a name) must be public (``is_global``: not private,
 loopback, link-local, shared, reserved or multicast), unless a network entry contains it: internal addresses are
 reachable only when listed explicitly, and a name that resolves to one of them (DNS rebinding, a typo) is refused.
+An IPv6 address that stands for an IPv4 one is judged by the IPv4 address it embeds: IPv4-mapped ``::ffff:a.b.c.d``
+(it is that address) and NAT64 ``64:ff9b::a.b.c.d`` (a gateway connects to it). The transition and deprecated ranges
+(``REFUSED_RANGES``: IPv4-compatible ``::a.b.c.d`` and -translated, local-use NAT64, 6to4, Teredo, site-local, the
+6to4 relay) are refused whatever they embed, unless a network entry contains them: where they lead depends on relays
+and tunnels this check cannot see (6to4 of the fleet's own public address reaches its internal hosts).
 The api checks at submission (422 naming ``webhook``); the dispatcher checks again at each delivery and connects
 to the very address it checked. No entries: webhooks are off (every ``webhook`` is refused).
 """
@@ -76,11 +81,49 @@ def parse_url(url: str) -> WebhookUrl:
     return WebhookUrl(url.strip(), scheme, host, port or (443 if scheme == "https" else 80))
 
 
+NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+"""The well-known NAT64 prefix (RFC 6052): ``64:ff9b::a.b.c.d`` reaches IPv4 ``a.b.c.d`` through a gateway."""
+REFUSED_RANGES: tuple[tuple[IpNetwork, str], ...] = (
+    (ipaddress.IPv6Network("::/96"), "an IPv4-compatible address (::a.b.c.d, deprecated)"),
+    (ipaddress.IPv6Network("::ffff:0:0:0/96"), "an IPv4-translated address (::ffff:0:a.b.c.d)"),
+    (ipaddress.IPv6Network("64:ff9b:1::/48"), "a local-use NAT64 address (64:ff9b:1::/48)"),
+    (ipaddress.IPv6Network("2002::/16"), "a 6to4 address (2002::/16)"),
+    (ipaddress.IPv6Network("2001::/32"), "a Teredo address (2001::/32)"),
+    (ipaddress.IPv6Network("fec0::/10"), "a site-local address (fec0::/10, deprecated)"),
+    (ipaddress.IPv4Network("192.88.99.0/24"), "a 6to4 relay anycast address (192.88.99.0/24, deprecated)"),
+)
+"""Transition and deprecated ranges: refused unless listed (``is_global`` calls some of them public)."""
+
+
 def _address(text: str) -> IpAddress:
     address = ipaddress.ip_address(text.split("%", 1)[0])  # an IPv6 zone id (fe80::1%eth0) is not part of it
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped  # ::ffff:10.0.0.1 is 10.0.0.1
     return address
+
+
+def embedded_ipv4(address: IpAddress) -> ipaddress.IPv4Address | None:
+    """The IPv4 address a NAT64 address (``64:ff9b::a.b.c.d``) reaches; None for any other address."""
+    if isinstance(address, ipaddress.IPv6Address) and address in NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFF_FFFF)
+    return None
+
+
+def internal_kind(address: IpAddress) -> str | None:
+    """What makes ``address`` unreachable for a webhook unless listed: an internal address, a transition or deprecated
+    range (``REFUSED_RANGES``), a NAT64 address of an internal IPv4 one; None for a public address."""
+    if address.is_loopback or address.is_unspecified:
+        return "an internal address (loopback or unspecified)"
+    for network, kind in REFUSED_RANGES:
+        if address.version == network.version and address in network:
+            return kind
+    ipv4 = embedded_ipv4(address)
+    if ipv4 is not None:
+        inner = internal_kind(ipv4)
+        return None if inner is None else f"a NAT64 address of {ipv4}, {inner}"
+    if not address.is_global or address.is_multicast:
+        return "an internal address (private, loopback, link-local or reserved)"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,15 +185,22 @@ class HostRules:
             raise WebhookRefused(f"host {url.host} resolves to no address")
         parsed = [_address(address) for address in addresses]
         for address in parsed:
-            if not self._listed(address) and not (address.is_global and not address.is_multicast):
+            kind = None if self._listed(address) else internal_kind(address)
+            if kind is not None:
                 raise WebhookRefused(
-                    f"host {url.host} is {address}, an internal address (private, loopback, link-local or reserved); "
-                    "only a network listed in this server's webhook_allowed_hosts makes one reachable"
+                    f"host {url.host} is {address}, {kind}; only a network listed in this server's "
+                    "webhook_allowed_hosts makes one reachable"
                 )
         return parsed[0]
 
     def _listed(self, address: IpAddress) -> bool:
-        return any(address.version == network.version and address in network for network in self.networks)
+        """Whether a network entry contains ``address`` (or, for a NAT64 address, the IPv4 address it reaches)."""
+        ipv4 = embedded_ipv4(address)
+        return any(
+            candidate.version == network.version and candidate in network
+            for network in self.networks
+            for candidate in ((address,) if ipv4 is None else (address, ipv4))
+        )
 
 
 def _is_name(text: str) -> bool:

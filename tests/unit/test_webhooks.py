@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import socket
 import threading
 import time
@@ -135,6 +136,54 @@ def test_internal_or_missing_addresses_are_refused_unless_listed(addresses: list
     if addresses:
         listed = HostRules.parse(["hooks.example.com", "0.0.0.0/0", "::/0"])
         assert _allowed(listed, "https://hooks.example.com/", addresses)
+
+
+TRANSITION_FORMS = [
+    # (address, allowed with "*", what the refusal names)
+    ("64:ff9b::a00:1", False, "a NAT64 address of 10.0.0.1"),  # NAT64 (RFC 6052) of a private address
+    ("64:ff9b::7f00:1", False, "a NAT64 address of 127.0.0.1"),
+    ("64:ff9b::a9fe:a9fe", False, "a NAT64 address of 169.254.169.254"),  # the metadata service through NAT64
+    ("64:ff9b::808:808", True, ""),  # NAT64 of a public address: the gateway reaches 8.8.8.8
+    ("64:ff9b:1::a00:1", False, "local-use NAT64"),
+    ("64:ff9b:1::808:808", False, "local-use NAT64"),
+    ("2002:a00:1::1", False, "6to4"),  # 6to4 of 10.0.0.1
+    ("2002:808:808::1", False, "6to4"),  # of a public address: where it leads depends on relays
+    ("::10.0.0.1", False, "IPv4-compatible"),
+    ("::8.8.8.8", False, "IPv4-compatible"),
+    ("::ffff:10.0.0.1", False, "10.0.0.1, an internal address"),  # IPv4-mapped: that address
+    ("::ffff:8.8.8.8", True, ""),
+    ("::ffff:0:a00:1", False, "IPv4-translated"),
+    ("2001::1", False, "Teredo"),
+    ("2001:0:4136:e378:8000:63bf:3fff:fdd2", False, "Teredo"),
+    ("fec0::1", False, "site-local"),
+    ("192.88.99.1", False, "6to4 relay anycast"),
+    ("::1", False, "loopback"),
+    ("::", False, "unspecified"),
+    ("2001:4860:4860::8888", True, ""),  # plain public IPv6
+]
+
+
+@pytest.mark.parametrize(("address", "allowed", "named"), TRANSITION_FORMS)
+def test_ipv6_transition_forms_are_judged_by_the_ipv4_they_embed_or_refused(
+    address: str, allowed: bool, named: str
+) -> None:
+    rules = HostRules.parse(["*"])
+    url = parse_url(f"http://[{address}]/" if ":" in address else f"http://{address}/")
+    for check in (
+        lambda: rules.check_host(url),
+        lambda: rules.check_addresses(parse_url("https://h.example/"), [address]),
+    ):
+        if allowed:
+            check()
+        else:
+            with pytest.raises(WebhookRefused, match=re.escape(named)):
+                check()
+    # a listed network still makes any of them reachable: as given (an IPv4-mapped one as its IPv4 address), or
+    # (NAT64) the IPv4 network it reaches
+    listed = address.removeprefix("::ffff:") if address.count(".") == 3 else address
+    assert _allowed(HostRules.parse(["*", listed]), "https://h.example/", [address])
+    if address.startswith("64:ff9b::"):
+        assert _allowed(HostRules.parse(["*", "10.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16"]), url.url)
 
 
 def test_no_entries_means_off_and_bad_entries_or_urls_are_named() -> None:
