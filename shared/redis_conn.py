@@ -6,12 +6,36 @@ Redis becomes an error after a bounded time instead of a hang; each service deci
 
 from __future__ import annotations
 
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
 import redis
 import redis.asyncio as aioredis
 
 from shared.settings import Settings
 
 CONNECT_TIMEOUT_S = 5.0
+REDACTED = "***"
+_SECRET_PARAMS = frozenset({"password"})
+
+
+def redacted(url: str) -> str:
+    """``url`` as it may be printed or logged: a password (``redis://user:pw@host``, ``redis://:pw@host`` or a
+    ``?password=`` parameter) becomes ``***``; the scheme, user, host, port and database stay readable.
+
+    Every place that shows a Redis or broker URL passes it through here first.
+    """
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, hostport = netloc.rpartition("@")
+        user, has_password, _ = userinfo.partition(":")
+        netloc = f"{user}:{REDACTED}@{hostport}" if has_password else f"{userinfo}@{hostport}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(name.lower() in _SECRET_PARAMS for name, _ in pairs):
+            query = urlencode([(n, REDACTED if n.lower() in _SECRET_PARAMS else v) for n, v in pairs], safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def sync_client(settings: Settings, *, binary: bool = False) -> redis.Redis:

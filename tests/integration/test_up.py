@@ -1,7 +1,9 @@
-"""`fusefleet up` (the README's run command): embedded Valkey, whole fleet, Ctrl-C, persistence across restarts."""
+"""`fusefleet up` (the README's run command): embedded Valkey, whole fleet, Ctrl-C, persistence across restarts;
+`fusefleet status` in a second shell finds that Valkey."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,8 +17,20 @@ from tests.support.processes import REPO_ROOT, wait_for
 from tests.support.redis_server import free_port
 
 
+def plain_env() -> dict[str, str]:
+    """A new shell's environment: no FUSEFLEET_* variable."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("FUSEFLEET_")}
+
+
+def fusefleet_status(workdir: Path) -> subprocess.CompletedProcess[str]:
+    """`fusefleet status` as a second shell in the same folder runs it."""
+    argv = [sys.executable, "-m", "fusefleet", "status"]
+    env = {**plain_env(), "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=60)
+
+
 def start_up(workdir: Path, port: int, model_cache: Path, log: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSEFLEET_")}
+    env = plain_env()
     env.update(PYTHONPATH=str(REPO_ROOT), FUSEFLEET_MODEL_CACHE_DIR=str(model_cache), FUSEFLEET_WORKERS="1")
     with open(log, "ab") as out:
         # a session of its own, so the test can deliver Ctrl-C to the whole group as a terminal would
@@ -49,9 +63,18 @@ def test_up_runs_the_fleet_stops_on_ctrl_c_and_keeps_requests(tmp_path: Path, mo
             return state if state["status"] == "succeeded" else None
 
         wait_for(finished, 120, "the request to succeed")
+        pointer = tmp_path / ".fusefleet" / "redis.json"
+        url = json.loads(pointer.read_text())["url"]
+        assert f"embedded Valkey on {url}" in log.read_text()
+        status = fusefleet_status(tmp_path)
+        assert status.returncode == 0, status.stderr
+        assert f"redis: {url} (fusefleet up, .fusefleet/redis.json)" in status.stdout
+        assert "requests: 1 accepted;" in status.stdout and "1 succeeded" in status.stdout, status.stdout
+        assert "workers (1):" in status.stdout and ": live, idle" in status.stdout, status.stdout
     finally:
         assert ctrl_c(proc) == 0
     assert (tmp_path / ".fusefleet" / "valkey").is_dir()
+    assert not pointer.exists(), "the URL of a stopped Valkey is left behind"
     leftovers = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
     assert leftovers == [], f"processes left after Ctrl-C: {leftovers}"
 

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
+from pathlib import Path
 
 import fakeredis
 import pytest
 from typer.testing import CliRunner
 
 from fusefleet.cli import cli
+from fusefleet.local_redis import RedisPointer, local_settings
 from fusefleet.status import FleetStatus, render
 from gpu_worker.families import FAMILIES
 from gpu_worker.metrics import WorkerMetrics
 from shared.contracts import Task, WorkerCapabilities
 from shared.fleet_state import FleetReader
 from shared.keys import RedisKeys
+from shared.redis_conn import redacted
 from tests.support.redis_server import free_port
 
 pytestmark = pytest.mark.anyio
@@ -80,10 +85,56 @@ async def read_status_of(redis: fakeredis.FakeAsyncRedis, keys: RedisKeys) -> Fl
     return FleetStatus(snapshot, tuple(running))
 
 
-def test_status_says_when_redis_does_not_answer(monkeypatch: pytest.MonkeyPatch) -> None:
-    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-    monkeypatch.setenv("FUSEFLEET_REDIS_URL", url)
+def test_status_says_when_redis_does_not_answer_and_never_prints_its_password(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    port = free_port()  # nothing listens there
+    monkeypatch.setenv("FUSEFLEET_REDIS_URL", f"redis://ops:s3cret-pw@127.0.0.1:{port}/0")
     monkeypatch.setenv("FUSEFLEET_REDIS_SOCKET_TIMEOUT_S", "1")
-    result = CliRunner().invoke(cli, ["status"])
+    result = CliRunner().invoke(cli, ["status", "--state-dir", str(tmp_path)])
     assert result.exit_code == 1
-    assert f"Redis at {url} does not answer" in result.output
+    assert f"Redis at redis://ops:***@127.0.0.1:{port}/0 (FUSEFLEET_REDIS_URL) does not answer" in result.output
+    assert "s3cret-pw" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+        ("redis://:pw@redis:6379/0", "redis://:***@redis:6379/0"),
+        ("rediss://user:p%40ss:w@host/2", "rediss://user:***@host/2"),
+        ("redis://:p@ss@host:1/0", "redis://:***@host:1/0"),
+        ("redis://user@[::1]:6379/0", "redis://user@[::1]:6379/0"),
+        ("unix://:pw@/run/redis.sock?db=1", "unix://:***@/run/redis.sock?db=1"),
+        ("redis://host/0?password=pw&db=1", "redis://host/0?password=***&db=1"),
+    ],
+)
+def test_redacted_hides_every_password_and_keeps_the_rest(url: str, shown: str) -> None:
+    assert redacted(url) == shown
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_status_reads_the_redis_a_running_up_left_in_its_state_dir(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("FUSEFLEET_REDIS_URL", raising=False)
+    pointer = RedisPointer.in_dir(tmp_path)
+    assert local_settings(tmp_path)[1] == "default"  # no file
+    pointer.write("redis://127.0.0.1:7777/0", pid=os.getpid())  # a live process
+    settings, source = local_settings(tmp_path)
+    assert settings.redis_url == "redis://127.0.0.1:7777/0" and source == f"fusefleet up, {pointer.path}"
+    pointer.write("redis://127.0.0.1:7777/0", pid=dead_pid())  # left by an up that was killed
+    assert local_settings(tmp_path) == (local_settings(tmp_path / "none")[0], "default")
+    pointer.write("redis://127.0.0.1:7777/0", pid=os.getpid())
+    monkeypatch.setenv("FUSEFLEET_REDIS_URL", "redis://elsewhere:6379/3")  # the environment wins
+    settings, source = local_settings(tmp_path)
+    assert settings.redis_url == "redis://elsewhere:6379/3" and source == "FUSEFLEET_REDIS_URL"
+    pointer.remove(pid=os.getpid() + 1)  # not the pid it names: kept (a later up's)
+    assert pointer.path.exists()
+    pointer.remove(pid=os.getpid())
+    assert not pointer.path.exists()
