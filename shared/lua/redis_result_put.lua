@@ -1,5 +1,7 @@
 -- The Redis result store writes one object, within its size cap: while the new object would not fit, the oldest
--- stored objects are dropped first, and each one's request (if it still exists) records when (evicted_at).
+-- stored objects are dropped first, and each one's request records when (evicted_at) if the object is one of its
+-- current run's: its key's claim token (``{request id}/{token}/...``) is the request's claim, the run that finished
+-- it (its ``results``) or stores it now. An orphan of an earlier, fenced run says nothing about the request.
 -- The object gets a TTL as a backstop only; the sweeper deletes it on time (redis_result_delete.lua).
 -- KEYS[1] object key, KEYS[2] order (zset: object key -> put time ms, made strictly increasing), KEYS[3] sizes
 -- (hash: object key -> bytes), KEYS[4] bytes in use (counter). ARGV[1] the bytes, ARGV[2] cap (bytes),
@@ -24,8 +26,8 @@ while used + size > cap do
   redis.call('DEL', oldest)
   redis.call('ZREM', KEYS[2], oldest)
   redis.call('HDEL', KEYS[3], oldest)
-  local request_id = string.match(string.sub(oldest, #ARGV[4] + 1), '^([^/]+)/')
-  if request_id and redis.call('EXISTS', ARGV[5] .. request_id) == 1 then
+  local request_id, token = string.match(string.sub(oldest, #ARGV[4] + 1), '^([^/]+)/([^/]+)/')
+  if request_id and redis.call('HGET', ARGV[5] .. request_id, 'claim') == token then
     redis.call('HSET', ARGV[5] .. request_id, 'evicted_at', now_ms / 1000)
   end
   dropped = dropped + 1

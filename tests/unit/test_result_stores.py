@@ -340,7 +340,7 @@ def test_redis_cap_drops_the_oldest_first_and_marks_their_requests(
 ) -> None:
     store, client = capped
     keys = RedisKeys(PREFIX)
-    client.hset(keys.request("zzz"), mapping={"status": "succeeded"})
+    client.hset(keys.request("zzz"), mapping={"status": "succeeded", "claim": "tok", "results": "zzz/tok/0.png"})
     # put in the order opposite to the keys' sort order, within one millisecond
     store.put("zzz/tok/0.png", b"a" * 40)
     store.put("yyy/tok/0.png", b"b" * 40)
@@ -357,11 +357,29 @@ def test_redis_cap_drops_the_oldest_first_and_marks_their_requests(
     assert accounted(store, client) == 90
 
 
+def test_redis_cap_dropping_an_earlier_runs_orphan_leaves_the_request_alone(
+    capped: tuple[RedisResultStore, fakeredis.FakeRedis],
+) -> None:
+    """Only the loss of an object of the request's current run marks it: an orphan of an earlier, fenced run (its
+    objects fall due in the journal) dropped at the cap leaves the succeeded request's images served."""
+    store, client = capped
+    keys = RedisKeys(PREFIX)
+    store.put("req/old/0.png", b"a" * 40)  # the fenced run's image, never referenced
+    store.put("req/new/0.png", b"b" * 40)  # the run that finished the request
+    client.hset(keys.request("req"), mapping={"status": "succeeded", "claim": "new", "results": "req/new/0.png"})
+    store.put("other/tok/0.png", b"c" * 40)  # 120 > 100: the oldest (the orphan) goes
+    assert store.get("req/old/0.png") is None and store.get("req/new/0.png") == b"b" * 40
+    assert not client.hexists(keys.request("req"), "evicted_at")
+    store.put("more/tok/0.png", b"d" * 40)  # now the request's own image goes: that one is marked
+    assert store.get("req/new/0.png") is None
+    assert client.hexists(keys.request("req"), "evicted_at")
+
+
 def test_redis_cap_bookkeeping_stays_exact(capped: tuple[RedisResultStore, fakeredis.FakeRedis]) -> None:
     store, client = capped
     keys = RedisKeys(PREFIX)
-    client.hset(keys.request("r1"), mapping={"status": "running"})
-    client.hset(keys.request("r2"), mapping={"status": "succeeded"})
+    client.hset(keys.request("r1"), mapping={"status": "running", "claim": "tok"})
+    client.hset(keys.request("r2"), mapping={"status": "succeeded", "claim": "tok", "results": "r2/tok/0.png"})
     store.put("r1/tok/0.png", b"a" * 30)
     store.put("r2/tok/0.png", b"b" * 30)
     store.put("r2/tok/0.png", b"b" * 50)  # written again (a retried put): counted once, at its new size
