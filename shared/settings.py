@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from shared.contracts import PRIORITY_MAX, PRIORITY_MIN
@@ -51,9 +51,16 @@ class Settings(BaseSettings):
     )
     key_prefix: str = Field(
         "fusefleet",
-        description="Prefix of every Redis key fusefleet writes; fleets with distinct prefixes can share one Redis.",
+        description="Prefix of every Redis key fusefleet writes, and of its Celery queue (queue_name): fleets with "
+        "distinct prefixes can share one Redis.",
     )
-    queue_name: str = Field("fusefleet.batches", description="Celery queue the scheduler publishes batches to.")
+    queue_name: str = Field(
+        "",
+        validate_default=True,
+        description="Celery queue the scheduler publishes batches to and the workers take them from; unset or empty = "
+        "key_prefix + '.batches' (fusefleet.batches), so each fleet on a shared Redis has its own. If set, set the "
+        "same on every service of the fleet.",
+    )
     log_format: LogFormat = Field(
         "text",
         description="Log lines of every service: 'text' (time level logger: message [ids]) or 'json' (one object a "
@@ -385,6 +392,13 @@ class Settings(BaseSettings):
                 "webhook_allowed_hosts needs webhook_secret (FUSEFLEET_WEBHOOK_SECRET): every delivery is signed"
             )
         return self
+
+    @field_validator("queue_name", mode="after")
+    @classmethod
+    def _queue_follows_prefix(cls, value: str, info: ValidationInfo) -> str:
+        """Unset: the fleet's own queue, after its key prefix (two fleets on one Redis never take each other's
+        batches)."""
+        return value or f"{info.data.get('key_prefix', 'fusefleet')}.batches"
 
     @field_validator("webhook_secret", mode="before")
     @classmethod
