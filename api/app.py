@@ -21,6 +21,7 @@ from api.openapi import serve_limits
 from api.outage import StoreUnavailable, store_unavailable_response
 from api.routes import events, fleet, health, requests, ui
 from api.store import RequestStore
+from api.stream_slots import StreamSlots
 from api.validation import validation_error_response
 from api.waiter import CompletionWaiter
 from shared.fleet_state import FleetReader
@@ -83,7 +84,6 @@ def create_app(
             streams,
             app.state.store,
             keys,
-            max_streams=settings.max_event_streams,
             call_timeout_s=settings.redis_socket_timeout_s,
         )
         reader = FleetReader(text, keys, worker_ttl_s=settings.worker_ttl_s, timeout_s=settings.redis_socket_timeout_s)
@@ -101,6 +101,7 @@ def create_app(
     app = FastAPI(title="fusefleet", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
     app.state.metrics = ApiMetrics()  # GET /metrics (api.metrics), its own registry
+    app.state.event_slots = StreamSlots(settings.max_event_streams, settings.max_event_streams_per_key)
     app.add_exception_handler(RequestValidationError, validation_error_response)
     app.add_exception_handler(StoreUnavailable, store_unavailable_response)
     app.add_exception_handler(RedisError, store_unavailable_response)  # a Redis call outside the store

@@ -6,9 +6,9 @@ over all the streams still open, so it never polls; between waits it looks at th
 also ends when its request is deleted or expired, or (written before events existed) ended without a terminal
 entry, in which case its terminal event is made from its state.
 
-Each open stream holds one Redis connection of the feed's own client while it waits (at most ``max_streams``);
-every call is bounded in time, and a Redis that fails or stalls raises ``StoreUnavailable`` out of ``follow``
-within ``block_ms`` + ``call_timeout_s``.
+Each open stream holds one Redis connection of the feed's own client while it waits (the routes open at most
+``max_event_streams``: ``api.stream_slots``); every call is bounded in time, and a Redis that fails or stalls raises
+``StoreUnavailable`` out of ``follow`` within ``block_ms`` + ``call_timeout_s``.
 """
 
 from __future__ import annotations
@@ -98,21 +98,12 @@ class EventFeed:
     timeout (``call_timeout_s``), which would otherwise end every quiet wait as an error.
     """
 
-    def __init__(
-        self, redis: aioredis.Redis, store: RequestStore, keys: RedisKeys, *, max_streams: int, call_timeout_s: float
-    ) -> None:
+    def __init__(self, redis: aioredis.Redis, store: RequestStore, keys: RedisKeys, *, call_timeout_s: float) -> None:
         self._redis = redis
         self._store = store
         self._keys = keys
-        self.max_streams = max_streams
-        self.open_streams = 0
         self._call_timeout_s = call_timeout_s
         self.block_ms = max(1, int(min(MAX_BLOCK_MS, call_timeout_s * 500)))
-
-    @property
-    def full(self) -> bool:
-        """Whether ``max_streams`` streams are open (a new one is refused)."""
-        return self.open_streams >= self.max_streams
 
     async def unknown(self, request_ids: Sequence[str], owner: str | None = None) -> list[str]:
         """The ids of ``request_ids`` with no request (never submitted, expired or deleted) or, with ``owner``, with
@@ -133,29 +124,25 @@ class EventFeed:
     async def follow(self, positions: Mapping[str, str]) -> AsyncIterator[FeedEvent]:
         """The events of the requests of ``positions`` after their position (an entry id, ``"0"`` = all), until
         each had its terminal event or is gone. ``StoreUnavailable`` when Redis fails."""
-        self.open_streams += 1
-        try:
-            live = dict(positions)
-            while live:
-                entries = await self._read(live, None)
-                if not entries:
-                    async for settled in self._settle(live):
-                        yield settled
-                    if not live:
-                        break
-                    entries = await self._read(live, self.block_ms)
-                for request_id, position, fields in entries:
-                    if request_id not in live:
-                        continue  # ended earlier in this read
-                    live[request_id] = position
-                    event = await self._event(request_id, position, fields)
-                    if event is None:
-                        continue
-                    if event.terminal:
-                        del live[request_id]
-                    yield event
-        finally:
-            self.open_streams -= 1
+        live = dict(positions)
+        while live:
+            entries = await self._read(live, None)
+            if not entries:
+                async for settled in self._settle(live):
+                    yield settled
+                if not live:
+                    break
+                entries = await self._read(live, self.block_ms)
+            for request_id, position, fields in entries:
+                if request_id not in live:
+                    continue  # ended earlier in this read
+                live[request_id] = position
+                event = await self._event(request_id, position, fields)
+                if event is None:
+                    continue
+                if event.terminal:
+                    del live[request_id]
+                yield event
 
     async def _read(self, live: Mapping[str, str], block_ms: int | None) -> list[tuple[str, str, dict[str, str]]]:
         """New entries of the ``live`` requests' streams, ordered by entry id: ``(request id, entry id, fields)``."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import secrets
 import time
-import uuid
 from collections.abc import Sequence
 
 from anyio import to_thread
@@ -27,6 +26,7 @@ from api.key_limits import batch_errors, max_queued_reached, take_tokens
 from api.keys_file import ApiKey
 from api.limits import ErrorDict, Loc, limit_errors
 from api.outage import retry_after_headers
+from api.request_ids import new_request_id
 from api.schemas import GenerateRequest
 from api.store import RefusalReason, RequestStore, Submitter, Webhook
 from api.webhook_urls import webhook_errors
@@ -80,7 +80,7 @@ async def accept(
     now = time.time()
     specs = [
         request.to_spec(
-            request_id=uuid.uuid4().hex,
+            request_id=new_request_id(),
             model=model,
             seed=request.seed if request.seed is not None else secrets.randbelow(MAX_SEED + 1),
             created_at=now,

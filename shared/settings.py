@@ -309,6 +309,14 @@ class Settings(BaseSettings):
         description="Event streams (GET /v1/requests/{id}/events, GET /v1/events) one api process serves at once; "
         "each holds one Redis connection of its own while it waits. More are refused: 503 with Retry-After.",
     )
+    max_event_streams_per_key: int = Field(
+        100,
+        ge=1,
+        description="Event streams one API key (without API keys: one client address) has open at once on one api "
+        "process, so that no caller takes all of max_event_streams. More are refused: 429 with Retry-After. Behind a "
+        "reverse proxy the address is the proxy's unless uvicorn trusts its X-Forwarded-For (FORWARDED_ALLOW_IPS, "
+        "127.0.0.1 by default).",
+    )
     max_event_ids: int = Field(
         100, ge=1, le=10_000, description="Most request ids one GET /v1/events stream watches (?ids=); more are a 422."
     )

@@ -6,6 +6,10 @@ stream replays what came after ``Last-Event-ID`` (everything without it), then s
 closes after the terminal event of its (every) request. A comment goes out every ``event_ping_s`` on a quiet
 stream; a client that stops reading is dropped after ``SEND_TIMEOUT_S``; when Redis fails the stream ends with a
 comment saying so, and the client reconnects with its ``Last-Event-ID`` (503 until Redis is back).
+
+Each stream holds a slot of the process's ``api.stream_slots.StreamSlots`` from the moment it is accepted until its
+response is done, however it ends: at most ``max_event_streams`` in all (more: 503) and ``max_event_streams_per_key``
+per API key, or per client address without keys (more: 429), both with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -17,14 +21,17 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.types import Receive, Scope, Send
 
 from api.auth import OwnerDep
 from api.deps import SettingsDep
 from api.events import format_positions, parse_position, parse_positions, unique_ids
 from api.events_feed import EventFeed, FeedEvent
-from api.outage import StoreUnavailable, retry_after_headers
+from api.outage import RETRY_AFTER_DOC, StoreUnavailable, retry_after_headers
+from api.request_ids import RequestIdDep, is_request_id, unknown_requests
 from api.responses import UNAVAILABLE, Responses
 from api.schemas import ErrorMessage
+from api.stream_slots import Slot, SlotsRefused, StreamSlots
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["events"])
@@ -41,7 +48,13 @@ async def get_feed(request: Request) -> EventFeed:
     return feed
 
 
+async def get_slots(request: Request) -> StreamSlots:
+    slots: StreamSlots = request.app.state.event_slots
+    return slots
+
+
 FeedDep = Annotated[EventFeed, Depends(get_feed)]
+SlotsDep = Annotated[StreamSlots, Depends(get_slots)]
 
 EVENT_STREAM: Responses = {
     200: {
@@ -55,6 +68,12 @@ EVENT_STREAM: Responses = {
         "event. EventSource clients stop reconnecting on it."
     },
     404: {"model": ErrorMessage, "description": "Unknown request id (never submitted, expired or deleted)."},
+    429: {
+        "model": ErrorMessage,
+        "description": "The API key (without keys: the client address) has max_event_streams_per_key streams open "
+        "on this api process already; close one, or retry after Retry-After seconds.",
+        "headers": RETRY_AFTER_DOC,
+    },
     **UNAVAILABLE,
 }
 
@@ -64,20 +83,43 @@ def _refused(field: tuple[str, ...], message: str, value: Any) -> RequestValidat
     return RequestValidationError([{"type": "value_error", "loc": field, "msg": message, "input": value}])
 
 
-def _unknown(request_ids: list[str]) -> HTTPException:
-    names = ", ".join(repr(request_id) for request_id in request_ids)
-    return HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no request {names} (unknown or expired)")
+def holder(request: Request, owner: str | None) -> str:
+    """Whose share of the streams a call takes: its API key, or (an api without keys) its client address."""
+    if owner is not None:
+        return f"API key {owner!r}"
+    return f"client {request.client.host if request.client else 'unknown'}"
 
 
-def _full(feed: EventFeed) -> HTTPException:
-    return HTTPException(
-        status.HTTP_503_SERVICE_UNAVAILABLE,
-        detail=f"this api process serves {feed.max_streams} event streams already (max_event_streams); retry later",
-        headers=retry_after_headers(),
-    )
+def _slot(slots: StreamSlots, holder: str) -> Slot:
+    """A stream slot for ``holder``, or the answer of the cap it hit: 503 for the process's, 429 for its own."""
+    try:
+        return slots.take(holder)
+    except SlotsRefused as refused:
+        if refused.limit == "max_event_streams":
+            code, detail = status.HTTP_503_SERVICE_UNAVAILABLE, f"this api process serves {refused.cap} event streams"
+        else:
+            code, detail = status.HTTP_429_TOO_MANY_REQUESTS, f"{holder} has {refused.cap} event streams open"
+        detail += f" already ({refused.limit}); retry later"
+        raise HTTPException(code, detail=detail, headers=retry_after_headers()) from None
 
 
-def _stream(feed: EventFeed, positions: dict[str, str], sse_id: Callable[[FeedEvent], str], ping_s: float) -> Response:
+class _SlotStream(EventSourceResponse):
+    """An event stream that gives its slot back when its response is done, however it ends."""
+
+    def __init__(self, content: AsyncIterator[ServerSentEvent], slot: Slot, ping_s: float) -> None:
+        super().__init__(content, ping=ping_s, send_timeout=SEND_TIMEOUT_S)
+        self._slot = slot
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._slot.release()
+
+
+def _stream(
+    feed: EventFeed, slot: Slot, positions: dict[str, str], sse_id: Callable[[FeedEvent], str], ping_s: float
+) -> Response:
     async def events() -> AsyncIterator[ServerSentEvent]:
         try:
             async for event in feed.follow(positions):
@@ -86,13 +128,15 @@ def _stream(feed: EventFeed, positions: dict[str, str], sse_id: Callable[[FeedEv
             log.warning("event stream of %s ended: %s", ", ".join(positions), exc)
             yield ServerSentEvent(comment=f"{exc}; reconnect with Last-Event-ID")
 
-    return EventSourceResponse(events(), ping=ping_s, send_timeout=SEND_TIMEOUT_S)
+    return _SlotStream(events(), slot, ping_s)
 
 
 @router.get("/v1/requests/{request_id}/events", response_class=Response, responses=EVENT_STREAM)
 async def request_events(
-    request_id: str,
+    request: Request,
+    request_id: RequestIdDep,
     feed: FeedDep,
+    slots: SlotsDep,
     settings: SettingsDep,
     owner: OwnerDep,
     last_event_id: Annotated[
@@ -110,17 +154,18 @@ async def request_events(
     event (nothing left to send). Each event's ``id`` is its position."""
     position = parse_position(last_event_id)
     if await feed.unknown([request_id], owner):
-        raise _unknown([request_id])
+        raise unknown_requests([request_id])
     if await feed.caught_up({request_id: position}):
         return Response(status_code=status.HTTP_204_NO_CONTENT)
-    if feed.full:
-        raise _full(feed)
-    return _stream(feed, {request_id: position}, lambda event: event.position, settings.event_ping_s)
+    slot = _slot(slots, holder(request, owner))
+    return _stream(feed, slot, {request_id: position}, lambda event: event.position, settings.event_ping_s)
 
 
 @router.get("/v1/events", response_class=Response, responses=EVENT_STREAM)
 async def many_events(
+    request: Request,
     feed: FeedDep,
+    slots: SlotsDep,
     settings: SettingsDep,
     owner: OwnerDep,
     ids: Annotated[
@@ -148,20 +193,21 @@ async def many_events(
         raise _refused(
             ("query", "ids"), f"at most {settings.max_event_ids} ids (max_event_ids); got {len(request_ids)}", ids
         )
+    if malformed := [request_id for request_id in request_ids if not is_request_id(request_id)]:
+        raise unknown_requests(malformed)  # before Redis: an id is part of key names
     if unknown := await feed.unknown(request_ids, owner):
-        raise _unknown(unknown)
+        raise unknown_requests(unknown)
     try:
         positions = parse_positions(last_event_id, len(request_ids))
     except ValueError as exc:
         raise _refused(("header", LAST_EVENT_ID), str(exc), last_event_id) from None
     if await feed.caught_up(dict(zip(request_ids, positions, strict=True))):
         return Response(status_code=status.HTTP_204_NO_CONTENT)
-    if feed.full:
-        raise _full(feed)
     index = {request_id: i for i, request_id in enumerate(request_ids)}
 
     def sse_id(event: FeedEvent) -> str:
         positions[index[event.request_id]] = event.position
         return format_positions(positions)
 
-    return _stream(feed, dict(zip(request_ids, positions, strict=True)), sse_id, settings.event_ping_s)
+    slot = _slot(slots, holder(request, owner))
+    return _stream(feed, slot, dict(zip(request_ids, positions, strict=True)), sse_id, settings.event_ping_s)

@@ -16,6 +16,7 @@ from fastapi.responses import RedirectResponse
 from api.auth import CallerDep, OwnerDep
 from api.deps import SettingsDep, StoreDep, WaiterDep
 from api.key_limits import KEY_LIMITED
+from api.request_ids import RequestIdDep, unknown_requests
 from api.responses import BAD_BODY, NOT_FOUND, QUEUE_FULL_OR_UNAVAILABLE, UNAVAILABLE, Responses
 from api.schemas import (
     AbortResult,
@@ -38,7 +39,7 @@ MAX_WAIT_S = 60.0
 
 
 def _unknown(request_id: str) -> HTTPException:
-    return HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no request {request_id!r} (unknown or expired)")
+    return unknown_requests([request_id])
 
 
 @router.post(
@@ -62,7 +63,7 @@ async def submit_batch(body: BatchRequest, settings: SettingsDep, store: StoreDe
 
 @router.get("/{request_id}", responses={**NOT_FOUND, **UNAVAILABLE})
 async def get_request(
-    request_id: str,
+    request_id: RequestIdDep,
     store: StoreDep,
     waiter: WaiterDep,
     owner: OwnerDep,
@@ -143,7 +144,7 @@ async def _serve_result(
     responses=_result_responses("image", {"image/png": {}, "image/jpeg": {}, "image/webp": {}}),
 )
 async def get_image(
-    request_id: str, store: StoreDep, settings: SettingsDep, owner: OwnerDep, index: int = Path(ge=0)
+    request_id: RequestIdDep, store: StoreDep, settings: SettingsDep, owner: OwnerDep, index: int = Path(ge=0)
 ) -> Response:
     """Image ``index`` of a succeeded request, in its ``output_format`` (a video request's frames, video by video):
     its bytes, or a redirect to a presigned URL (``result_delivery=redirect`` where the store has them)."""
@@ -156,14 +157,16 @@ async def get_image(
     responses=_result_responses("video", {"video/mp4": {}}),
 )
 async def get_video(
-    request_id: str, store: StoreDep, settings: SettingsDep, owner: OwnerDep, index: int = Path(ge=0)
+    request_id: RequestIdDep, store: StoreDep, settings: SettingsDep, owner: OwnerDep, index: int = Path(ge=0)
 ) -> Response:
     """Video ``index`` (MP4) of a succeeded video request, or a redirect to a presigned URL."""
     return await _serve_result(request_id, index, "video", store, settings, owner)
 
 
 @router.get("/{request_id}/video", response_class=Response, responses=_result_responses("video", {"video/mp4": {}}))
-async def get_first_video(request_id: str, store: StoreDep, settings: SettingsDep, owner: OwnerDep) -> Response:
+async def get_first_video(
+    request_id: RequestIdDep, store: StoreDep, settings: SettingsDep, owner: OwnerDep
+) -> Response:
     """The (first) video of a succeeded video request: ``/videos/0``."""
     return await _serve_result(request_id, 0, "video", store, settings, owner)
 
@@ -178,7 +181,7 @@ async def get_first_video(request_id: str, store: StoreDep, settings: SettingsDe
         **UNAVAILABLE,
     },
 )
-async def delete_request(request_id: str, store: StoreDep, owner: OwnerDep) -> Response:
+async def delete_request(request_id: RequestIdDep, store: StoreDep, owner: OwnerDep) -> Response:
     """Delete a finished request: its state and its images, from whichever result store holds them.
 
     409 while it is queued, scheduled or running (``POST /v1/requests/{id}/abort`` first).
@@ -205,7 +208,7 @@ async def delete_request(request_id: str, store: StoreDep, owner: OwnerDep) -> R
         **UNAVAILABLE,
     },
 )
-async def abort_request(request_id: str, store: StoreDep, owner: OwnerDep) -> AbortResult:
+async def abort_request(request_id: RequestIdDep, store: StoreDep, owner: OwnerDep) -> AbortResult:
     """Abort a request (idempotent). Queued or scheduled: ``aborted`` at once; running: its worker stops it.
 
     409 when it already succeeded or failed.

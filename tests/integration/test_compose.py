@@ -141,7 +141,7 @@ def fleet_settings(env: Mapping[str, str]) -> Settings:
 
 
 MINIO_CASES = {
-    "defaults": {"FUSEFLEET_RESULT_STORE": "s3"},
+    "defaults but the password": {"FUSEFLEET_RESULT_STORE": "s3", "MINIO_ROOT_PASSWORD": "only-this-is-set"},
     "own credentials and bucket": {
         "FUSEFLEET_RESULT_STORE": "s3",
         "FUSEFLEET_S3_BUCKET": "team-images",
@@ -156,13 +156,13 @@ def test_s3_profile_adds_minio_without_publishing_it() -> None:
     minio, init = services["minio"], services["minio-init"]
     assert minio["profiles"] == ["s3"] and init["profiles"] == ["s3"]
     assert minio["image"].startswith("minio/minio") and init["image"].startswith("minio/mc")
-    assert minio["command"][:2] == ["server", "/data"] and "--console-address" in minio["command"]
+    assert minio["command"][0].endswith("exec minio server /data --console-address :9001")
     assert "ports" not in minio, "MinIO (its console above all) stays inside the compose network"
     assert minio["healthcheck"]["test"] and any(volume.endswith(":/data") for volume in minio["volumes"])
     assert init["depends_on"]["minio"]["condition"] == "service_healthy"
     assert init["restart"] == "no"
     credentials = service_env(minio)
-    assert credentials["MINIO_ROOT_USER"] and len(credentials["MINIO_ROOT_PASSWORD"]) >= 8  # MinIO's minimum
+    assert credentials["MINIO_ROOT_USER"] and credentials["MINIO_ROOT_PASSWORD"] == "", "no password in this file"
     bucket_first = services["gpu-worker"]["depends_on"]["minio-init"]
     assert bucket_first == {"condition": "service_completed_successfully", "required": False}
     for name, service in services.items():  # the profile's services only: a plain `up` stays as it was
@@ -236,6 +236,48 @@ def test_minio_init_creates_the_fleets_bucket_with_minios_credentials(case: str,
     ]
 
 
+FAKE_MINIO = """#!/bin/sh
+# stands in for the MinIO server: records its arguments, one a line
+for arg in "$@"; do printf '%s\\n' "$arg"; done > "$MINIO_LOG"
+"""
+
+
+def test_minio_refuses_to_start_without_a_password_of_its_own(tmp_path: Path) -> None:
+    minio = compose()["services"]["minio"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "minio").write_text(FAKE_MINIO)
+    (bin_dir / "minio").chmod(0o755)
+    log = tmp_path / "minio.log"
+    cases = [({}, False), ({"MINIO_ROOT_PASSWORD": ""}, False), ({"MINIO_ROOT_PASSWORD": "1234567"}, False)]
+    cases.append(({"MINIO_ROOT_PASSWORD": "12345678"}, True))  # MinIO's own minimum: 8 characters
+    for shell, starts in cases:
+        argv = [interpolate(part, shell) for part in [*minio["entrypoint"], *minio["command"]]]
+        env = {**service_env(minio, shell), "PATH": f"{bin_dir}:/usr/bin:/bin", "MINIO_LOG": str(log)}
+        log.unlink(missing_ok=True)
+        run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+        if starts:
+            assert run.returncode == 0, run.stderr
+            assert log.read_text().splitlines() == ["server", "/data", "--console-address", ":9001"]
+        else:
+            assert run.returncode == 1 and "MINIO_ROOT_PASSWORD" in run.stderr and not log.exists(), shell
+
+
+def published(service: dict[str, Any], env: Mapping[str, str] | None = None) -> list[str]:
+    """The host side of each port a service publishes (``address:port``), as compose resolves it."""
+    return [interpolate(port, env).rsplit(":", 1)[0] for port in service.get("ports", [])]
+
+
+def test_nothing_is_published_beyond_the_loopback_unless_asked() -> None:
+    services = compose()["services"]
+    for name, service in services.items():
+        for host_side in published(service):
+            assert host_side.startswith("127.0.0.1:"), f"{name} publishes {host_side} by default"
+    assert published(services["api"]) == ["127.0.0.1:8000"]
+    widened = {"FUSEFLEET_API_HOST": "0.0.0.0", "FUSEFLEET_API_PORT": "9000"}  # the documented way to serve others
+    assert published(services["api"], widened) == ["0.0.0.0:9000"]
+
+
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
     """moto's S3 server on a free port, standing in for the compose ``minio`` service."""
@@ -270,7 +312,7 @@ def test_compose_commands_serve_a_request(
         "FUSEFLEET_KEY_PREFIX": prefix,  # isolates this test's keys in the shared test server
         "FUSEFLEET_QUEUE_NAME": f"{prefix}.batches",
     }
-    shell = {"FUSEFLEET_RESULT_STORE": "s3"} if profile == "s3" else {}
+    shell = {"FUSEFLEET_RESULT_STORE": "s3", "MINIO_ROOT_PASSWORD": "compose-test"} if profile == "s3" else {}
     bucket = None
     if profile == "s3":
         endpoint = request.getfixturevalue("s3_endpoint")

@@ -188,6 +188,50 @@ async def test_a_key_sees_fetches_aborts_and_deletes_only_its_own_requests(api: 
     assert (await api.http.delete(f"/v1/requests/{mine}", headers=auth("alice"))).status_code == 204
 
 
+async def _request_id_routes(api: Api) -> list[tuple[str, str]]:
+    """(method, path with ``{}`` for the id) of every route of the served OpenAPI document whose path takes a request
+    id (``{index}`` = 0), and the multi-request stream's ``?ids=``."""
+    paths = (await api.http.get("/openapi.json", headers=auth("alice"))).json()["paths"]
+    routes = [
+        (method.upper(), path.replace("{request_id}", "{}").replace("{index}", "0"))
+        for path, operations in paths.items()
+        if "{request_id}" in path
+        for method in operations
+    ]
+    assert len(routes) >= 7, routes  # get, image, video, videos, delete, abort, events
+    return [*routes, ("GET", "/v1/events?ids={}")]
+
+
+@pytest.mark.parametrize(
+    "malformed",
+    [
+        "{id}:events",  # the key of the request's event stream: WRONGTYPE (a 503) for the request hash's reads
+        "{id}:inputs",
+        "..{id}",  # dots (a bare ".." is normalized away by the client)
+        "{id}" * 20,  # overly long
+        "{ID}",  # upper case: not the shape ids are made in
+        "{id}0",
+        "%00",
+    ],
+)
+async def test_a_malformed_id_is_an_unknown_one_on_every_route_without_asking_redis(api: Api, malformed: str) -> None:
+    mine = await submit(api, "alice")
+    bad = malformed.format(id=mine, ID=mine.upper())
+    routes = await _request_id_routes(api)
+    for name in ("alice", "bob"):  # the owner too: nothing tells that the id is near one of a request
+        for method, path in routes:
+            response = await api.http.request(method, path.format(bad), headers=auth(name))
+            assert response.status_code == 404, (method, path, response.text)
+            assert "(unknown or expired)" in response.json()["detail"], (method, path)
+    api.server.connected = False  # every Redis call now fails (a 503): a malformed id gets its 404 without one
+    for method, path in routes:
+        response = await api.http.request(method, path.format(bad), headers=auth("bob"))
+        assert response.status_code == 404, (method, path, response.text)
+        well_formed = await api.http.request(method, path.format(mine), headers=auth("bob"))
+        assert well_formed.status_code == 503, (method, path, well_formed.text)  # this one asks Redis
+    api.server.connected = True
+
+
 async def test_requests_from_before_the_keys_belong_to_no_key(api: Api) -> None:
     """A request submitted while the api had no keys file has no ``key``: no key sees it."""
     request_id = await submit(api, "alice")

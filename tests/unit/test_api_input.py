@@ -147,12 +147,13 @@ async def test_deep_echo_is_cut(api: Api) -> None:
     [{"wait_s": "nan"}, {"wait_s": "inf"}, {"wait_s": "-inf"}, {"wait_s": "1e400"}, {"wait_s": "x"}],
 )
 async def test_odd_query_is_422(api: Api, params: dict[str, str]) -> None:
-    _detail(await api.http.get("/v1/requests/some-id", params=params))
+    _detail(await api.http.get("/v1/requests/" + "0" * 32, params=params))  # a well-formed (unknown) id
 
 
 async def test_odd_path_is_4xx(api: Api) -> None:
-    assert (await api.http.get("/v1/requests/x/images/" + "9" * 5000)).status_code == 422
-    assert (await api.http.get("/v1/requests/x/images/1e400")).status_code == 422
+    unknown = "0" * 32  # a well-formed id: a malformed one is a 404 before the index is looked at
+    assert (await api.http.get(f"/v1/requests/{unknown}/images/" + "9" * 5000)).status_code == 422
+    assert (await api.http.get(f"/v1/requests/{unknown}/images/1e400")).status_code == 422
     assert (await api.http.get("/v1/requests/%ED%A0%80")).status_code == 404
     assert (await api.http.post("/v1/requests/%00/abort")).status_code == 404
 

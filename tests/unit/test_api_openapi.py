@@ -73,8 +73,8 @@ def test_every_error_answer_is_documented(settings: Settings) -> None:
         ("GET", "/v1/requests/{request_id}/videos/{index}"): {"200", "307", "404", "410", "422", "503"},
         ("GET", "/v1/requests/{request_id}/video"): {"200", "307", "404", "410", "422", "503"},
         ("POST", "/v1/requests/{request_id}/abort"): {"200", "404", "409", "422", "503"},
-        ("GET", "/v1/requests/{request_id}/events"): {"200", "204", "404", "422", "503"},
-        ("GET", "/v1/events"): {"200", "204", "404", "422", "503"},
+        ("GET", "/v1/requests/{request_id}/events"): {"200", "204", "404", "422", "429", "503"},
+        ("GET", "/v1/events"): {"200", "204", "404", "422", "429", "503"},
         ("GET", "/v1/fleet"): {"200", "503"},
         ("GET", "/healthz"): {"200", "503"},
     }

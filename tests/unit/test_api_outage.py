@@ -31,16 +31,18 @@ pytestmark = pytest.mark.anyio
 
 SOCKET_TIMEOUT_S = 0.5
 SLACK_S = 2.0  # scheduling noise of a loaded 2-core machine; still well under the 5 s connect timeout
-SPEC = GenerateRequest(prompt="a cat").to_spec(request_id="r1", model="demo", seed=1, created_at=1.0)
+RID = "0123456789abcdef" * 2
+"""A well-formed request id (``api.request_ids``): its routes ask Redis."""
+SPEC = GenerateRequest(prompt="a cat").to_spec(request_id=RID, model="demo", seed=1, created_at=1.0)
 
 ROUTES = [
     pytest.param("POST", "/v1/requests", {"prompt": "a cat"}, id="submit"),
     pytest.param("POST", "/v1/requests/batch", {"requests": [{"prompt": "a cat"}]}, id="batch"),
-    pytest.param("GET", "/v1/requests/r1", None, id="get"),
-    pytest.param("GET", "/v1/requests/r1?wait_s=5", None, id="long-poll"),
-    pytest.param("GET", "/v1/requests/r1/images/0", None, id="image"),
-    pytest.param("POST", "/v1/requests/r1/abort", None, id="abort"),
-    pytest.param("DELETE", "/v1/requests/r1", None, id="delete"),
+    pytest.param("GET", f"/v1/requests/{RID}", None, id="get"),
+    pytest.param("GET", f"/v1/requests/{RID}?wait_s=5", None, id="long-poll"),
+    pytest.param("GET", f"/v1/requests/{RID}/images/0", None, id="image"),
+    pytest.param("POST", f"/v1/requests/{RID}/abort", None, id="abort"),
+    pytest.param("DELETE", f"/v1/requests/{RID}", None, id="delete"),
 ]
 
 
@@ -130,7 +132,7 @@ def full_backlog() -> Iterator[int]:
 
 async def test_hanging_connect_is_503_within_socket_timeout(tmp_path: Path, full_backlog: int) -> None:
     async with _served(_settings(tmp_path, f"redis://127.0.0.1:{full_backlog}/0")) as http:
-        for method, path, body in [("POST", "/v1/requests", {"prompt": "a cat"}), ("GET", "/v1/requests/r1", None)]:
+        for method, path, body in [("POST", "/v1/requests", {"prompt": "a cat"}), ("GET", f"/v1/requests/{RID}", None)]:
             response, elapsed = await _call(http, method, path, body)
             _assert_unavailable(response)
             assert elapsed < SOCKET_TIMEOUT_S + SLACK_S  # not the 5 s connect timeout
@@ -261,7 +263,7 @@ def _queued_request(command: list[bytes]) -> bytes | None:
 
 async def test_long_poll_without_completion_channel_ends_after_wait_s(tmp_path: Path) -> None:
     async with RespStub(_queued_request) as stub, _served(_settings(tmp_path, stub.url)) as http:
-        response, elapsed = await _call(http, "GET", "/v1/requests/r1?wait_s=0.6", None)
+        response, elapsed = await _call(http, "GET", f"/v1/requests/{RID}?wait_s=0.6", None)
         assert response.status_code == 200, response.text
         assert response.json()["status"] == "queued"
         assert 0.6 <= elapsed < 0.6 + SOCKET_TIMEOUT_S + SLACK_S
@@ -280,7 +282,7 @@ async def test_long_poll_ends_within_wait_s_plus_socket_timeout_when_redis_stall
         return PONG if _name(command) == "PING" else OK
 
     async with RespStub(stall_after_first_read) as stub, _served(_settings(tmp_path, stub.url)) as http:
-        response, elapsed = await _call(http, "GET", "/v1/requests/r1?wait_s=0.6", None)
+        response, elapsed = await _call(http, "GET", f"/v1/requests/{RID}?wait_s=0.6", None)
         _assert_unavailable(response)
         assert reads == 2
         assert 0.6 <= elapsed < 0.6 + SOCKET_TIMEOUT_S + SLACK_S

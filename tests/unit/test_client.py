@@ -273,7 +273,7 @@ async def test_redis_down_is_unavailable_not_queue_full(served: tuple[AsyncClien
     assert not isinstance(caught.value, QueueFull)
     assert caught.value.retry_after == 5 and "unavailable" in caught.value.message
     with pytest.raises(Unavailable):
-        await client.get("whatever")
+        await client.get("0123456789abcdef" * 2)  # well-formed: a malformed id is a 404 unasked
 
 
 async def test_unknown_request_is_not_found(served: tuple[AsyncClient, Fleet]) -> None:
