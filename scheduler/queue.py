@@ -1,9 +1,10 @@
 """The scheduler's waiting requests in the order they are served: one interface, two orders (``scheduling_policy``).
 
-``RequestQueue`` holds what the scheduler has read from the request stream but not yet dispatched (all of it: each
-round reads up to ``scheduler_read_count`` new entries whether or not a worker is free, so the queue soon holds the
-whole stream, bounded by ``max_queue_len``). The stream stays the one durable FIFO log; the order of service is
-applied here:
+``RequestQueue`` holds what the scheduler has read from the request stream but not yet dispatched (each round reads
+up to ``scheduler_read_count`` new entries whether or not a worker is free, so the queue soon holds the whole
+stream; the loop reads no more once it holds ``max_queue_len``, and a request aborted while queued leaves it at the
+next round, ``scheduler.store.SchedulerStore.take_aborted``). The stream stays the one durable FIFO log; the order
+of service is applied here:
 
 * ``FcfsQueue`` (``fcfs``): arrival order; a request's priority is ignored (every request is level 0).
 * ``PriorityQueue`` (``priority``): one FIFO per level; the highest non-empty level comes first, and within a level
@@ -11,7 +12,9 @@ applied here:
 
 A request the step-mode preemption put back (``requeue.lua``: its stream entry says ``requeued``) is added with
 ``front=True``: at the front of its level, ahead of the requests that waited there (it had reached the front once
-already and was running); every other request is added behind those of its level (FIFO).
+already and was running); several requeued requests of a level keep their original order among themselves (by
+``arrival``, their first stream entry id, which ``requeue.lua`` carries over: FIFO, never LIFO). Every other request
+is added behind those of its level (FIFO). ``FcfsQueue`` is the same order with one level.
 
 ``head(n)`` is the window the policy (``scheduler.policy.decide``) looks at, with each request's ``level``: the policy
 forms a batch from the head's level only, so nothing is ever reordered within a level and no request of a lower
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import heapq
 from abc import ABC, abstractmethod
+from bisect import insort
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -47,47 +51,62 @@ class QueuedRequest:
     cost: int = 1  # what it adds to a batch's memory (shared.compat.pixel_cost in production)
     priority: int = 0  # the request's priority (RequestSpec.priority)
     deadline: float | None = None  # when it must have started (RequestSpec.deadline); None = no deadline
+    arrival: tuple[int, int] = (0, 0)  # its first stream entry id (ms, seq): the order of requeued requests
+
+
+class _Level:
+    """One level's requests in service order: the requeued ones first, by original arrival (equal arrivals in the
+    order they were added); then the others, in the order they were added."""
+
+    __slots__ = ("requeued", "waiting")
+
+    def __init__(self) -> None:
+        self.requeued: list[QueuedRequest] = []  # few: only step-mode preemption puts requests back
+        self.waiting: dict[str, QueuedRequest] = {}
+
+    def push(self, request: QueuedRequest, front: bool) -> None:
+        if front:
+            insort(self.requeued, request, key=lambda r: r.arrival)
+        else:
+            self.waiting[request.id] = request
+
+    def drop(self, request: QueuedRequest) -> None:
+        if self.waiting.pop(request.id, None) is None:
+            self.requeued = [r for r in self.requeued if r.id != request.id]
+
+    def __iter__(self) -> Iterator[QueuedRequest]:
+        yield from self.requeued
+        yield from self.waiting.values()
+
+    def __bool__(self) -> bool:
+        return bool(self.waiting or self.requeued)
 
 
 class RequestQueue(ABC):
-    """The waiting requests: add, remove by id, the head in service order, and deadline expiry."""
+    """The waiting requests: add, remove by id, the head in service order, and deadline expiry. An implementation
+    says only which level a request is served at; every level is ordered the same way (``_Level``)."""
 
     def __init__(self) -> None:
-        self._requests: dict[str, QueuedRequest] = {}  # by id, in arrival order
+        self._requests: dict[str, QueuedRequest] = {}  # by id
+        self._levels: dict[int, _Level] = {}  # level -> its requests in service order
         self._deadlines: list[tuple[float, str, str]] = []  # heap of (deadline, id, entry id); removals are lazy
 
-    # --- the order: what an implementation says --------------------------------------------------------------
     @abstractmethod
     def level(self, request: QueuedRequest) -> int:
         """The level ``request`` is served at (higher first)."""
 
-    @abstractmethod
-    def _ordered(self) -> Iterator[QueuedRequest]:
-        """Every waiting request in service order."""
-
-    @abstractmethod
-    def _push(self, request: QueuedRequest, front: bool) -> None:
-        """Place a new request (its id is not waiting): behind those of its level, or ahead of them (``front``)."""
-
-    @abstractmethod
-    def _drop(self, request: QueuedRequest) -> None:
-        """Take a waiting request out of the order."""
-
     # --- the interface ---------------------------------------------------------------------------------------
     def add(self, request: QueuedRequest, *, front: bool = False) -> None:
-        """Queue ``request`` behind those of its level, or ahead of them with ``front`` (a requeued request); a
-        request already waiting under its id is replaced."""
+        """Queue ``request`` behind those of its level, or ahead of them with ``front`` (a requeued request, placed
+        among the requeued ones of its level by ``arrival``); a request already waiting under its id is replaced."""
         self.remove(request.id)
-        if front:
-            self._requests = {request.id: request, **self._requests}
-        else:
-            self._requests[request.id] = request
-        self._push(request, front)
+        self._requests[request.id] = request
+        self._levels.setdefault(self.level(request), _Level()).push(request, front)
         if request.deadline is not None:
             heapq.heappush(self._deadlines, (request.deadline, request.id, request.entry_id))
 
     def remove(self, request_id: str) -> QueuedRequest | None:
-        """Take a request out (dispatched, dropped or expired); None when it is not waiting."""
+        """Take a request out (dispatched, dropped, aborted or expired); None when it is not waiting."""
         request = self._requests.pop(request_id, None)
         if request is not None:
             self._drop(request)
@@ -121,9 +140,8 @@ class RequestQueue(ABC):
         return self._deadlines[0][0] if self._deadlines else None
 
     def clear(self) -> None:
-        for request in self._requests.values():
-            self._drop(request)
         self._requests.clear()
+        self._levels.clear()
         self._deadlines.clear()
 
     def __len__(self) -> int:
@@ -132,6 +150,18 @@ class RequestQueue(ABC):
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._requests
 
+    def _ordered(self) -> Iterator[QueuedRequest]:
+        """Every waiting request in service order."""
+        for level in sorted(self._levels, reverse=True):
+            yield from self._levels[level]
+
+    def _drop(self, request: QueuedRequest) -> None:
+        """Take a request (already out of ``_requests``) out of its level."""
+        level = self.level(request)
+        self._levels[level].drop(request)
+        if not self._levels[level]:
+            del self._levels[level]
+
     def _waiting(self, due: tuple[float, str, str]) -> bool:
         """Whether a deadline entry still belongs to a waiting request (not removed, not replaced since)."""
         request = self._requests.get(due[1])
@@ -139,47 +169,17 @@ class RequestQueue(ABC):
 
 
 class FcfsQueue(RequestQueue):
-    """First come, first served: arrival order, priorities ignored."""
+    """First come, first served: arrival order, priorities ignored (one level)."""
 
     def level(self, request: QueuedRequest) -> int:
         return 0
-
-    def _ordered(self) -> Iterator[QueuedRequest]:
-        return iter(self._requests.values())
-
-    def _push(self, request: QueuedRequest, front: bool) -> None:
-        pass  # the arrival-ordered dict of every queue (a requeued request first) is this order
-
-    def _drop(self, request: QueuedRequest) -> None:
-        pass
 
 
 class PriorityQueue(RequestQueue):
     """One FIFO per priority level, the highest non-empty level first."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._levels: dict[int, dict[str, QueuedRequest]] = {}  # level -> its requests in arrival order
-
     def level(self, request: QueuedRequest) -> int:
         return request.priority
-
-    def _ordered(self) -> Iterator[QueuedRequest]:
-        for level in sorted(self._levels, reverse=True):
-            yield from self._levels[level].values()
-
-    def _push(self, request: QueuedRequest, front: bool) -> None:
-        level = self._levels.setdefault(request.priority, {})
-        if front:
-            self._levels[request.priority] = {request.id: request, **level}
-        else:
-            level[request.id] = request
-
-    def _drop(self, request: QueuedRequest) -> None:
-        level = self._levels[request.priority]
-        del level[request.id]
-        if not level:
-            del self._levels[request.priority]
 
 
 QUEUES: dict[SchedulingPolicy, type[RequestQueue]] = {"priority": PriorityQueue, "fcfs": FcfsQueue}

@@ -1,10 +1,13 @@
 """The batching service: a thin loop around the pure policy (``scheduler.policy.decide``).
 
 Each round: read new stream entries into the queue (``scheduler.queue``, in the order of ``scheduling_policy``;
-blocking until the policy's next deadline, a request's deadline, a new request or a worker event), fail the
-queued requests past their deadline (``Timeout``), refresh the abort/status flags of the head of the queue, ask
+blocking until the policy's next deadline, a request's deadline, a new request or a worker event; never more than
+``max_queue_len`` held), drop the requests aborted while queued (``abort.lua`` names them in
+``P:scheduler:aborted``: each leaves the queue and the pending list in O(1), whether or not a slot is free), fail
+the queued requests past their deadline (``Timeout``), refresh the abort/status flags of the head of the queue, ask
 the policy, and for each ``Dispatch`` move the requests into a batch atomically (fenced by the lease), publish the
-Celery task, and only then acknowledge their stream entries.
+Celery task, and only then acknowledge their stream entries. A window of the head that held aborted requests is
+looked at again without them (never a blocking wait while live requests are behind them).
 
 With ``step_mode`` (``docs/step_mode.md``) requests are bucketed by their step key (``shared.compat.step_key``), and
 before a new batch is decided the head's batch may join a worker's open running set of its key with room
@@ -142,6 +145,7 @@ class SchedulerService:
         self._store.ensure_groups()
         try:
             self._recover()
+            self._store.report_queued(len(self._queue), self._lease.ttl_ms)
             renew_every_s = self._lease.ttl_ms / 3000
             renewed_at = reaped_at = self._clock()
             deadline: float | None = None
@@ -155,17 +159,19 @@ class SchedulerService:
                         log.warning("scheduler lease lost; standing by")
                         return
                     renewed_at = now
+                    self._store.report_queued(len(self._queue), self._lease.ttl_ms)
                 block_s = renew_every_s - (now - renewed_at)
                 if deadline is not None:
                     block_s = min(block_s, deadline - now)
                 block_ms = max(1, min(self._settings.scheduler_block_ms, int(block_s * 1000) + 1))
                 self._fresh.clear()
-                read = self._store.read_new(block_ms)
+                read = self._store.read_new(block_ms, room=self._settings.max_queue_len - len(self._queue))
                 if read.woken:
                     self._free = None  # a batch finished, a set closed or a worker joined
                     self._sets = None
                     self._members_at = None
                 self._admit(read.entries)
+                self._forget(read.aborted)  # after admitting: an id read in this round is dropped too
                 deadline = self._dispatch_ready()
         except LeaseLost:
             log.warning("scheduler lease taken over; standing by")
@@ -209,6 +215,7 @@ class SchedulerService:
                     cost=pixel_cost(spec),
                     priority=spec.priority,
                     deadline=spec.deadline,
+                    arrival=entry.arrival,
                 ),
                 front=entry.requeued,
             )
@@ -271,6 +278,8 @@ class SchedulerService:
             decision = decide(head, free, self._clock(), self._config)
             self._forget(decision.dropped_ids)
             if not isinstance(decision, Dispatch):
+                if decision.dropped_ids:  # aborted requests left the window: look at the requests behind them
+                    continue
                 until = decision.until
                 if free <= 0 and sets:
                     self._preempt(head, sets, free)

@@ -15,6 +15,7 @@ from shared.contracts import TIMEOUT_ERROR, RequestSpec, RequestStatus, StepEvic
 from shared.settings import Settings
 
 EVENTS_PAGE = 1000
+ABORTED_PAGE = 10_000  # aborted ids taken per SPOP (as many pages as there are, each round)
 EXPIRE_PAGE = 500  # requests ended per EXPIRE script call
 
 
@@ -26,12 +27,23 @@ class StreamEntry:
     request_id: str
     spec: RequestSpec | None  # None when the entry is unreadable (then it is failed and discarded)
     requeued: bool = False  # put back by step-mode preemption (requeue.lua): it goes to the front of its level
+    arrival: tuple[int, int] = (0, 0)  # its first entry id (ms, seq): this one's, or a requeued request's original
+
+
+def entry_order(entry_id: str) -> tuple[int, int]:
+    """A stream entry id (``<ms>-<seq>``) as the pair it is ordered by; (0, 0) when it is not one."""
+    ms, _, seq = entry_id.partition("-")
+    try:
+        return int(ms), int(seq or 0)
+    except ValueError:
+        return 0, 0
 
 
 @dataclass(frozen=True, slots=True)
 class ReadResult:
     entries: list[StreamEntry]
     woken: bool  # an event (a finished batch, a new worker) arrived: capacity may have changed
+    aborted: list[str] = field(default_factory=list)  # requests aborted while queued since the last read
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,20 +114,46 @@ class SchedulerStore:
                 if "BUSYGROUP" not in str(exc):
                     raise
 
-    def read_new(self, block_ms: int) -> ReadResult:
-        """Entries never read before, waiting up to ``block_ms`` for one (or for a worker event)."""
-        reply = self._redis.xreadgroup(
-            k.SCHEDULER_GROUP,
-            k.SCHEDULER_CONSUMER,
-            {self.keys.requests: ">", self.keys.events: ">"},
-            count=self._settings.scheduler_read_count,
-            block=block_ms,
+    def read_new(self, block_ms: int, room: int | None = None) -> ReadResult:
+        """At most ``room`` (and ``scheduler_read_count``) entries never read before, waiting up to ``block_ms`` for
+        one (or for a worker event); then the requests aborted while queued since the last call (``take_aborted``,
+        in the same round trip). With ``room`` 0 (or less) only the wake-up events are read: new entries wait in the
+        stream until the scheduler's queue has room again."""
+        most = self._settings.scheduler_read_count
+        limit = most if room is None else min(room, most)
+        streams: dict[Any, Any] = (
+            {self.keys.requests: ">", self.keys.events: ">"} if limit > 0 else {self.keys.events: ">"}
         )
-        streams = _by_stream(reply)
-        events = [entry_id for entry_id, _ in streams.get(self.keys.events, [])]
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.xreadgroup(
+            k.SCHEDULER_GROUP, k.SCHEDULER_CONSUMER, streams, count=limit if limit > 0 else most, block=block_ms
+        )
+        pipe.spop(self.keys.scheduler_aborted, ABORTED_PAGE)  # after the read: see take_aborted
+        reply, popped = pipe.execute()
+        read = _by_stream(reply)
+        events = [entry_id for entry_id, _ in read.get(self.keys.events, [])]
         self._discard_events(events)
-        entries = [self._entry(entry_id, fields) for entry_id, fields in streams.get(self.keys.requests, [])]
-        return ReadResult(entries=entries, woken=bool(events))
+        entries = [self._entry(entry_id, fields) for entry_id, fields in read.get(self.keys.requests, [])]
+        aborted = [str(rid) for rid in popped or []]
+        if len(aborted) == ABORTED_PAGE:
+            aborted += self.take_aborted()
+        return ReadResult(entries=entries, woken=bool(events), aborted=aborted)
+
+    def take_aborted(self) -> list[str]:
+        """Take every id of ``P:scheduler:aborted``: requests aborted while queued (``abort.lua``), each with its
+        stream entry deleted. Taken after a read, a request read before its abort is in the scheduler's queue when
+        its id comes back (one aborted before the read had its entry deleted first: the read never returns it); ids
+        of requests the scheduler does not hold (never read, or read by a leader before it) mean nothing."""
+        taken: list[str] = []
+        while page := cast(list[str], self._redis.spop(self.keys.scheduler_aborted, ABORTED_PAGE)):
+            taken += page
+            if len(page) < ABORTED_PAGE:
+                break
+        return taken
+
+    def report_queued(self, count: int, ttl_ms: int) -> None:
+        """Publish the in-memory queue length (``P:scheduler:queued``) for ``ttl_ms`` (the lease's time)."""
+        self._redis.set(self.keys.scheduler_queued, count, px=ttl_ms)
 
     def read_pending(self, after: str = "0") -> list[StreamEntry]:
         """One page (``scheduler_read_count``) of entries read before but never acknowledged, after id ``after``.
@@ -158,7 +196,8 @@ class SchedulerStore:
         except (KeyError, ValueError):
             spec = None
         requeued = fields.get("requeued") == "1"
-        return StreamEntry(entry_id=entry_id, request_id=fields.get("id", ""), spec=spec, requeued=requeued)
+        arrival = entry_order(fields.get("arrival") or entry_id)
+        return StreamEntry(entry_id, fields.get("id", ""), spec, requeued=requeued, arrival=arrival)
 
     def statuses(self, request_ids: Sequence[str]) -> list[tuple[RequestStatus | None, bool, str | None]]:
         """(status, abort flag, batch id) of each request; status None when the request hash is gone."""

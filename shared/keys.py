@@ -11,7 +11,8 @@ key                             type    contents
 ``P:req:{id}``                  hash    request state: spec, status, seed, batch_id, batch_size, step, total,
                                         error_type, error_message, images (count), results (result-store keys,
                                         space separated), worker, abort, claim (token of the run that may
-                                        finish it), entry (stream id), input_image, input_mask (until it
+                                        finish it), entry (stream id), arrival (its first stream id, once
+                                        requeued), input_image, input_mask (until it
                                         ends), evicted_at, *_at timestamps, key (the API key's name, when
                                         the api has keys), deadline (spec created_at + timeout_s, written
                                         when it joins a batch, for the in-flight deadline sweep), webhook,
@@ -56,6 +57,11 @@ key                             type    contents
 ``P:capabilities``              hash    worker node name -> WorkerCapabilities JSON (model, pipeline, tasks);
                                         swept with the worker's heartbeat entry
 ``P:scheduler:lease``           string  token of the active scheduler (PX lease)
+``P:scheduler:aborted``         set     ids of requests aborted while queued (``abort.lua``), taken (SPOP) by the
+                                        active scheduler each round to drop them from its memory; TTL
+                                        ``result_ttl_s`` from the last abort
+``P:scheduler:queued``          string  the active scheduler's in-memory queue length (requests read, not yet
+                                        dispatched), written at each lease renewal (PX lease)
 ``P:finished``                  channel pub/sub: the id of every request that just reached a terminal status
 ``P:metrics``                   hash    fleet-wide counters and histogram buckets (fields: ``shared.metrics``),
                                         incremented by the scripts of each transition (they name it as the
@@ -147,6 +153,14 @@ class RedisKeys:
     @property
     def capabilities(self) -> str:
         return f"{self.prefix}:capabilities"
+
+    @property
+    def scheduler_aborted(self) -> str:
+        return f"{self.prefix}:scheduler:aborted"
+
+    @property
+    def scheduler_queued(self) -> str:
+        return f"{self.prefix}:scheduler:queued"
 
     @property
     def scheduler_lease(self) -> str:

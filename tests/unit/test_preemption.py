@@ -8,6 +8,7 @@ The worker's side (a set evicting and requeueing at a step boundary) is ``tests/
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import fakeredis
 import pytest
@@ -116,6 +117,22 @@ def test_a_requeued_request_goes_to_the_front_of_its_level(queue_type: type[Requ
     assert [r.id for r in queue.head(10)] == [i for i in order if i != "back"]
 
 
+@pytest.mark.parametrize("queue_type", [PriorityQueue, FcfsQueue])
+def test_requeued_requests_keep_their_original_order_at_the_front_of_their_level(
+    queue_type: type[RequestQueue],
+) -> None:
+    """Today's main put each requeued request ahead of the one requeued before it (LIFO within a level)."""
+    queue = queue_type()
+    queue.add(queued("w1"))
+    for rid, arrival in (("r2", (20, 0)), ("r0", (10, 0)), ("r3", (20, 1)), ("r1", (10, 1))):  # evicted in this order
+        queue.add(replace(queued(rid), arrival=arrival), front=True)
+    queue.add(queued("w2"))
+    assert [r.id for r in queue.head(10)] == ["r0", "r1", "r2", "r3", "w1", "w2"]
+    queue.remove("r1")
+    queue.add(replace(queued("r1"), arrival=(10, 1)), front=True)  # requeued again: its place again
+    assert [r.id for r in queue.head(10)] == ["r0", "r1", "r2", "r3", "w1", "w2"]
+
+
 # --- the scripts ------------------------------------------------------------------------------------------------
 
 WORKER = "w1"
@@ -152,6 +169,7 @@ def test_requeue_moves_a_running_request_back_to_queued_under_its_claim_only() -
     assert store.requeue("r", "another run", WORKER) == 0  # fenced by the claim token: nothing changes
     assert client.hget(keys.request("r"), "status") == "running" and client.xlen(keys.requests) == 0
 
+    first = client.hget(keys.request("r"), "entry")
     assert store.requeue("r", token, WORKER) == 1
     state = client.hgetall(keys.request("r"))
     assert state["status"] == "queued" and state["step"] == "0"
@@ -159,6 +177,7 @@ def test_requeue_moves_a_running_request_back_to_queued_under_its_claim_only() -
         assert gone not in state, gone
     [(entry_id, fields)] = client.xrange(keys.requests)
     assert fields["id"] == "r" and fields["requeued"] == "1" and state["entry"] == entry_id
+    assert fields["arrival"] == state["arrival"] == first  # its place among requeued requests: its first entry
     assert RequestSpec.model_validate_json(fields["spec"]).priority == -2
     assert SchedulerStore(client, settings())._entry(entry_id, fields).requeued  # read back: front of its level
     events = [fields for _, fields in client.xrange(keys.request_events("r"))]
@@ -176,6 +195,36 @@ def test_requeue_moves_a_running_request_back_to_queued_under_its_claim_only() -
     assert client.zscore(keys.inflight, "B1") is None
     # and it can be scheduled again like any queued request
     assert SchedulerStore(client, settings()).schedule(lease.key, lease.token, "B2", ["r"]) == ["r"]
+
+
+def test_requests_requeued_one_after_another_are_served_in_their_original_order() -> None:
+    """Today's main put each requeued request ahead of the one requeued before it: a and b, requeued in that
+    order, came back as b, a."""
+    client = fakeredis.FakeRedis(decode_responses=True)
+    s = Settings(key_prefix="t", result_ttl_s=60, max_num_seqs=4, request_batch_max_wait_ms=0, scheduler_lease_ms=600)
+    store = WorkerStore(client, s)
+    submit(client, store.keys, "a", "b", "c")
+    lease = Lease(client, store.keys.scheduler_lease, 5000)
+    assert lease.try_acquire()
+    assert SchedulerStore(client, s).schedule(lease.key, lease.token, "B1", ["a", "b", "c"]) == ["a", "b", "c"]
+    lease.release()
+    client.xtrim(store.keys.requests, maxlen=0)  # the scheduler acknowledged and deleted the entries
+    claim = store.claim(BatchMessage(batch_id="B1", request_ids=("a", "b", "c"), created_at=0.0), "tok", WORKER)
+    assert isinstance(claim, Claimed)
+    store.step_open(WORKER, "digest", 3)
+    store.step_levels(WORKER, {"a": 0, "b": 0, "c": 0})
+    for rid in ("c", "a", "b"):  # evicted one at a time, in this order
+        assert store.requeue(rid, "tok", WORKER) == 1
+    assert store.batch_done("B1", "tok")  # B1 no longer counts them: it leaves flight
+    assert store.step_close(WORKER)  # and the emptied set closes: the worker's slot is free
+    arrivals = {client.hget(store.keys.request(rid), "arrival") for rid in "abc"}
+    assert len(arrivals) == 3  # each its first entry's id (the one submit.lua wrote)
+    submit(client, store.keys, "later")
+    celery = PublishedBatches()
+    client.zadd(store.keys.workers, {WORKER: time.time() * 1000})
+    with running(scheduler(client, s, celery)):
+        assert wait_until(lambda: len(celery.request_ids()) == 4, 5), celery.batches
+    assert celery.request_ids() == ["a", "b", "c", "later"]
 
 
 def test_requeue_leaves_a_request_flagged_aborted_to_be_ended_so() -> None:

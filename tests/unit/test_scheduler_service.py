@@ -21,6 +21,7 @@ from scheduler.service import SchedulerService
 from scheduler.store import SchedulerStore
 from shared.settings import Settings
 from tests.support.redis_server import free_port
+from tests.unit.test_fleet_metrics import abort
 from tests.unit.test_scripts import submit
 
 
@@ -113,3 +114,84 @@ def test_takeover_acknowledges_the_previous_leaders_wake_ups(pending: int) -> No
     client.xreadgroup("scheduler", "active", {store.keys.events: ">"})  # read, never acknowledged
     with running(scheduler(client, settings, PublishedBatches())):
         assert wait_until(lambda: client.xpending(store.keys.events, "scheduler")["pending"] == 0, 5)
+
+
+# --- aborted backlogs and the bound of the in-memory queue ------------------------------------------------------
+
+
+def pending(client: redis.Redis, store: SchedulerStore) -> int:
+    return int(client.xpending(store.keys.requests, "scheduler")["pending"])
+
+
+def test_requests_aborted_while_no_slot_is_free_leave_the_schedulers_memory_and_pending_list() -> None:
+    """Today's main kept them (memory and pending list) until a slot freed, then skipped 64 per 500 ms round: the
+    first new request after 300 aborted ones waited five blocking reads for a free slot."""
+    settings = Settings(key_prefix="t", max_num_seqs=4, scheduler_lease_ms=600, scheduler_block_ms=500)
+    client = fakeredis.FakeRedis(decode_responses=True)
+    store = SchedulerStore(client, settings)
+    celery = PublishedBatches()
+    ids = [f"r{i:03d}" for i in range(300)]
+    with running(scheduler(client, settings, celery)):
+        submit(client, store.keys, *ids, max_len=1000)
+        assert wait_until(lambda: pending(client, store) == len(ids), 5)  # read into its queue: no slot is free
+        for rid in ids:
+            assert abort(client, store.keys, rid) == "aborted"
+        assert wait_until(lambda: pending(client, store) == 0, 2), pending(client, store)  # no slot needed
+        assert wait_until(lambda: client.get(store.keys.scheduler_queued) == "0", 2)
+        client.zadd(store.keys.workers, {"w": time.time() * 1000})
+        client.xadd(store.keys.events, {"type": "worker_up"})
+        started = time.monotonic()
+        submit(client, store.keys, "new")
+        assert wait_until(lambda: celery.request_ids() == ["new"], 5), celery.batches
+        waited = time.monotonic() - started
+    assert waited < 0.4, f"the new request waited {waited:.2f}s behind the aborted ones"
+
+
+def test_a_window_of_aborted_requests_never_ends_the_round_while_live_ones_wait_behind_it() -> None:
+    """Requests that ended without the scheduler being told (no id in ``P:scheduler:aborted``: a path that does not
+    tell it) are found by the status check of the head; today's main ended the round (a 500 ms blocking read) at
+    each window of 64 of them."""
+    settings = Settings(key_prefix="t", max_num_seqs=4, scheduler_lease_ms=600, scheduler_block_ms=500)
+    client = fakeredis.FakeRedis(decode_responses=True)
+    store = SchedulerStore(client, settings)
+    celery = PublishedBatches()
+    ids = [f"r{i:03d}" for i in range(320)]
+    with running(scheduler(client, settings, celery)):
+        submit(client, store.keys, *ids, max_len=1000)
+        assert wait_until(lambda: pending(client, store) == len(ids), 5)
+        for rid in ids:  # ended behind the scheduler's back
+            client.hset(store.keys.request(rid), mapping={"status": "aborted", "abort": 1})
+        client.zadd(store.keys.workers, {"w": time.time() * 1000})
+        client.xadd(store.keys.events, {"type": "worker_up"})
+        started = time.monotonic()
+        submit(client, store.keys, "live", max_len=1000)
+        assert wait_until(lambda: celery.request_ids() == ["live"], 5), celery.batches
+        waited = time.monotonic() - started
+        assert wait_until(lambda: pending(client, store) == 0, 2)
+    assert waited < 0.4, f"the live request waited {waited:.2f}s behind the aborted ones"
+
+
+def test_the_in_memory_queue_holds_at_most_max_queue_len_requests() -> None:
+    """Today's main read every entry of the stream whatever its queue held (the stream may outgrow max_queue_len:
+    requeued requests are added past it)."""
+    settings = Settings(
+        key_prefix="t", max_num_seqs=4, scheduler_lease_ms=600, max_queue_len=50, scheduler_read_count=20
+    )
+    client = fakeredis.FakeRedis(decode_responses=True)
+    store = SchedulerStore(client, settings)
+    celery = PublishedBatches()
+    ids = [f"r{i:03d}" for i in range(120)]
+    submit(client, store.keys, *ids, max_len=1000)
+    with running(scheduler(client, settings, celery)):
+        assert wait_until(lambda: client.get(store.keys.scheduler_queued) == "50", 5)
+        time.sleep(0.3)  # more rounds: it reads no more
+        assert pending(client, store) == 50 and client.get(store.keys.scheduler_queued) == "50"
+        client.zadd(store.keys.workers, {"w": time.time() * 1000})
+        for _ in range(len(ids) // 4):  # one slot: the rest is read as room is made, in order
+            assert wait_until(lambda: client.zcard(store.keys.inflight) == 1, 5), len(celery.batches)
+            batch_id = client.zrange(store.keys.inflight, 0, -1)[0]
+            for rid in client.hget(store.keys.batch(batch_id), "ids").split():
+                client.hset(store.keys.request(rid), "status", "succeeded")
+            client.zrem(store.keys.inflight, batch_id)
+            client.xadd(store.keys.events, {"type": "batch_done"})
+    assert celery.request_ids() == ids
