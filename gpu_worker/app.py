@@ -4,7 +4,9 @@
 prefork child loads the runner in ``worker_process_init``, starts the heartbeat that makes it a free slot for the
 scheduler, and then executes ``fusefleet.run_batch`` tasks. A task returns once its batch's forwards are over: the
 batch is finished (outputs encoded and stored, requests ended) by the process's ``BackgroundFinisher`` while the
-next task runs its forward. At shutdown the process waits up to ``FINISH_ON_SHUTDOWN_S`` for that finish.
+next task runs its forward. At shutdown the process waits up to ``FINISH_ON_SHUTDOWN_S`` for that finish; a
+finisher that gets stuck (a result store that hangs) makes the process release its batches and exit
+(``STUCK_EXIT_CODE``), and Celery replaces it.
 
 With ``FUSEFLEET_STEP_MODE`` and a runner whose model has a step-mode adapter (``gpu_worker.runner.step_runner``), a
 task instead opens a running set with its batch and runs it until the set closes (``gpu_worker.step_loop``): the
@@ -16,6 +18,7 @@ process (same worker name) left behind (``StepLoop.repair``).
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import uuid
 from dataclasses import dataclass
@@ -43,6 +46,9 @@ log = logging.getLogger(__name__)
 FINISH_ON_SHUTDOWN_S = 60.0
 """How long a stopping worker process waits for the batch it is finishing; past it the batch's lock lapses and the
 reaper runs it again."""
+
+STUCK_EXIT_CODE = 70  # EX_SOFTWARE
+"""The exit status of a pool process whose finisher got stuck (``gpu_worker.finisher``); Celery starts another."""
 
 
 @dataclass
@@ -80,7 +86,7 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
             capabilities,
             hold_limit_s=settings.batch_time_limit_s,
         )
-        state.finisher = BackgroundFinisher()
+        state.finisher = BackgroundFinisher(stuck_after_s=settings.batch_time_limit_s, on_stuck=retire)
         state.metrics = WorkerMetrics(sync_client(settings), store.keys)
         state.executor = BatchExecutor(
             store,
@@ -114,6 +120,19 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
             runner.fused,
             state.step_loop is not None,
         )
+
+    def retire(reason: str) -> None:
+        """The finisher is stuck (a result store that hangs under this process): take no more batches. Withdraw the
+        slot and release the batches held (the reaper publishes them again to other workers), then exit the pool
+        process at once (its stuck thread cannot be stopped otherwise); Celery's prefork pool starts a new one,
+        and the task it was running, if any, is rejected (late ack) and runs again as a duplicate that finds its
+        batch republished or held."""
+        log.critical("worker %s is stuck (%s): releasing its batches and exiting", worker_name, reason)
+        if state.heartbeat is not None:
+            state.heartbeat.withdraw()
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(STUCK_EXIT_CODE)
 
     def shutdown_process(**_: Any) -> None:
         if state.finisher is not None and not state.finisher.close(FINISH_ON_SHUTDOWN_S):

@@ -71,11 +71,25 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=self._interval_s * 2)
+        if self._thread is not threading.current_thread() and self._thread.is_alive():
+            self._thread.join(timeout=self._interval_s * 2)
         try:
             self._store.leave(self._worker)
         except Exception as exc:  # noqa: BLE001 - the entry then expires after worker_ttl_s
             log.warning("could not withdraw the worker slot: %s", exc)
+
+    def withdraw(self) -> None:
+        """The worker gives up (its finisher is stuck): stop beating and withdraw the slot (the scheduler counts
+        none for it), and release the lock of every batch it holds, so the reaper publishes them again at its next
+        pass instead of ``batch_lock_ttl_s`` later. Best effort: what Redis refuses lapses by itself."""
+        self.stop()
+        with self._lock:
+            held, self._held = list(self._held), {}
+        for batch_id, token in held:
+            try:
+                self._store.release_lock(batch_id, token)
+            except Exception as exc:  # noqa: BLE001 - the lock lapses within batch_lock_ttl_s
+                log.warning("could not release batch %s: %s", batch_id, exc, extra=ids(batch_id=batch_id))
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval_s):

@@ -3,7 +3,8 @@
 Shared by the request-level executor (``gpu_worker.executor``) and the step-mode loop (``gpu_worker.step_loop``):
 every write carries the claim's token (``finish.lua`` ignores a writer whose claim is not the current one), Redis
 calls are retried through an outage for ``outage_retry_s`` (then the transient error is raised: the caller leaves
-the batch to the reaper), and a request whose output is unusable or refused by the result store fails alone.
+the batch to the reaper), a request whose output is unusable or refused by the result store fails alone, and a
+result-store write that does not return raises ``FinisherStuck`` (the worker is replaced, ``gpu_worker.finisher``).
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from typing import Any, TypeVar
 
 from PIL import Image
 
+from gpu_worker.finisher import FinisherStuck
 from gpu_worker.images import encode
 from gpu_worker.runner import Video, video_frames
 from gpu_worker.store import WorkerStore
 from gpu_worker.video import encode_mp4
 from shared.contracts import ErrorInfo, ModelTraits, RequestSpec, RequestStatus
-from shared.results import ResultStore, result_keys
+from shared.results import ResultStore, ResultStoreTimeout, result_keys
 from shared.retry import call_with_retry, is_transient
 
 log = logging.getLogger(__name__)
@@ -138,5 +140,10 @@ class ResultWriter:
         return self.redis(lambda: self.store.finish_many(stored, errors, token), "storing results")
 
     def _put(self, key: str, data: bytes) -> None:
-        """Write one output to the result store (a Redis store's writes are retried through an outage)."""
-        self.redis(lambda: self._results.put(key, data), "storing an image")
+        """Write one output to the result store (a Redis store's writes are retried through an outage). A write that
+        did not return within ``result_store_timeout_s`` is not its request's failure: the store hangs under this
+        worker, which must be replaced (``FinisherStuck``; the batch runs again elsewhere)."""
+        try:
+            self.redis(lambda: self._results.put(key, data), "storing an image")
+        except ResultStoreTimeout as exc:
+            raise FinisherStuck(str(exc)) from exc

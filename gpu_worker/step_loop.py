@@ -573,7 +573,10 @@ class _RunningSet:
 
     def _leave(self, count: int, ran: Sequence[str] = ()) -> None:
         if count:
-            self.writer.redis(lambda: self.store.step_leave(self.worker, count, ran), "counting requests out")
+            token = uuid.uuid4().hex  # one per count-out: a retry after a lost reply is counted once
+            self.writer.redis(
+                lambda: self.store.step_leave(self.worker, count, ran, token=token), "counting requests out"
+            )
 
     def _end_batch(self, held: _Held) -> None:
         for group in [group for group in self.groups if group.held is held]:

@@ -8,6 +8,7 @@ claim can finish it.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -76,6 +77,7 @@ class WorkerStore:
         self._batch_done = client.register_script(k.BATCH_DONE)
         self._forward_done = client.register_script(k.FORWARD_DONE)
         self._renew = client.register_script(k.RENEW)
+        self._release = client.register_script(k.RELEASE)
         self._heartbeat = client.register_script(k.HEARTBEAT)
         self._step_close = client.register_script(k.STEP_CLOSE)
         self._step_leave = client.register_script(k.STEP_LEAVE)
@@ -203,6 +205,11 @@ class WorkerStore:
         return bool(self._forward_done(keys=keys, args=[token, batch_id, k.EVENTS_MAXLEN]))
 
     def renew_lock(self, batch_id: str, token: str) -> bool:
+    def release_lock(self, batch_id: str, token: str) -> bool:
+        """Drop this run's lock of the batch (if still ours) without ending anything: the batch stays in flight and
+        the reaper publishes it again at its next pass. False when the run no longer held it."""
+        return bool(self._release(keys=[self.keys.batch_lock(batch_id)], args=[token]))
+
         ttl_ms = int(self._settings.batch_lock_ttl_s * 1000)
         return bool(self._renew(keys=[self.keys.batch_lock(batch_id)], args=[token, ttl_ms]))
 
@@ -235,13 +242,24 @@ class WorkerStore:
         message: str | None = self._redis.lpop(self.keys.step_inbox(worker))  # type: ignore[assignment]
         return message
 
-    def step_leave(self, worker: str, requests: int, ran: Sequence[str] = ()) -> None:
+    def step_leave(self, worker: str, requests: int, ran: Sequence[str] = (), *, token: str | None = None) -> None:
         """``requests`` requests counted in the worker's set ended, or were sent to it and will not run in it: their
         room is free for joiners, so the scheduler is woken (a set that was full may take the next waiting ones);
-        ``ran``, those of them that ran in the set, leave its levels hash. One round trip (``step_leave.lua``)."""
+        ``ran``, those of them that ran in the set, leave its levels hash. One round trip (``step_leave.lua``).
+
+        ``token`` names this count-out: a call retried after a lost reply passes the same one and is counted once
+        (None: a fresh token, for a call that is not retried)."""
         if requests:
-            keys = [self.keys.step_sets, self.keys.step_rows, self.keys.events, self.keys.step_levels(worker)]
-            self._step_leave(keys=keys, args=[worker, requests, k.EVENTS_MAXLEN, *ran])
+            keys = [
+                self.keys.step_sets,
+                self.keys.step_rows,
+                self.keys.events,
+                self.keys.step_levels(worker),
+                self.keys.step_left(worker),
+            ]
+            ttl_s = int(self._settings.batch_time_limit_s)
+            args: list[str | int] = [worker, requests, k.EVENTS_MAXLEN, token or uuid.uuid4().hex, ttl_s, *ran]
+            self._step_leave(keys=keys, args=args)
 
     def step_close(self, worker: str) -> bool:
         """Close the worker's empty running set (it frees the slot and wakes the scheduler); False when batches

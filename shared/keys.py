@@ -58,6 +58,8 @@ key                             type    contents
                                         swept with the worker's heartbeat entry
 ``P:scheduler:lease``           string  token of the active scheduler (PX lease)
 ``P:scheduler:aborted``         set     ids of requests aborted while queued (``abort.lua``), taken (SPOP) by the
+``P:step:left:{worker}``        string  step mode: the token of the worker's last count-out (``step_leave.lua``),
+                                        so a retried one is not counted twice; TTL ``batch_time_limit_s``
                                         active scheduler each round to drop them from its memory; TTL
                                         ``result_ttl_s`` from the last abort
 ``P:scheduler:queued``          string  the active scheduler's in-memory queue length (requests read, not yet
@@ -151,6 +153,9 @@ class RedisKeys:
         return f"{self.prefix}:workers"
 
     @property
+    def step_left(self, worker: str) -> str:
+        return f"{self.prefix}:step:left:{worker}"
+
     def capabilities(self) -> str:
         return f"{self.prefix}:capabilities"
 

@@ -16,6 +16,13 @@ from shared.contracts import PRIORITY_MAX, PRIORITY_MIN
 from shared.logging_setup import LogFormat
 from shared.webhook_hosts import HostRules
 
+S3_ATTEMPTS = 3
+"""Attempts of each S3 result-store call (botocore's standard retry mode), each waiting at most ``s3_timeout_s`` to
+connect and as long for a read, plus up to ``S3_ATTEMPT_SLACK_S``: ``result_store_timeout_s`` must be at least what
+they may take together (``Settings.s3_call_bound_s``)."""
+S3_ATTEMPT_SLACK_S = 2.0
+"""What an S3 attempt may add to its timeouts: botocore's 1 s wait for ``100 Continue`` before a body, its backoff."""
+
 
 def _default_cache_dir() -> Path:
     return Path.home() / ".cache" / "fusefleet"
@@ -228,6 +235,15 @@ class Settings(BaseSettings):
     )
     result_url_ttl_s: int = Field(
         3600, ge=1, le=604_800, description="Lifetime of a presigned image URL (result_delivery=redirect)."
+    result_store_timeout_s: float = Field(
+        90.0,
+        gt=0,
+        description="Filesystem and S3 result stores: the longest one call (a write, a read, a delete) may take; past "
+        "it the call fails (reads: 503). A worker whose write did not return counts itself stuck (a hung NFS mount, "
+        "an S3 endpoint that stops answering): it withdraws its slot, releases its batches to other workers and "
+        "exits, and Celery starts a new pool process. With S3 at least 3 x (2 x s3_timeout_s + 2 s) (3 attempts, "
+        "each a connect, a read and botocore's waits), so that the client's own timeouts end a failing call first.",
+    )
     )
     result_orphan_grace_s: float = Field(
         1800.0,
@@ -399,6 +415,12 @@ class Settings(BaseSettings):
             raise ValueError(
                 "webhook_allowed_hosts needs webhook_secret (FUSEFLEET_WEBHOOK_SECRET): every delivery is signed"
             )
+        if self.result_store == "s3" and self.result_store_timeout_s < self.s3_call_bound_s:
+            raise ValueError(
+                f"result_store_timeout_s ({self.result_store_timeout_s}) must be at least {self.s3_call_bound_s:g} s "
+                f"with s3_timeout_s {self.s3_timeout_s}: the S3 client may take that long ({S3_ATTEMPTS} attempts) "
+                "before it gives up, and a worker would count a failing store as a stuck one"
+            )
         return self
 
     @field_validator("queue_name", mode="after")
@@ -443,6 +465,11 @@ class Settings(BaseSettings):
     def model_id(self) -> str:
         """The id of the one model this fleet serves, as requests and workers name it: ``model`` or ``demo``."""
         return self.model or "demo"
+    @property
+    def s3_call_bound_s(self) -> float:
+        """The longest an S3 result-store call may take by the client's own timeouts and retries."""
+        return S3_ATTEMPTS * (2 * self.s3_timeout_s + S3_ATTEMPT_SLACK_S)
+
 
     @property
     def soft_time_limit_s(self) -> int:

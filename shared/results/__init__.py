@@ -11,6 +11,7 @@ from shared.results.journal import ResultJournal
 from shared.results.store import (
     ResultStore,
     ResultStoreError,
+    ResultStoreTimeout,
     is_video_key,
     media_type_of,
     result_key,
@@ -21,6 +22,7 @@ __all__ = [
     "ResultJournal",
     "ResultStore",
     "ResultStoreError",
+    "ResultStoreTimeout",
     "build_result_store",
     "is_video_key",
     "media_type_of",

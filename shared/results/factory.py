@@ -5,6 +5,7 @@ from __future__ import annotations
 import redis
 
 from shared.keys import RedisKeys
+from shared.results.deadline import DeadlineStore
 from shared.results.filesystem import FilesystemResultStore
 from shared.results.redis_store import RedisResultStore
 from shared.results.s3 import S3ResultStore, build_s3_client
@@ -13,9 +14,10 @@ from shared.settings import Settings
 
 
 def build_result_store(settings: Settings, redis_binary: redis.Redis) -> ResultStore:
-    """The configured store; ``redis_binary`` (bytes replies) serves the Redis backend."""
+    """The configured store; ``redis_binary`` (bytes replies) serves the Redis backend. A folder's and S3's calls
+    are bounded by ``result_store_timeout_s`` (``DeadlineStore``); Redis's by its socket timeouts."""
     if settings.result_store == "filesystem":
-        return FilesystemResultStore(settings.result_dir)
+        return DeadlineStore(FilesystemResultStore(settings.result_dir), settings.result_store_timeout_s)
     if settings.result_store == "s3":
         assert settings.s3_bucket is not None  # Settings refuses s3 without a bucket
         client = build_s3_client(
@@ -24,7 +26,8 @@ def build_result_store(settings: Settings, redis_binary: redis.Redis) -> ResultS
             timeout_s=settings.s3_timeout_s,
             path_style=settings.s3_path_style,
         )
-        return S3ResultStore(client, settings.s3_bucket, prefix=settings.s3_prefix, url_ttl_s=settings.result_url_ttl_s)
+        s3 = S3ResultStore(client, settings.s3_bucket, prefix=settings.s3_prefix, url_ttl_s=settings.result_url_ttl_s)
+        return DeadlineStore(s3, settings.result_store_timeout_s)
     keep_s = settings.result_ttl_s + int(settings.result_orphan_grace_s)
     return RedisResultStore(
         redis_binary, RedisKeys(settings.key_prefix), max_bytes=settings.result_redis_max_bytes, keep_s=keep_s

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shared.results.store import ResultStoreError, check_key, media_type_of
+from shared.settings import S3_ATTEMPTS
 
 DELETE_PAGE = 1000  # DeleteObjects takes at most this many keys
 
@@ -90,7 +91,7 @@ def build_s3_client(
     config = Config(
         connect_timeout=timeout_s,
         read_timeout=timeout_s,
-        retries={"max_attempts": 3, "mode": "standard"},
+        retries={"max_attempts": S3_ATTEMPTS, "mode": "standard"},
         s3={"addressing_style": "path" if path_style else "auto"},
         signature_version="s3v4",
     )

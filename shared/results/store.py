@@ -23,6 +23,11 @@ class ResultStoreError(Exception):
     """A result store could not store, read or delete an object (the message says which and why)."""
 
 
+class ResultStoreTimeout(ResultStoreError):
+    """A result-store call did not return within its deadline (``shared.results.deadline``): the backend hangs (a
+    stuck NFS mount, an S3 endpoint that stops answering). The call's thread may still be stuck in it."""
+
+
 def result_key(request_id: str, token: str, index: int, output_format: OutputFormat) -> str:
     return f"{request_id}/{token}/{index}.{output_format.value}"
 

@@ -14,14 +14,17 @@ import fakeredis
 import pytest
 
 from gpu_worker.executor import BatchExecutor, BatchOutcome
-from gpu_worker.finisher import BackgroundFinisher
+from gpu_worker.finisher import BackgroundFinisher, FinisherStuck
 from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.store import Claimed, WorkerStore
+from scheduler.lease import Lease
 from scheduler.store import SchedulerStore
-from shared.contracts import Task, WorkerCapabilities
+from shared.contracts import BatchMessage, Task, WorkerCapabilities
+from shared.results.deadline import DeadlineStore
 from shared.results.filesystem import FilesystemResultStore
 from shared.settings import Settings
 from tests.unit.test_executor import ScriptedRunner, scheduled_batch
+from tests.unit.test_scripts import submit
 
 CAPABILITIES = WorkerCapabilities(model="demo", pipeline="Test", tasks=(Task.TEXT_TO_IMAGE,))
 
@@ -95,6 +98,95 @@ def test_close_reports_a_finish_that_does_not_end() -> None:
     stuck.set()
 
 
+def test_a_finish_past_its_bound_makes_the_finisher_stuck_and_refuse_every_later_batch() -> None:
+    """Whatever holds a finish (not only a store call): ``stuck_after_s`` after it began, the next ``submit`` stops
+    waiting, calls ``on_stuck`` once and raises; so does every later one, at once."""
+    reasons: list[str] = []
+    finisher = BackgroundFinisher(stuck_after_s=0.3, on_stuck=reasons.append)
+    held = threading.Event()
+    finisher.submit(lambda: held.wait(10) and None)
+    started = time.monotonic()
+    with pytest.raises(FinisherStuck, match="still runs 0.3 s after it began"):
+        finisher.submit(lambda: None)
+    assert 0.25 <= time.monotonic() - started < 2
+    assert reasons == ["a batch's finish still runs 0.3 s after it began"]
+    with pytest.raises(FinisherStuck):
+        finisher.submit(lambda: None)
+    assert len(reasons) == 1
+    held.set()
+
+
+def test_a_store_that_hangs_leaves_the_batch_to_the_reaper_and_withdraws_the_worker(
+    client: fakeredis.FakeRedis, settings: Settings, tmp_path: Path
+) -> None:
+    """A result-store write that does not return within ``result_store_timeout_s`` fails no request: the finisher
+    is stuck, the worker (``gpu_worker.app``'s ``on_stuck``: the heartbeat's ``withdraw``, then the process exits)
+    leaves its slot and the batches it holds, which the reaper publishes again for another worker."""
+    store = WorkerStore(client, settings)
+    scheduler = SchedulerStore(client, settings)
+    beat = Heartbeat(store, "w1", 60, CAPABILITIES)
+    beat.start()
+    hung = GatedStore(tmp_path / "results")  # its gate is never opened while the test looks
+    reasons: list[str] = []
+
+    def on_stuck(reason: str) -> None:
+        reasons.append(reason)
+        beat.withdraw()
+
+    finisher = BackgroundFinisher(on_stuck=on_stuck)
+    executor = BatchExecutor(store, ScriptedRunner(), "w1", beat, DeadlineStore(hung, 0.3), finisher=finisher)
+    try:
+        batch = scheduled(client, settings, {"B1": ["a", "b"]})[0]
+        started = time.monotonic()
+        outcome = executor.execute(batch)
+        assert isinstance(outcome, BatchOutcome)
+        assert outcome.done.wait(5) and finisher.idle(5)
+        assert time.monotonic() - started < 2
+        assert reasons and "did not return within 0.3 s" in reasons[0]
+        statuses = [client.hget(store.keys.request(rid), "status") for rid in ("a", "b")]
+        assert statuses == ["running", "running"]  # not failed: the batch runs again elsewhere
+        assert client.zscore(store.keys.workers, "w1") is None  # no slot counted for the stuck worker
+        assert beat.held == []
+        client.delete(store.keys.batch_lock("B1"))  # its lock lapses (batch_lock_ttl_s): the reaper's turn
+        assert scheduler.reap().republish == ["B1"]
+        with pytest.raises(FinisherStuck):
+            executor.execute(scheduled(client, settings, {"B2": ["c"]})[0])
+    finally:
+        hung.gate.set()
+        beat.stop()
+
+
+def test_withdraw_releases_every_held_batch_and_the_slot(client: fakeredis.FakeRedis, settings: Settings) -> None:
+    store = WorkerStore(client, settings)
+    beat = Heartbeat(store, "w1", 60, CAPABILITIES)
+    beat.start()
+    for batch_id, token in (("B1", "t1"), ("B2", "t2")):
+        client.set(store.keys.batch_lock(batch_id), token, px=10_000)
+        beat.hold(batch_id, token)
+    client.set(store.keys.batch_lock("B3"), "other", px=10_000)
+    beat.hold("B3", "t3")  # lost to another run meanwhile: not ours to release
+    assert client.zscore(store.keys.workers, "w1") is not None
+    beat.withdraw()
+    assert client.zscore(store.keys.workers, "w1") is None and not client.hexists(store.keys.capabilities, "w1")
+    assert not client.exists(store.keys.batch_lock("B1")) and not client.exists(store.keys.batch_lock("B2"))
+    assert client.get(store.keys.batch_lock("B3")) == "other"
+    assert beat.held == []
+
+
+def scheduled(client: fakeredis.FakeRedis, settings: Settings, batches: dict[str, list[str]]) -> list[BatchMessage]:
+    """Submit the requests of each batch (ids = prompts) and schedule them into it, as one scheduler would."""
+    store = SchedulerStore(client, settings)
+    lease = Lease(client, store.keys.scheduler_lease, 5000)
+    assert lease.try_acquire()
+    messages = []
+    for batch_id, ids in batches.items():
+        submit(client, store.keys, *ids)
+        assert store.schedule(lease.key, lease.token, batch_id, ids) == ids
+        messages.append(BatchMessage(batch_id=batch_id, request_ids=tuple(ids), created_at=time.time()))
+    lease.release()
+    return messages
+
+
 def test_slot_frees_when_the_forward_ends_and_the_batch_stays_in_flight_until_stored(
     client: fakeredis.FakeRedis, settings: Settings, tmp_path: Path
 ) -> None:
@@ -144,6 +236,32 @@ def test_a_worker_that_dies_while_storing_frees_nothing_twice(
     assert client.zcard(store.keys.storing) == 0
     assert scheduler.free_slots() == 0  # the rerun will take the worker
     assert not store.forward_done("B1", "tok1")  # the dead run's late call changes nothing
+
+
+def test_a_run_that_lost_its_lock_leaves_nothing_in_the_storing_set(
+    client: fakeredis.FakeRedis, settings: Settings
+) -> None:
+    """A run whose lock lapsed while it stored (a stall) still ends its batch: the batch leaves the storing set, so
+    no stale member outlives it (out of flight) or frees a slot for a batch no run holds (still in flight)."""
+    store = WorkerStore(client, settings)
+    scheduler = SchedulerStore(client, settings)
+    store.heartbeat("w1", CAPABILITIES, first=True)
+    store.heartbeat("w2", CAPABILITIES)
+    scheduled(client, settings, {"B1": ["a"], "B2": ["b", "c"]})
+    for batch_id, ids, token in (("B1", ("a",), "tok1"), ("B2", ("b", "c"), "tok2")):
+        message = BatchMessage(batch_id=batch_id, request_ids=ids, created_at=0.0)
+        assert isinstance(store.claim(message, token, "w1"), Claimed)
+        assert store.forward_done(batch_id, token)
+        client.delete(store.keys.batch_lock(batch_id))  # the stall outlived the lock; no other run claimed it
+    assert scheduler.free_slots() == 2
+    store.finish_many({"a": []}, {}, "tok1")
+    assert store.batch_done("B1", "tok1")  # everything finished: out of flight, and out of the storing set
+    assert client.zrange(store.keys.storing, 0, -1) == ["B2"]
+    store.finish_many({"b": []}, {}, "tok2")
+    assert not store.batch_done("B2", "tok2")  # c is unfinished: left to the reaper, occupying a slot meanwhile
+    assert client.zcard(store.keys.storing) == 0
+    assert scheduler.free_slots() == 1
+    assert scheduler.reap().republish == ["B2"]
 
 
 def test_heartbeat_renews_every_held_batch_until_its_limit(client: fakeredis.FakeRedis) -> None:

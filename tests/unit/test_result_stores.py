@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,11 +25,14 @@ from fakeredis.commands_mixins import server_mixin
 from moto.server import ThreadedMotoServer
 
 from shared.keys import RedisKeys
-from shared.results import ResultStore, ResultStoreError
+from shared.results import ResultStore, ResultStoreError, ResultStoreTimeout, build_result_store
+from shared.results.deadline import MAX_ABANDONED, DeadlineStore
 from shared.results.filesystem import FilesystemResultStore
 from shared.results.redis_store import RedisResultStore
 from shared.results.s3 import DELETE_PAGE, S3ResultStore, build_s3_client
+from shared.settings import Settings
 from tests.support.redis_server import free_port
+from tests.support.trickle_server import trickle_server
 
 PREFIX = "t"
 S3_PREFIX = "fusefleet/"
@@ -266,6 +270,91 @@ def test_s3_endpoint_failures_raise_result_store_error_quickly(failure: str) -> 
         assert isinstance(error, ResultStoreError), error
         assert str(error).startswith(verb) and "s3://results/" in str(error)
         assert elapsed < BOUND_S[failure], (verb, elapsed)
+
+
+class HangingStore(FilesystemResultStore):
+    """A folder whose calls block until ``release`` is set (a stuck network mount), then work."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.release = threading.Event()
+
+    def put(self, key: str, data: bytes) -> None:
+        self.release.wait(30)
+        super().put(key, data)
+
+    def get(self, key: str) -> bytes | None:
+        self.release.wait(30)
+        return super().get(key)
+
+
+def test_deadline_store_bounds_a_call_that_hangs_and_passes_the_rest_through(tmp_path: Path) -> None:
+    hanging = HangingStore(tmp_path / "results")
+    store = DeadlineStore(hanging, timeout_s=0.3)
+    assert store.kind == "filesystem"
+    started = time.monotonic()
+    with pytest.raises(ResultStoreTimeout, match=r"storing a/b/0.png .* did not return within 0.3 s"):
+        store.put("a/b/0.png", PNG)
+    assert 0.3 <= time.monotonic() - started < 1.0
+    hanging.release.set()  # the mount answers again: calls go through, with their own results and errors
+    store.put("a/b/0.png", PNG)
+    assert store.get("a/b/0.png") == PNG and store.get("a/b/1.png") is None
+    with pytest.raises(ValueError, match="not a result-store key"):
+        store.put("../x", PNG)
+
+
+def test_deadline_store_refuses_at_once_past_its_abandoned_calls(tmp_path: Path) -> None:
+    """Calls left hanging are bounded: past ``MAX_ABANDONED`` a call fails at once instead of adding a thread."""
+    hanging = HangingStore(tmp_path / "results")
+    store = DeadlineStore(hanging, timeout_s=0.05)
+    for index in range(MAX_ABANDONED):
+        with pytest.raises(ResultStoreTimeout, match="did not return"):
+            store.get(f"a/b/{index}.png")
+    started = time.monotonic()
+    with pytest.raises(ResultStoreTimeout, match=f"{MAX_ABANDONED} calls .* have not returned"):
+        store.get("a/b/0.png")
+    assert time.monotonic() - started < 0.05
+    hanging.release.set()
+    assert wait_until(lambda: store.get("a/b/0.png") is None, 5)  # the abandoned calls returned: served again
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ResultStoreTimeout):
+            if predicate():
+                return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.usefixtures("s3_server")  # only for its dummy credentials: the endpoint here is not it
+def test_s3_endpoint_that_trickles_its_answer_is_bounded_by_the_deadline() -> None:
+    """botocore's timeouts bound each socket read, not a call: an endpoint that sends a byte now and then keeps a
+    put waiting past them (here 3 x (2 x 0.2 + 2) = 7.2 s by the client's own bound) for as long as it trickles.
+    The store the factory builds bounds the call."""
+    settings = Settings(
+        result_store="s3", s3_bucket="results", s3_timeout_s=0.2, result_store_timeout_s=7.5
+    )
+    with trickle_server() as endpoint:
+        client = build_s3_client(endpoint_url=endpoint.url, region="us-east-1", timeout_s=0.2, path_style=True)
+        store = DeadlineStore(S3ResultStore(client, "results"), settings.result_store_timeout_s)
+        started = time.monotonic()
+        with pytest.raises(ResultStoreTimeout, match="storing req1/tok1/0.png in the s3 result store"):
+            store.put("req1/tok1/0.png", PNG)
+        elapsed = time.monotonic() - started
+    assert endpoint.accepted.is_set()
+    assert settings.s3_call_bound_s <= elapsed < settings.result_store_timeout_s + 1
+
+
+def test_the_factory_bounds_folder_and_s3_calls_but_not_redis(tmp_path: Path) -> None:
+    folder = build_result_store(Settings(result_store="filesystem", result_dir=tmp_path), fakeredis.FakeRedis())
+    assert isinstance(folder, DeadlineStore) and folder.timeout_s == 90
+    s3 = build_result_store(Settings(result_store="s3", s3_bucket="b", s3_region="us-east-1"), fakeredis.FakeRedis())
+    assert isinstance(s3, DeadlineStore) and isinstance(s3.inner, S3ResultStore)
+    assert isinstance(build_result_store(Settings(), fakeredis.FakeRedis()), RedisResultStore)
+    with pytest.raises(ValueError, match="result_store_timeout_s"):
+        Settings(result_store="s3", s3_bucket="b", result_store_timeout_s=30)
 
 
 def test_s3_empty_endpoint_and_region_mean_unset(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

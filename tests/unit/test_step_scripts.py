@@ -4,14 +4,18 @@ and what ``free_slots.lua`` and ``reap.lua`` make of open sets and the batches s
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import fakeredis
 import pytest
+import redis
 
+from gpu_worker.store import WorkerStore
 from scheduler.lease import Lease
 from scheduler.store import SchedulerStore
 from shared import keys as k
 from shared.contracts import BatchMessage
+from shared.retry import call_with_retry
 from shared.settings import Settings
 from tests.unit.test_scripts import submit
 
@@ -164,3 +168,33 @@ def test_the_reaper_leaves_a_sent_batch_to_its_set_until_the_claim_timeout(
     assert store.reap().republish == ["B1"]
     assert client.zscore(keys.storing, "B1") is None
     assert store.free_slots() == 0  # w1's set and the republished batch
+
+
+class LosesAReply(fakeredis.FakeRedis):
+    """Runs each script, but loses the reply of the first one after ``lose()``: the caller sees a connection
+    error for a call that took effect (Redis restarted or the link dropped right after)."""
+
+    losing = False
+
+    def evalsha(self, *args: Any) -> Any:
+        reply = super().evalsha(*args)
+        if self.losing:
+            self.losing = False
+            raise redis.ConnectionError("the reply was lost")
+        return reply
+
+
+def test_a_count_out_retried_after_a_lost_reply_is_counted_once(settings: Settings) -> None:
+    """The loop retries a count-out whose reply was lost (``ResultWriter.redis``) with the same token: the set's
+    count drops once, so the scheduler never sends it joiners past ``max_num_seqs``."""
+    client = LosesAReply(decode_responses=True)
+    worker = WorkerStore(client, settings)
+    worker.step_open("w1", DIGEST, 4)
+    client.hset(worker.keys.step_levels("w1"), mapping={"a": "0 1", "b": "0 1"})
+    client.losing = True
+    call_with_retry(lambda: worker.step_leave("w1", 2, ["a", "b"], token="leave-1"), what="t", give_up_after_s=5)
+    assert not client.losing  # the first call's reply was lost: it ran twice
+    assert client.hget(worker.keys.step_rows, "w1") == "2"
+    assert not client.exists(worker.keys.step_levels("w1"))
+    worker.step_leave("w1", 1, token="leave-2")  # the next count-out counts
+    assert client.hget(worker.keys.step_rows, "w1") == "1"
