@@ -73,6 +73,7 @@ def create_app(
             store,
             keys,
             max_queue_len=settings.max_queue_len,
+            max_input_bytes=settings.max_queued_input_bytes,
             result_ttl_s=settings.result_ttl_s,
             call_timeout_s=settings.redis_socket_timeout_s,
         )

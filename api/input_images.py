@@ -1,10 +1,18 @@
 """Input images of image-conditioned requests: decoded, checked and normalised once, at the api.
 
 A request's ``image`` (and ``mask_image``) arrive as base64 PNG, JPEG or WebP, or as a ``data:`` URL. Each is
-decoded, checked against the fleet's limits (``max_input_image_bytes``, ``max_input_image_pixels``), converted
-(RGB; the mask to 8-bit grey, white = repaint), resized to the request's ``width`` x ``height`` when it has another
-size, and stored as PNG in the request's hash: the worker gets exactly the conditioning it runs with, and no
-message ever carries the bytes. Problems are reported in the api's 422 format, naming the field.
+decoded, checked against the fleet's limits (``max_input_image_bytes``, ``max_input_image_pixels``) and stored in
+the request's hash (no message ever carries the bytes), in the most compact form that gives the worker exactly the
+conditioning it runs with:
+
+- already the request's ``width`` x ``height``: the client's own bytes. The worker decodes and converts them as this
+  module does (``gpu_worker.executor.decode_inputs``: RGB; the mask 8-bit grey, white = repaint), so it gets the
+  same pixels, and a JPEG is not inflated into a PNG (a 2048² photo: 440 KB, not 4.1 MB);
+- another size: converted, resized to it (Lanczos: the worker runs at that size, so it would resize anyway) and
+  stored as PNG (lossless).
+
+What is stored counts against the input budget until the request ends (``api.input_budget``). Problems are
+reported in the api's 422 format, naming the field.
 """
 
 from __future__ import annotations
@@ -27,7 +35,13 @@ _DATA_URL = re.compile(r"^data:(?P<mime>[\w/+.-]*)(;[\w=.-]+)*;base64,", re.IGNO
 
 @dataclass(frozen=True, slots=True)
 class StoredInputs:
-    """The normalised PNG bytes stored with a request: its image, and its mask for inpainting."""
+    """The bytes stored with a request (its own file, or a PNG at its size): its image, and its mask for
+    inpainting."""
+
+    @property
+    def size(self) -> int:
+        """Bytes these inputs hold in Redis (what ``submit.lua`` counts against the input budget)."""
+        return len(self.image) + len(self.mask or b"")
 
     image: bytes
     mask: bytes | None = None
@@ -47,7 +61,8 @@ def decode_base64(value: str) -> bytes:
 
 
 def normalise(data: bytes, width: int, height: int, *, mask: bool, settings: Settings) -> bytes:
-    """PNG bytes of ``data`` as an RGB image (or an 8-bit mask) of ``width`` x ``height``."""
+    """The bytes to store of ``data``, an RGB image (or an 8-bit mask) for a ``width`` x ``height`` request:
+    ``data`` itself when it decodes fine at that size, else a PNG of it converted and resized to it."""
     if len(data) > settings.max_input_image_bytes:
         raise InputImageError(
             f"is {len(data)} bytes; this server's max_input_image_bytes is {settings.max_input_image_bytes}"
@@ -67,10 +82,10 @@ def normalise(data: bytes, width: int, height: int, *, mask: bool, settings: Set
         raise
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
         raise InputImageError(f"could not be decoded as an image ({type(exc).__name__}: {exc})") from None
-    if converted.size != (width, height):
-        converted = converted.resize((width, height), Image.Resampling.LANCZOS)
+    if converted.size == (width, height):
+        return data  # decoded in full above: the worker's decode of these bytes gives the same pixels
     buffer = io.BytesIO()
-    converted.save(buffer, format="PNG", compress_level=1)
+    converted.resize((width, height), Image.Resampling.LANCZOS).save(buffer, format="PNG", compress_level=1)
     return buffer.getvalue()
 
 

@@ -28,7 +28,8 @@ from api.store import RequestStore
 KEY_LIMITED: dict[int | str, dict[str, Any]] = {
     429: {
         "model": ErrorMessage,
-        "description": "(With API keys) the key's rate limit or max queued is reached; nothing was queued. Retry "
+        "description": "(With API keys) the key's rate limit or max queued is reached, or the input images of "
+        "unfinished requests fill max_queued_input_bytes (the detail names the field); nothing was queued. Retry "
         "after Retry-After seconds.",
         "headers": RETRY_AFTER_DOC,
     }

@@ -8,8 +8,8 @@ not clash. It holds:
 * ``fusefleet_api_requests_submitted_total``: requests queued by ``api.submission.accept`` (one per spec, every
   surface);
 * ``fusefleet_api_requests_refused_total{reason}``: submissions ``accept`` refused, ``invalid`` (422: a limit, the
-  fleet's capabilities or an input image), ``queue_full`` (503), or an API key's ``rate_limited`` or ``max_queued``
-  (429);
+  fleet's capabilities or an input image), ``queue_full`` (503), an API key's ``rate_limited`` or ``max_queued``
+  (429), or ``input_budget`` (429, 413: ``api.input_budget``);
 * the fleet, read from Redis at scrape time in one pipelined round trip bounded by ``redis_socket_timeout_s``
   (``shared.fleet_state``): the queue (``fusefleet_queue_depth``, ``fusefleet_oldest_waiting_seconds``), the
   batches in flight, the worker slots live and busy, and the fleet-wide counters and histograms of ``P:metrics``
@@ -153,7 +153,8 @@ class ApiMetrics:
         )
         self.refused = Counter(
             "fusefleet_api_requests_refused",
-            "Submissions refused: invalid (422), queue_full (503), or an API key's rate_limited or max_queued (429).",
+            "Submissions refused: invalid (422), queue_full (503), an API key's rate_limited or max_queued (429), "
+            "or input_budget (429, 413: max_queued_input_bytes).",
             ["reason"],
             registry=self.registry,
         )

@@ -36,5 +36,9 @@ QUEUE_FULL_OR_UNAVAILABLE: Responses = {
 
 BAD_BODY: Responses = {
     400: {"model": ErrorMessage, "description": "The body could not be decoded (not UTF-8 JSON, number too long)."},
-    413: {"model": ErrorMessage, "description": "The body is larger than this server's max_body_bytes."},
+    413: {
+        "model": ErrorMessage,
+        "description": "The body is larger than this server's max_body_bytes, or its input images, as stored, exceed "
+        "max_queued_input_bytes (the detail names the field).",
+    },
 }

@@ -26,12 +26,13 @@ OWNER_FIELD = "key"
 """The request hash field holding the name of the API key that submitted it (``submit.lua``)."""
 
 
-RefusalReason = Literal["invalid", "queue_full", "rate_limited", "max_queued"]
-"""Why a submission was refused: a 422 (limits, capabilities, input images), a full queue (503), or one of the
-API key's limits (429: its rate, its max queued)."""
-SubmitOutcome = Literal["accepted", "queue_full", "max_queued"]
-"""What ``RequestStore.submit`` did: queued everything, or nothing because the queue or the key is full."""
-_SUBMIT_OUTCOMES: dict[int, SubmitOutcome] = {1: "accepted", 0: "queue_full", -1: "max_queued"}
+RefusalReason = Literal["invalid", "queue_full", "rate_limited", "max_queued", "input_budget"]
+"""Why a submission was refused: a 422 (limits, capabilities, input images), a full queue (503), one of the
+API key's limits (429: its rate, its max queued), or the input budget (429, or 413: ``api.input_budget``)."""
+SubmitOutcome = Literal["accepted", "queue_full", "max_queued", "input_budget"]
+"""What ``RequestStore.submit`` did: queued everything, or nothing because the queue, the key or the input budget
+is full."""
+_SUBMIT_OUTCOMES: dict[int, SubmitOutcome] = {1: "accepted", 0: "queue_full", -1: "max_queued", -2: "input_budget"}
 
 
 class SubmissionCounters(Protocol):
@@ -69,7 +70,8 @@ class RequestStore:
     """Submits, reads, aborts and deletes requests; reads their images from the result store.
 
     ``redis`` decodes replies to ``str``. The scripts are registered here (no network); redis-py loads them on
-    first use. ``results`` is synchronous: its calls run in a worker thread.
+    first use. ``results`` is synchronous: its calls run in a worker thread. ``max_input_bytes`` is the input
+    budget (``api.input_budget``; None: input bytes are counted, not limited).
 
     Every call ends within ``call_timeout_s`` (waiting for a pooled connection, connecting and every round trip
     included) and raises ``StoreUnavailable`` when Redis or the result store fails or does not answer in time.
@@ -84,6 +86,7 @@ class RequestStore:
         max_queue_len: int,
         result_ttl_s: int,
         call_timeout_s: float,
+        max_input_bytes: int | None = None,
     ) -> None:
         self._redis = redis
         self.results = results
@@ -91,6 +94,7 @@ class RequestStore:
         self._max_queue_len = max_queue_len
         self._result_ttl_s = result_ttl_s
         self._call_timeout_s = call_timeout_s
+        self._max_input_bytes = max_input_bytes
         self._capabilities: tuple[float, list[WorkerCapabilities]] | None = None
         self.counters: SubmissionCounters | None = None  # set by api.metrics at start-up
         self._submit = redis.register_script(SUBMIT)
@@ -106,15 +110,23 @@ class RequestStore:
         webhooks: Sequence[Webhook | None] | None = None,
     ) -> SubmitOutcome:
         """Queue all ``specs`` (with their input images, ``inputs[i]`` for ``specs[i]``, under ``submitter``'s key,
-        with their webhooks, ``webhooks[i]``) in one atomic step, or nothing when the queue would overflow or the key
-        exceed its max queued."""
+        with their webhooks, ``webhooks[i]``) in one atomic step, or nothing when the queue would overflow, the key
+        exceed its max queued or the inputs the input budget."""
         keys = [self._keys.requests, *(self._keys.request(spec.id) for spec in specs)]
         name, unfinished, max_queued = "", "", 0  # no key; a key without a max queued: its name only
         if submitter is not None:
             name = submitter.name
             if submitter.max_queued is not None:
                 unfinished, max_queued = self._keys.api_key_unfinished(name), submitter.max_queued
-        args: list[str | bytes | int | float] = [self._max_queue_len, name, unfinished, max_queued, self._result_ttl_s]
+        budget = "" if self._max_input_bytes is None else self._max_input_bytes
+        args: list[str | bytes | int | float] = [
+            self._max_queue_len,
+            name,
+            unfinished,
+            max_queued,
+            self._result_ttl_s,
+            budget,
+        ]
         for spec, stored in zip(specs, inputs or [None] * len(specs), strict=True):
             image = stored.image if stored else b""
             mask = stored.mask if stored and stored.mask else b""

@@ -3,7 +3,8 @@
 ``accept`` checks each request against the fleet's limits, decodes and normalises its input images (off the event
 loop), resolves its id and seed, and queues all of them in one atomic step. It raises what the caller's error
 handlers turn into answers: ``RequestValidationError`` (422, every problem of every request, each naming its field)
-or an ``HTTPException`` 503 with Retry-After when the queue is full. With an API key (``api.auth``), the requests are
+or an ``HTTPException`` 503 with Retry-After when the queue is full; past the input budget (``api.input_budget``), 413
+or 429 with Retry-After, naming the field. With an API key (``api.auth``), the requests are
 recorded under its name and its limits apply (``api.key_limits``: 429 with Retry-After). A request's webhook must be
 allowed by the server (``api.webhook_urls``: 422 naming ``webhook``); it is stored with the request, outside its spec
 (so it plays no part in batching).
@@ -21,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 
 from api.auth import KeyRefused
 from api.capabilities import capability_errors
+from api.input_budget import budget_full, too_large
 from api.input_images import StoredInputs, prepare_inputs
 from api.key_limits import batch_errors, max_queued_reached, take_tokens
 from api.keys_file import ApiKey
@@ -76,6 +78,10 @@ async def accept(
         if errors:
             _count_refused(store, "invalid")
             raise RequestValidationError(errors)
+        oversized = too_large(inputs, locs, settings.max_queued_input_bytes)
+        if oversized is not None:
+            _count_refused(store, "input_budget")
+            raise oversized
     model = settings.model_id
     now = time.time()
     specs = [
@@ -102,6 +108,9 @@ async def accept(
     if outcome == "max_queued" and caller is not None:
         _count_refused(store, "max_queued")
         raise max_queued_reached(caller)
+    if outcome == "input_budget":
+        _count_refused(store, "input_budget")
+        raise budget_full(inputs, locs, settings.max_queued_input_bytes)
     if outcome != "accepted":
         _count_refused(store, "queue_full")
         raise HTTPException(

@@ -175,7 +175,8 @@ class WorkerStore:
         return [self.keys.request(request_id), self.keys.results_journal], args
 
     def input_images(self, request_ids: Sequence[str]) -> dict[str, tuple[bytes | None, bytes | None]]:
-        """The stored (input image, input mask) PNG bytes of each request (None where absent), one round trip."""
+        """The stored (input image, input mask) bytes of each request (None where absent), one round trip: the
+        client's PNG, JPEG or WebP file, or a PNG at the request's size (``api.input_images``)."""
         if self._binary is None:
             raise RuntimeError("this WorkerStore has no binary Redis client to read input images with")
         pipe = self._binary.pipeline(transaction=False)

@@ -28,6 +28,10 @@ key                             type    contents
                                         terminal script appends the last event, copies the stream (COPY keeps
                                         the bytes used, ~0.8 KiB) and renames the copy (``...:events:packed``,
                                         inside the script) over it; entry ids are kept, blocked readers served
+``P:inputs:bytes``              string  bytes of the input images (``input_image``, ``input_mask``) held by
+                                        unfinished requests: added by ``submit.lua`` (under
+                                        ``max_queued_input_bytes``), taken off by the one function that drops
+                                        them (``lib_drop_inputs.lua``, in every script that ends a request)
 ``P:results:journal``           zset    result-store key -> when its object may be deleted (Redis time, ms):
                                         a run's keys are recorded before it stores them (due after
                                         ``result_orphan_grace_s``), a succeeded request's keep until it expires
@@ -183,6 +187,11 @@ class RedisKeys:
         return f"{self.request(request_id)}:events"
 
     @property
+    def input_bytes(self) -> str:
+        """Bytes of input images held by unfinished requests; the Lua scripts derive it from a request hash key."""
+        return f"{self.prefix}:inputs:bytes"
+
+    @property
     def results_journal(self) -> str:
         return f"{self.prefix}:results:journal"
 
@@ -245,12 +254,12 @@ def _lua(name: str, *libraries: str) -> str:
 
 SUBMIT = _lua("submit")
 SCHEDULE = _lua("schedule")
-CLAIM = _lua("claim")
+CLAIM = _lua("claim", "lib_drop_inputs")
 PROGRESS = _lua("progress")
-FINISH = _lua("finish")
-FAIL = _lua("fail", "lib_fail_request")
-ABORT = _lua("abort")
-EXPIRE = _lua("expire", "lib_fail_request")
+FINISH = _lua("finish", "lib_drop_inputs")
+FAIL = _lua("fail", "lib_drop_inputs", "lib_fail_request")
+ABORT = _lua("abort", "lib_drop_inputs")
+EXPIRE = _lua("expire", "lib_drop_inputs", "lib_fail_request")
 BATCH_DONE = _lua("batch_done")
 FORWARD_DONE = _lua("forward_done")
 REAP = _lua("reap")

@@ -31,7 +31,9 @@ def _default_cache_dir() -> Path:
 class Settings(BaseSettings):
     """Configuration shared by the api, the scheduler and the workers (env prefix ``FUSEFLEET_``)."""
 
-    model_config = SettingsConfigDict(env_prefix="FUSEFLEET_", frozen=True, extra="ignore")
+    # hide_input_in_errors: an invalid setting is named with its rule, never echoed with the other inputs (a Redis URL
+    # with its password would be, in part, in every service's start-up error)
+    model_config = SettingsConfigDict(env_prefix="FUSEFLEET_", frozen=True, extra="ignore", hide_input_in_errors=True)
 
     # --- wiring -----------------------------------------------------------------------------------------------
     redis_url: str = Field(
@@ -198,6 +200,13 @@ class Settings(BaseSettings):
         100_000,
         ge=1,
         description="Requests waiting in the stream beyond which submissions get 503 (backpressure).",
+    )
+    max_queued_input_bytes: int = Field(
+        1024**3,
+        ge=1024,
+        description="Bytes of input images (and masks) that unfinished requests may hold in Redis, as stored (the "
+        "client's file when it already has the request's size, else a PNG at that size); a submission past it gets "
+        "429 with Retry-After (413 when its own inputs exceed it). Held from submission until the request ends.",
     )
 
     # --- results ---------------------------------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 Status codes follow OpenAI's: 400 for an invalid parameter (never 422; ``param`` names it in OpenAI's terms,
 e.g. ``size`` for the native ``width``), 401 without a valid API key (``invalid_api_key``, ``missing_api_key``),
 404 for an unknown model, 413 for a body over ``max_body_bytes``, 429 with ``Retry-After`` for an API key's limit
-(``rate_limit_exceeded``, ``max_queued_exceeded``), 503 with ``Retry-After`` when the queue is full or Redis
-fails. The outcomes of a generation (failed, aborted, timed out) are in ``api.openai.generation``.
+(``rate_limit_exceeded``, ``max_queued_exceeded``), 413 / 429 (``input_bytes_too_large``, ``input_budget_exceeded``,
+``param`` = ``image``) past the input budget (``api.input_budget``), 503 with ``Retry-After`` when the queue is full
+or Redis fails. The outcomes of a generation (failed, aborted, timed out) are in ``api.openai.generation``.
 
 ``OpenAIRoute`` gives these answers to its routes only: the native routes keep the app-wide handlers and their
 ``{"detail": ...}`` format. ``OpenAIBodyLimitShape`` rewrites the body-limit middleware's 413 for the OpenAI paths.
@@ -27,6 +28,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.auth import KeyRefused
+from api.input_budget import InputsRefused
 from api.outage import StoreUnavailable, retry_after_headers, unavailable_message
 from api.validation import json_safe
 
@@ -160,6 +162,8 @@ def as_openai_error(exc: Exception) -> OpenAIError | None:
         return exc
     if isinstance(exc, KeyRefused):  # 401 (no key, unknown key), 429 (a key's limit): its own code
         return OpenAIError(exc.status_code, str(exc.detail), code=exc.code, headers=exc.headers)
+    if isinstance(exc, InputsRefused):  # 413, 429 (input budget): its code, the field as OpenAI names it
+        return OpenAIError(exc.status_code, exc.message, param=param_name(exc.loc), code=exc.code, headers=exc.headers)
     if isinstance(exc, RequestValidationError):
         return invalid_request(exc.errors())
     if isinstance(exc, StoreUnavailable | RedisError):

@@ -19,7 +19,7 @@ if status == 'queued' or status == 'scheduled' then
     redis.call('EXPIRE', prefix .. ':scheduler:aborted', ARGV[2])  -- no scheduler takes it: it goes in time
   end
   redis.call('HSET', KEYS[1], 'status', 'aborted', 'finished_at', ARGV[1])
-  redis.call('HDEL', KEYS[1], 'input_image', 'input_mask')
+  drop_inputs(KEYS[1])  -- lib_drop_inputs.lua
   redis.call('EXPIRE', KEYS[1], ARGV[2])
   local event = redis.call('XADD', KEYS[1] .. ':events', '*', 'event', 'aborted')
   -- webhook outbox (shared/webhooks.py): this event, when the request's webhook subscribed to it

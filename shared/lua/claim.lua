@@ -18,7 +18,7 @@ elseif not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 local function finish(key, id, status)
   redis.call('HSET', key, 'status', status, 'finished_at', ARGV[4])
-  redis.call('HDEL', key, 'input_image', 'input_mask')
+  drop_inputs(key)  -- lib_drop_inputs.lua
   redis.call('EXPIRE', key, ARGV[7])
   local event = redis.call('XADD', key .. ':events', '*', 'event', status)
   -- webhook outbox (shared/webhooks.py): this event, when the request's webhook subscribed to it

@@ -37,7 +37,7 @@ else
   end
 end
 redis.call('HSET', KEYS[1], 'status', status, 'finished_at', ARGV[2])
-redis.call('HDEL', KEYS[1], 'input_image', 'input_mask')
+drop_inputs(KEYS[1])  -- lib_drop_inputs.lua
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 local event = redis.call('XADD', KEYS[1] .. ':events', '*', 'event', status)
 -- webhook outbox (shared/webhooks.py): this event, when the request's webhook subscribed to it

@@ -5,7 +5,7 @@
 -- channel and counts it in the metrics hash (shared/metrics.py).
 local function fail_request(hash, request_id, now, ttl, channel, error_type, message)
   redis.call('HSET', hash, 'status', 'failed', 'finished_at', now, 'error_type', error_type, 'error_message', message)
-  redis.call('HDEL', hash, 'input_image', 'input_mask')
+  drop_inputs(hash)  -- lib_drop_inputs.lua, prepended before this library
   redis.call('EXPIRE', hash, ttl)
   local event = redis.call('XADD', hash .. ':events', '*', 'event', 'failed')
   local hook = redis.call('HGET', hash, 'webhook_on')

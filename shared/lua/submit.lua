@@ -7,11 +7,17 @@
 -- for the key, ARGV[3] names the key's set of unfinished requests (their hash keys, see shared/keys.py): it is
 -- pruned of the finished and expired ones, the submission is refused as a whole when the key would then have more
 -- than ARGV[4] requests queued, scheduled or running, and the set expires ARGV[5] s after the key's last submission.
+-- The input budget: ``P:inputs:bytes`` (named from the request hash keys, as ``:metrics``) is the bytes of input
+-- images held by unfinished requests; the submission is refused as a whole when its own would take it past ARGV[6]
+-- ('' = counted, no budget), else they are added to it. Every script that ends a request takes them off again
+-- (lib_drop_inputs.lua).
 -- KEYS[1] stream, KEYS[2..] request hashes.  ARGV[1] max queue length, ARGV[2] API key name, ARGV[3] its unfinished
--- set ('' = no max queued), ARGV[4] its max queued, ARGV[5] the set's TTL (s); then per request: id, spec json,
--- created_at, input image PNG ('' = none), input mask PNG ('' = none); then optionally, per request (KEYS order), its
--- webhook URL ('' = none) and the stream events it subscribes to (field webhook_on, shared/webhooks.py).
--- Returns 1 when accepted, 0 when the queue is full, -1 when the key's max queued is reached.
+-- set ('' = no max queued), ARGV[4] its max queued, ARGV[5] the set's TTL (s), ARGV[6] the input budget (bytes);
+-- then per request: id, spec json, created_at, input image bytes ('' = none), input mask bytes ('' = none); then
+-- optionally, per request (KEYS order), its webhook URL ('' = none) and the stream events it subscribes to (field
+-- webhook_on, shared/webhooks.py).
+-- Returns 1 when accepted, 0 when the queue is full, -1 when the key's max queued is reached, -2 when the input
+-- budget is.
 if redis.call('XLEN', KEYS[1]) + #KEYS - 1 > tonumber(ARGV[1]) then return 0 end
 if ARGV[3] ~= '' then
   local unfinished = 0
@@ -25,8 +31,17 @@ if ARGV[3] ~= '' then
   end
   if unfinished + #KEYS - 1 > tonumber(ARGV[4]) then return -1 end
 end
+local inputs = 0
 for i = 2, #KEYS do
-  local a = 6 + (i - 2) * 5
+  local a = 7 + (i - 2) * 5
+  inputs = inputs + #ARGV[a + 3] + #ARGV[a + 4]
+end
+local held_key = inputs > 0 and string.match(KEYS[2], '^(.*):req:') .. ':inputs:bytes'
+if held_key and ARGV[6] ~= '' and tonumber(redis.call('GET', held_key) or '0') + inputs > tonumber(ARGV[6]) then
+  return -2
+end
+for i = 2, #KEYS do
+  local a = 7 + (i - 2) * 5
   redis.call('HSET', KEYS[i], 'spec', ARGV[a + 1], 'status', 'queued', 'created_at', ARGV[a + 2])
   if ARGV[2] ~= '' then redis.call('HSET', KEYS[i], 'key', ARGV[2]) end
   if ARGV[3] ~= '' then redis.call('SADD', ARGV[3], KEYS[i]) end
@@ -35,12 +50,13 @@ for i = 2, #KEYS do
   local entry = redis.call('XADD', KEYS[1], '*', 'id', ARGV[a], 'spec', ARGV[a + 1])
   redis.call('HSET', KEYS[i], 'entry', entry)
   redis.call('XADD', KEYS[i] .. ':events', '*', 'event', 'queued')
-  local hook = 5 + (#KEYS - 1) * 5 + (i - 2) * 2  -- webhook (shared/webhooks.py)
+  local hook = 6 + (#KEYS - 1) * 5 + (i - 2) * 2  -- webhook (shared/webhooks.py)
   if ARGV[hook + 1] and ARGV[hook + 1] ~= '' then
     redis.call('HSET', KEYS[i], 'webhook', ARGV[hook + 1], 'webhook_on', ARGV[hook + 2])
   end
 end
 if ARGV[3] ~= '' then redis.call('EXPIRE', ARGV[3], ARGV[5]) end
+if held_key then redis.call('INCRBY', held_key, inputs) end
 -- metrics (shared/metrics.py): the hash is named from a request hash key, P:req:{id} -> P:metrics
 if KEYS[2] then redis.call('HINCRBY', string.match(KEYS[2], '^(.*):req:') .. ':metrics', 'accepted', #KEYS - 1) end
 return 1

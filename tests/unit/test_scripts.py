@@ -38,7 +38,7 @@ def submit(
     ``max_queued`` (0 = the key has none); ``spec_fields`` replace the defaults of their specs (64x64, 4 steps,
     guidance 5)."""
     unfinished = keys.api_key_unfinished(key) if max_queued else ""
-    args: list[object] = [max_len, key, unfinished, max_queued, 60]
+    args: list[object] = [max_len, key, unfinished, max_queued, 60, ""]  # '': no input budget
     for rid in ids:
         defaults: dict[str, object] = {"width": 64, "height": 64, "num_inference_steps": 4, "guidance_scale": 5.0}
         fields = {"id": rid, "model": "demo", "prompt": rid, "seed": 1, "created_at": time.time()}

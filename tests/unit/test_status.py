@@ -9,6 +9,7 @@ from pathlib import Path
 
 import fakeredis
 import pytest
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from fusefleet.cli import cli
@@ -20,6 +21,7 @@ from shared.contracts import Task, WorkerCapabilities
 from shared.fleet_state import FleetReader
 from shared.keys import RedisKeys
 from shared.redis_conn import redacted
+from shared.settings import Settings
 from tests.support.redis_server import free_port
 
 pytestmark = pytest.mark.anyio
@@ -111,6 +113,14 @@ def test_status_says_when_redis_does_not_answer_and_never_prints_its_password(
 )
 def test_redacted_hides_every_password_and_keeps_the_rest(url: str, shown: str) -> None:
     assert redacted(url) == shown
+
+
+def test_a_settings_error_echoes_no_redis_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FUSEFLEET_REDIS_URL", "redis://:Zq9-secret@redis:6379/0")
+    monkeypatch.setenv("FUSEFLEET_RESULT_STORE", "s3")  # without a bucket: every service refuses to start
+    with pytest.raises(ValidationError) as refused:
+        Settings()
+    assert "needs s3_bucket" in str(refused.value) and "redis://" not in str(refused.value)
 
 
 def dead_pid() -> int:
