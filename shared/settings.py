@@ -237,13 +237,6 @@ class Settings(BaseSettings):
         True, description="S3 result store only: path-style URLs (MinIO and most non-AWS services want them)."
     )
     s3_timeout_s: float = Field(10.0, gt=0, description="S3 result store only: connect and read timeout per call.")
-    result_delivery: Literal["stream", "redirect"] = Field(
-        "stream",
-        description="How GET /v1/requests/{id}/images/{k} answers: 'stream' the bytes through the api, or "
-        "'redirect' (307) to a presigned URL where the store has them (s3); others stream.",
-    )
-    result_url_ttl_s: int = Field(
-        3600, ge=1, le=604_800, description="Lifetime of a presigned image URL (result_delivery=redirect)."
     result_store_timeout_s: float = Field(
         90.0,
         gt=0,
@@ -253,6 +246,13 @@ class Settings(BaseSettings):
         "exits, and Celery starts a new pool process. With S3 at least 3 x (2 x s3_timeout_s + 2 s) (3 attempts, "
         "each a connect, a read and botocore's waits), so that the client's own timeouts end a failing call first.",
     )
+    result_delivery: Literal["stream", "redirect"] = Field(
+        "stream",
+        description="How GET /v1/requests/{id}/images/{k} answers: 'stream' the bytes through the api, or "
+        "'redirect' (307) to a presigned URL where the store has them (s3); others stream.",
+    )
+    result_url_ttl_s: int = Field(
+        3600, ge=1, le=604_800, description="Lifetime of a presigned image URL (result_delivery=redirect)."
     )
     result_orphan_grace_s: float = Field(
         1800.0,
