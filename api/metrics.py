@@ -77,6 +77,11 @@ def fleet_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
         "Batches in flight holding a worker slot (published or running; not those storing their outputs).",
         snapshot.slots_busy,
     )
+    yield GaugeMetricFamily(
+        "fusefleet_queued_input_bytes",
+        "Bytes of input images held in Redis by unfinished requests (under max_queued_input_bytes).",
+        snapshot.input_bytes,
+    )
     counters = snapshot.counters
     yield CounterMetricFamily("fusefleet_requests_accepted", "Requests accepted (202).", value=counters.accepted)
     yield _labelled(

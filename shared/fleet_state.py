@@ -30,7 +30,8 @@ class WorkerState:
 class FleetSnapshot:
     """What one read of Redis found. ``busy_batches`` are the batches in flight that hold a worker slot (all but
     those whose forward is over while their outputs are stored, as ``free_slots.lua`` counts them);
-    ``recent_images`` were produced in the last ``RECENT_WINDOW_S`` seconds."""
+    ``recent_images`` were produced in the last ``RECENT_WINDOW_S`` seconds; ``input_bytes`` are held by the input
+    images of unfinished requests (``P:inputs:bytes``, under ``max_queued_input_bytes``)."""
 
     queue_depth: int
     oldest_waiting_s: float
@@ -39,6 +40,7 @@ class FleetSnapshot:
     busy_batches: tuple[str, ...] = ()
     counters: FleetCounters = field(default_factory=FleetCounters)
     recent_images: int = 0
+    input_bytes: int = 0
 
     @property
     def workers_live(self) -> int:
@@ -86,12 +88,13 @@ class FleetReader:
         pipe.hgetall(self._keys.capabilities)
         pipe.hgetall(self._keys.metrics)
         pipe.hgetall(self._keys.metrics_recent)
+        pipe.get(self._keys.input_bytes)
         try:
             async with asyncio.timeout(self._timeout_s):
                 replies = await pipe.execute()
         except (RedisError, OSError):  # down, stalled (timeout) or loading: no snapshot
             return None
-        (seconds, micros), depth, first, inflight, storing, workers, announced, counters, ring = replies
+        (seconds, micros), depth, first, inflight, storing, workers, announced, counters, ring, inputs = replies
         storing_set = set(storing)
         now_ms = int(seconds) * 1000 + int(micros) / 1000
         oldest_s = 0.0
@@ -115,6 +118,7 @@ class FleetReader:
             busy_batches=tuple(str(batch) for batch in inflight if batch not in storing_set),
             counters=parse_counters(counters),
             recent_images=recent_images(ring, int(seconds)),
+            input_bytes=int(inputs or 0),
         )
 
     async def running(self, batch_ids: tuple[str, ...]) -> list[RunningBatch] | None:

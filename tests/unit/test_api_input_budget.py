@@ -29,6 +29,7 @@ from scheduler.store import SchedulerStore
 from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus, Task
 from shared.keys import ABORT
 from tests.support.api import Api, api_harness, unit_settings
+from tests.unit.test_api_metrics import _scrape
 
 pytestmark = pytest.mark.anyio
 
@@ -136,6 +137,16 @@ async def test_past_the_budget_is_429_with_retry_after_and_queues_nothing(api: A
     assert detail.startswith("body.image: ") and f"max_queued_input_bytes {BUDGET}" in detail, detail
     assert await api.redis.xlen(api.keys.requests) == 2 and await held(api) == 2 * len(JPEG)
     assert (await api.http.post("/v1/requests", json={"prompt": "text only"})).status_code == 202  # no inputs
+
+
+async def test_the_held_bytes_and_the_refusals_are_in_the_metrics(api: Api) -> None:
+    await submit(api)
+    aborted = await submit(api)
+    assert (await api.http.post("/v1/requests", json=body())).status_code == 429
+    await api.http.post(f"/v1/requests/{aborted}/abort")
+    samples = await _scrape(api)
+    assert samples["fusefleet_queued_input_bytes"] == len(JPEG)
+    assert samples["fusefleet_api_requests_refused_total{reason=input_budget}"] == 1
 
 
 async def test_inputs_alone_over_the_budget_are_413_naming_the_field(api: Api) -> None:
