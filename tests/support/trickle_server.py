@@ -27,7 +27,7 @@ def trickle_server(interval_s: float = 0.1) -> Iterator[TrickleServer]:
 
     def serve(conn: socket.socket) -> None:
         with conn:
-            conn.settimeout(interval_s)
+            conn.settimeout(10)
             try:
                 conn.recv(65536)  # the request's head (a body may follow: never read)
                 conn.sendall(b"HTTP/1.1 200 ")
