@@ -1,7 +1,8 @@
 """The Redis result store (the default): images as Redis strings, under a size cap so results cannot fill Redis.
 
-Beyond ``max_bytes`` the oldest objects are dropped first (``shared/lua/redis_result_put.lua``) and each one's
-request records when (``evicted_at``: the api then answers 410 for its images and says why).
+Beyond ``max_bytes`` the oldest objects are dropped first (``shared/lua/redis_result_put.lua``) and the request
+of each one that its current run stored records when (``evicted_at``: the api then answers 410 for its images and
+says why); an earlier, fenced run's orphan marks nothing.
 """
 
 from __future__ import annotations
