@@ -205,12 +205,12 @@ class WorkerStore:
         keys = [self.keys.batch_lock(batch_id), self.keys.storing, self.keys.events]
         return bool(self._forward_done(keys=keys, args=[token, batch_id, k.EVENTS_MAXLEN]))
 
-    def renew_lock(self, batch_id: str, token: str) -> bool:
     def release_lock(self, batch_id: str, token: str) -> bool:
         """Drop this run's lock of the batch (if still ours) without ending anything: the batch stays in flight and
         the reaper publishes it again at its next pass. False when the run no longer held it."""
         return bool(self._release(keys=[self.keys.batch_lock(batch_id)], args=[token]))
 
+    def renew_lock(self, batch_id: str, token: str) -> bool:
         ttl_ms = int(self._settings.batch_lock_ttl_s * 1000)
         return bool(self._renew(keys=[self.keys.batch_lock(batch_id)], args=[token, ttl_ms]))
 
