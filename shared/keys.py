@@ -57,13 +57,13 @@ key                             type    contents
                                         in the worker's set, written by the worker when it joins and removed when
                                         it leaves (``requeue.lua`` too); read by the scheduler to preempt; TTL
                                         ``batch_time_limit_s``, renewed with each write
+``P:step:left:{worker}``        string  step mode: the token of the worker's last count-out (``step_leave.lua``),
+                                        so a retried one is not counted twice; TTL ``batch_time_limit_s``
 ``P:workers``                   zset    live worker node names, scored by last heartbeat (Redis time, ms)
 ``P:capabilities``              hash    worker node name -> WorkerCapabilities JSON (model, pipeline, tasks);
                                         swept with the worker's heartbeat entry
 ``P:scheduler:lease``           string  token of the active scheduler (PX lease)
 ``P:scheduler:aborted``         set     ids of requests aborted while queued (``abort.lua``), taken (SPOP) by the
-``P:step:left:{worker}``        string  step mode: the token of the worker's last count-out (``step_leave.lua``),
-                                        so a retried one is not counted twice; TTL ``batch_time_limit_s``
                                         active scheduler each round to drop them from its memory; TTL
                                         ``result_ttl_s`` from the last abort
 ``P:scheduler:queued``          string  the active scheduler's in-memory queue length (requests read, not yet
@@ -152,14 +152,14 @@ class RedisKeys:
     def step_levels(self, worker: str) -> str:
         return f"{self.prefix}:step:levels:{worker}"
 
+    def step_left(self, worker: str) -> str:
+        return f"{self.prefix}:step:left:{worker}"
+
     @property
     def workers(self) -> str:
         return f"{self.prefix}:workers"
 
     @property
-    def step_left(self, worker: str) -> str:
-        return f"{self.prefix}:step:left:{worker}"
-
     def capabilities(self) -> str:
         return f"{self.prefix}:capabilities"
 
