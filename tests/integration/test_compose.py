@@ -31,6 +31,7 @@ from moto.server import ThreadedMotoServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared.results import build_result_store
+from shared.results.deadline import DeadlineStore
 from shared.results.redis_store import RedisResultStore
 from shared.results.s3 import S3ResultStore
 from shared.settings import Settings
@@ -140,6 +141,13 @@ def fleet_settings(env: Mapping[str, str]) -> Settings:
     )
 
 
+def s3_store(settings: Settings) -> S3ResultStore:
+    """The S3 result store a fleet service builds from ``settings`` (under its per-call deadline)."""
+    store = build_result_store(settings, FakeRedis())
+    assert isinstance(store, DeadlineStore) and isinstance(store.inner, S3ResultStore), store
+    return store.inner
+
+
 MINIO_CASES = {
     "defaults but the password": {"FUSEFLEET_RESULT_STORE": "s3", "MINIO_ROOT_PASSWORD": "only-this-is-set"},
     "own credentials and bucket": {
@@ -182,8 +190,8 @@ def test_s3_profile_points_every_fleet_service_at_minio(case: str) -> None:
         assert fleet["FUSEFLEET_S3_ENDPOINT_URL"] == "http://minio:9000", name
         assert fleet["AWS_ACCESS_KEY_ID"] == minio["MINIO_ROOT_USER"], name
         assert fleet["AWS_SECRET_ACCESS_KEY"] == minio["MINIO_ROOT_PASSWORD"], name
-        store = build_result_store(fleet_settings(fleet), FakeRedis())
-        assert isinstance(store, S3ResultStore) and store.bucket == bucket, name
+        store = s3_store(fleet_settings(fleet))
+        assert store.bucket == bucket, name
         assert store._s3.meta.endpoint_url == "http://minio:9000", name
 
 
@@ -202,8 +210,8 @@ def test_without_the_profile_the_fleet_keeps_redis_and_aws_needs_no_minio() -> N
         assert isinstance(build_result_store(fleet_settings(plain), FakeRedis()), RedisResultStore)
         on_aws = service_env(services[name], aws)
         assert on_aws["FUSEFLEET_S3_ENDPOINT_URL"] == "" and on_aws["AWS_ACCESS_KEY_ID"] == ""
-        store = build_result_store(fleet_settings({**on_aws, "FUSEFLEET_S3_REGION": "eu-west-1"}), FakeRedis())
-        assert isinstance(store, S3ResultStore) and store.bucket == "prod-images"
+        store = s3_store(fleet_settings({**on_aws, "FUSEFLEET_S3_REGION": "eu-west-1"}))
+        assert store.bucket == "prod-images"
         assert store._s3.meta.endpoint_url == "https://s3.eu-west-1.amazonaws.com"
 
 
