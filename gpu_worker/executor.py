@@ -13,6 +13,10 @@ Failure handling, from the narrowest to the widest (``docs/reliability.md`` has 
 * Anything else that escapes (a bug, the soft time limit) fails the requests this claim still runs, with the
   error; Redis calls that end requests are retried through an outage for ``redis_outage_retry_s``. If even
   that fails, the batch stays in flight and its lock lapses: the scheduler's reaper publishes it again.
+* A run that kills the process (a segfault, the OOM killer, the hard time limit) is caught by no code here: the
+  next claims of the batch split it (``claim.lua``, ``lib_split_plan.lua``, halving as the out-of-memory split
+  above), so a claim may run only part of the batch; the rest waits for a later claim, and only the request whose
+  run kills the worker ends ``failed`` (``WorkerLost``).
 * Abort flags and ownership come back with each progress write, made off the denoising loop
   (``gpu_worker.step_reporter``): the forward stops once every row is aborted or was claimed by another run;
   results are written only under this run's claim token.

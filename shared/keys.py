@@ -41,7 +41,8 @@ key                             type    contents
                                         ``...:used`` (bytes in use, under ``result_redis_max_bytes``)
 ``P:batch:{id}``                hash    ids (space separated), created_at, attempts (claims that ran something),
                                         seq, published_seq, claimed_seq (order of publications and claims),
-                                        published_ms (Redis server time); TTL once out of flight
+                                        published_ms (Redis server time), lost:{request id} (runs of the request
+                                        that were lost: ``claim.lua`` splits on them); TTL once out of flight
 ``P:batch:{id}:lock``           string  claim token of the run holding the batch (TTL, renewed by heartbeats)
 ``P:inflight``                  zset    batches with unfinished requests, scored by first publish time (ms)
 ``P:storing``                   zset    batches in flight that occupy no worker slot: their forward is over while
@@ -254,7 +255,7 @@ def _lua(name: str, *libraries: str) -> str:
 
 SUBMIT = _lua("submit")
 SCHEDULE = _lua("schedule")
-CLAIM = _lua("claim", "lib_drop_inputs")
+CLAIM = _lua("claim", "lib_drop_inputs", "lib_split_plan")
 PROGRESS = _lua("progress")
 FINISH = _lua("finish", "lib_drop_inputs")
 FAIL = _lua("fail", "lib_drop_inputs", "lib_fail_request")

@@ -288,8 +288,10 @@ class Settings(BaseSettings):
     max_batch_attempts: int = Field(
         3,
         ge=1,
-        description="Claims of one batch by a worker that did not finish it before its unfinished requests fail "
-        "(poison-batch guard). Deliveries that find nothing left to run do not count.",
+        description="Lost runs of one request (its worker died, hit the hard time limit or lost Redis) before it "
+        "fails WorkerLost, the last of them with it alone: a lost run of several requests is re-run in halves, so "
+        "only the request that kills its worker fails (poison-request guard). Deliveries that run nothing do not "
+        "count.",
     )
     batch_claim_timeout_s: float = Field(
         30.0,

@@ -1,5 +1,11 @@
--- A worker takes a batch: lock it and move its unfinished requests to running under this claim's token.
--- Only a claim that finds something to run counts an attempt; past max attempts those requests fail instead.
+-- A worker takes a batch: lock it and move the unfinished requests it runs to running under this claim's token.
+-- Which ones is split_plan's (lib_split_plan.lua, prepended): all of them, unless runs of the batch were lost (its
+-- worker died, was killed at the time limit, or lost Redis), then one half of the lost run, or its one request
+-- again, or the part put aside last. A lost request put aside stays running with no claim token (so a late writer
+-- from the lost run can finish nothing), and waits for a later claim of the batch: the reaper publishes the batch
+-- again once this run has released it. Each request's lost runs are counted in the batch hash (``lost:{id}``); one
+-- lost max attempts times, the last time alone, fails WorkerLost.
+-- Only a claim that runs something counts an attempt (``attempts``, the claims that ran something).
 -- A call whose token already holds the lock is a replay (the reply of the first call was lost and the worker
 -- retried): it changes nothing, renews the lock and answers what the first call did.
 -- Every status change appends its event (``running`` with the worker, or the terminal status) to the request's
@@ -9,7 +15,7 @@
 -- ARGV[1] claim token, ARGV[2] lock ttl (ms), ARGV[3] batch id, ARGV[4] now (s), ARGV[5] worker name,
 -- ARGV[6] max attempts, ARGV[7] result ttl (s), ARGV[8] finished channel, then the request ids (KEYS order).
 -- Returns {-1, pttl} when another run holds the lock, else {attempts, id1, status1, spec1, id2, ...} with the
--- status each request has after the claim (running = this claim runs it) and, for running ones, the spec.
+-- status each request has after the claim and, for those this claim runs, the spec.
 local replay = redis.call('GET', KEYS[1]) == ARGV[1]
 if replay then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -37,7 +43,7 @@ local function finish(key, id, status)
   if status == 'failed' then redis.call('HINCRBY', metrics, 'failed:' .. redis.call('HGET', key, 'error_type'), 1) end
   if status == 'aborted' then redis.call('HINCRBY', metrics, 'aborted:running', 1) end
 end
-local statuses, specs, runnable = {}, {}, {}
+local statuses, specs, stored, keys, rows = {}, {}, {}, {}, {}
 for i = 3, #KEYS do
   local st = redis.call('HMGET', KEYS[i], 'status', 'batch_id', 'abort', 'spec', 'claim')
   local status = st[1] or 'missing'
@@ -48,27 +54,37 @@ for i = 3, #KEYS do
       status = 'aborted'
       finish(KEYS[i], ARGV[i + 6], status)
     else
-      table.insert(runnable, i)
-      specs[i] = st[4]
+      local count = tonumber(redis.call('HGET', KEYS[2], 'lost:' .. ARGV[i + 6]) or '0')
+      stored[i] = st[4]
+      table.insert(keys, i)
+      table.insert(rows, {lost = status == 'running' and st[5] ~= false and st[5] ~= '', count = count})
     end
   end
   statuses[i] = status
 end
 local attempts = tonumber(redis.call('HGET', KEYS[2], 'attempts') or '0')
-if #runnable > 0 then
-  attempts = redis.call('HINCRBY', KEYS[2], 'attempts', 1)
-  redis.call('HSET', KEYS[2], 'claimed_seq', redis.call('HINCRBY', KEYS[2], 'seq', 1))
-end
-for _, i in ipairs(runnable) do
-  if attempts > tonumber(ARGV[6]) then
+if not replay then
+  local plan = split_plan(rows, tonumber(ARGV[6]))
+  for r, count in pairs(plan.counts) do
+    redis.call('HSET', KEYS[2], 'lost:' .. ARGV[keys[r] + 6], count)
+    redis.call('HDEL', KEYS[keys[r]], 'claim')  -- put aside unless run below: the lost run can finish nothing
+  end
+  for _, r in ipairs(plan.fail) do
+    local i = keys[r]
     statuses[i] = 'failed'
-    specs[i] = ''
     redis.call('HSET', KEYS[i], 'error_type', 'WorkerLost', 'error_message',
-               'the batch was claimed ' .. (attempts - 1) .. ' times without finishing '
-               .. '(its worker died, was killed at the time limit, or lost Redis)')
+               'its run killed the worker ' .. plan.counts[r] .. ' times, the last time running alone '
+               .. '(or its worker was killed at the time limit, or lost Redis, each time)')
     finish(KEYS[i], ARGV[i + 6], 'failed')
-  else
+  end
+  if #plan.run > 0 then
+    attempts = redis.call('HINCRBY', KEYS[2], 'attempts', 1)
+    redis.call('HSET', KEYS[2], 'claimed_seq', redis.call('HINCRBY', KEYS[2], 'seq', 1))
+  end
+  for _, r in ipairs(plan.run) do
+    local i = keys[r]
     statuses[i] = 'running'
+    specs[i] = stored[i]
     redis.call('HSET', KEYS[i], 'status', 'running', 'started_at', ARGV[4], 'worker', ARGV[5], 'step', 0,
                'claim', ARGV[1])
     local event = redis.call('XADD', KEYS[i] .. ':events', '*', 'event', 'running', 'worker', ARGV[5])

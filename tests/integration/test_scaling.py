@@ -79,7 +79,8 @@ def test_sigkill_mid_batch_reruns_it_on_another_worker(fleet3: Fleet) -> None:
     victim.kill()  # main process and its pool child, no chance to clean up
     states = fleet3.wait_done(ids, timeout=LOCK_TTL_S + 60)
     assert {s["status"] for s in states.values()} == {"succeeded"}
-    rescuer = {s["worker"] for s in states.values()}
-    assert len(rescuer) == 1 and name not in rescuer
-    assert attempts(fleet3, states[ids[0]]["batch_id"]) == 2
+    rescuers = {s["worker"] for s in states.values()}
+    assert name not in rescuers
+    # the lost run is split (claim.lua): each request re-ran alone, as attempts 2 and 3
+    assert attempts(fleet3, states[ids[0]]["batch_id"]) == 3
     victim.start()

@@ -7,6 +7,7 @@ the placeholder runners here (``ChaosRunner``) never import torch.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -36,6 +37,7 @@ WRONG_LISTS = "chaos:wrong-lists"
 WRONG_COUNT = "chaos:wrong-count"
 NOT_AN_IMAGE = "chaos:not-an-image"
 PNG_FAILS = "chaos:png-fails"
+KILL_WORKER = "chaos:kill-worker"
 CHAOS_MARKERS = (RAISE_BEFORE, RAISE_DURING, RAISE_AFTER, WRONG_LISTS, WRONG_COUNT, NOT_AN_IMAGE, PNG_FAILS)
 
 
@@ -82,7 +84,9 @@ class ChaosRunner(SimulatedGpuRunner):
     - ``chaos:wrong-lists``: returns one list fewer than specs (one more when run alone);
     - ``chaos:wrong-count``: returns ``n + 1`` images for the marked request;
     - ``chaos:not-an-image``: returns a string instead of an image for the marked request;
-    - ``chaos:png-fails``: returns a CMYK image for the marked request (a real image PNG cannot encode).
+    - ``chaos:png-fails``: returns a CMYK image for the marked request (a real image PNG cannot encode);
+    - ``chaos:kill-worker``: the process kills itself with SIGKILL after step 1 was reported (a segfault, the OOM
+      killer), which no code in it can catch.
     """
 
     fused = True
@@ -103,6 +107,8 @@ class ChaosRunner(SimulatedGpuRunner):
             time.sleep(max(0.0, deadline - time.monotonic()))
             if on_step(step, steps):
                 break
+            if step == 1 and marked(KILL_WORKER):
+                os.kill(os.getpid(), signal.SIGKILL)
         if (culprit := marked(RAISE_DURING)) and steps < 2:
             raise ChaosError(f"chaos: request {culprit} raised during the forward, at its only step")
         if culprit := marked(RAISE_AFTER):

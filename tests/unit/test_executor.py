@@ -247,9 +247,12 @@ def test_results_that_cannot_be_stored_leave_the_batch_to_the_reaper(
     client.delete(keys.batch_lock("B1"))  # its lock lapses (the heartbeat no longer holds it)
     assert SchedulerStore(client, settings).reap().republish == ["B1"]
     healthy = executor(client, settings, ScriptedRunner(), "w2")
+    outcome = healthy.execute(batch)  # a lost run is split: its first half, then (published again) the other
+    assert isinstance(outcome, BatchOutcome) and outcome.statuses["a"] is RequestStatus.SUCCEEDED
+    assert SchedulerStore(client, settings).reap().republish == ["B1"]
     outcome = healthy.execute(batch)
     assert isinstance(outcome, BatchOutcome) and set(outcome.statuses.values()) == {RequestStatus.SUCCEEDED}
-    assert client.hget(keys.batch("B1"), "attempts") == "2"
+    assert client.hget(keys.batch("B1"), "attempts") == "3"
     assert in_flight(client, settings) == []
 
 
@@ -260,21 +263,22 @@ def test_a_stale_run_cannot_finish_what_a_later_claim_runs(client: fakeredis.Fak
     first = store.claim(batch, "tok1", "w1")
     client.delete(store.keys.batch_lock("B1"))  # the stall outlived the lock
     assert SchedulerStore(client, settings).reap().republish == ["B1"]
-    second = store.claim(batch, "tok2", "w2")
-    assert not isinstance(first, type(None)) and not isinstance(second, type(None))
-    # the stale run learns it lost the rows, and its late writes change nothing
+    second = store.claim(batch, "tok2", "w2")  # the lost run is split: a runs, b is put aside
+    assert isinstance(first, Claimed) and isinstance(second, Claimed) and second.running == ["a"]
+    # the stale run learns it lost the rows (the one run again and the one put aside), its late writes change nothing
     assert [int(s) for s in store.progress(["a", "b"], 3, 4, "tok1")] == [2, 2]
-    store.record_results(["a/tok1/0.png", "a/tok2/0.png", "b/tok2/0.png"])
+    store.record_results(["a/tok1/0.png", "a/tok2/0.png", "b/tok3/0.png"])
     late = store.finish_many({"a": ["a/tok1/0.png"]}, {"b": ErrorInfo(type="X", message="stale")}, "tok1")
     assert late == {"a": RequestStatus.RUNNING, "b": RequestStatus.RUNNING}
     assert not client.hexists(store.keys.request("a"), "results")
     assert not store.batch_done("B1", "tok1")  # the other run holds it: it stays in flight
     assert in_flight(client, settings) == ["B1"]
-    assert store.finish_many({"a": ["a/tok2/0.png"], "b": ["b/tok2/0.png"]}, {}, "tok2") == {
-        "a": RequestStatus.SUCCEEDED,
-        "b": RequestStatus.SUCCEEDED,
-    }
-    assert store.batch_done("B1", "tok2")
+    assert store.finish_many({"a": ["a/tok2/0.png"]}, {}, "tok2") == {"a": RequestStatus.SUCCEEDED}
+    assert not store.batch_done("B1", "tok2")  # b waits for its own run
+    third = store.claim(batch, "tok3", "w2")
+    assert isinstance(third, Claimed) and third.running == ["b"]
+    assert store.finish_many({"b": ["b/tok3/0.png"]}, {}, "tok3") == {"b": RequestStatus.SUCCEEDED}
+    assert store.batch_done("B1", "tok3")
     assert client.hget(store.keys.request("a"), "results") == "a/tok2/0.png"
     # the kept key is due with its request (result_ttl_s); the stale run's stays due after the grace period
     journal, now_ms = store.keys.results_journal, time.time() * 1000

@@ -135,6 +135,46 @@ def test_poison_batch_fails_after_max_attempts(
     assert client.hget(worker.keys.request("a"), "error_type") == "WorkerLost"
 
 
+def test_a_lost_run_is_rerun_in_halves_until_only_the_request_that_kills_its_worker_fails(
+    client: fakeredis.FakeRedis, settings: Settings
+) -> None:
+    store, worker = SchedulerStore(client, settings), WorkerStore(client, settings)
+    submit(client, store.keys, "a", "b", "c", "d")
+    lease = Lease(client, store.keys.scheduler_lease, 5000)
+    assert lease.try_acquire()
+    store.schedule(lease.key, lease.token, "B1", ["a", "b", "c", "d"])
+    batch = BatchMessage(batch_id="B1", request_ids=("a", "b", "c", "d"), created_at=0.0)
+
+    def claim(token: str) -> Claimed:
+        claimed = worker.claim(batch, token, "w")
+        assert isinstance(claimed, Claimed)
+        return claimed
+
+    def die() -> None:  # the run of c kills its worker: its lock lapses, the reaper publishes it again
+        client.delete(worker.keys.batch_lock("B1"))
+        assert store.reap().republish == ["B1"]
+
+    assert claim("t1").running == ["a", "b", "c", "d"]
+    die()
+    assert claim("t2").running == ["a", "b"]  # c and d are put aside, fenced from the lost run
+    assert worker.finish_many({"d": []}, {}, "t1") == {"d": RequestStatus.RUNNING}
+    succeeded = RequestStatus.SUCCEEDED
+    assert worker.finish_many({"a": [], "b": []}, {}, "t2") == {"a": succeeded, "b": succeeded}
+    assert not worker.batch_done("B1", "t2")
+    assert store.reap().republish == ["B1"]  # what was put aside runs next
+    assert claim("t3").running == ["c", "d"]
+    die()
+    assert claim("t4").running == ["c"]
+    die()
+    last = claim("t5")  # c was lost 3 times, the last time alone (max_batch_attempts 2): it fails, d runs
+    assert last.running == ["d"] and last.statuses["c"] is RequestStatus.FAILED and last.attempts == 5
+    failed = client.hmget(worker.keys.request("c"), ["error_type", "error_message"])
+    assert failed[0] == "WorkerLost" and "killed the worker 3 times" in str(failed[1]), failed
+    assert worker.finish_many({"d": []}, {}, "t5") == {"d": RequestStatus.SUCCEEDED}
+    assert worker.batch_done("B1", "t5")
+    assert client.zscore(worker.keys.inflight, "B1") is None
+
+
 def test_abort_flag_wins_over_success_and_status_never_moves_back(
     client: fakeredis.FakeRedis, settings: Settings, scheduled: tuple[SchedulerStore, Lease, list[str]]
 ) -> None:
@@ -178,7 +218,13 @@ def test_a_claimed_batch_whose_lock_lapsed_is_republished_once_per_claim(
     client.delete(worker.keys.batch_lock("B1"))  # the worker died; its lock lapsed
     assert store.reap().republish == ["B1"]
     assert store.reap().republish == []  # already republished since that claim
-    worker.claim(batch, "tok2", "w2")
-    worker.finish_many({"a": [], "b": [], "c": []}, {}, "tok2")
-    worker.batch_done("B1", "tok2")
+    second = worker.claim(batch, "tok2", "w2")  # the lost run is split: this claim runs its first half
+    assert isinstance(second, Claimed) and second.running == ["a", "b"]
+    worker.finish_many({"a": [], "b": []}, {}, "tok2")
+    assert not worker.batch_done("B1", "tok2")
+    assert store.reap().republish == ["B1"]  # c was put aside: the batch is published again for it
+    third = worker.claim(batch, "tok3", "w1")
+    assert isinstance(third, Claimed) and third.running == ["c"]
+    worker.finish_many({"c": []}, {}, "tok3")
+    worker.batch_done("B1", "tok3")
     assert store.reap() == Reaped(republish=[], removed=0)  # finished batches are not in flight
