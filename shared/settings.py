@@ -417,6 +417,12 @@ class Settings(BaseSettings):
             )
         if self.result_store == "s3" and not self.s3_bucket:
             raise ValueError("result_store 's3' needs s3_bucket (FUSEFLEET_S3_BUCKET)")
+        if self.result_store == "s3" and self.result_store_timeout_s < self.s3_call_bound_s:
+            raise ValueError(
+                f"result_store_timeout_s ({self.result_store_timeout_s}) must be at least {self.s3_call_bound_s:g} s "
+                f"with s3_timeout_s {self.s3_timeout_s}: the S3 client may take that long ({S3_ATTEMPTS} attempts) "
+                "before it gives up, and a worker would count a failing store as a stuck one"
+            )
         if self.visibility_timeout_s <= self.batch_time_limit_s:
             raise ValueError(
                 f"visibility_timeout_s ({self.visibility_timeout_s}) must exceed batch_time_limit_s "
@@ -425,12 +431,6 @@ class Settings(BaseSettings):
         if self.webhook_allowed_hosts and self.webhook_secret is None:
             raise ValueError(
                 "webhook_allowed_hosts needs webhook_secret (FUSEFLEET_WEBHOOK_SECRET): every delivery is signed"
-            )
-        if self.result_store == "s3" and self.result_store_timeout_s < self.s3_call_bound_s:
-            raise ValueError(
-                f"result_store_timeout_s ({self.result_store_timeout_s}) must be at least {self.s3_call_bound_s:g} s "
-                f"with s3_timeout_s {self.s3_timeout_s}: the S3 client may take that long ({S3_ATTEMPTS} attempts) "
-                "before it gives up, and a worker would count a failing store as a stuck one"
             )
         return self
 
@@ -468,6 +468,11 @@ class Settings(BaseSettings):
         return value.expanduser() if value is not None else None
 
     @property
+    def s3_call_bound_s(self) -> float:
+        """The longest an S3 result-store call may take by the client's own timeouts and retries."""
+        return S3_ATTEMPTS * (2 * self.s3_timeout_s + S3_ATTEMPT_SLACK_S)
+
+    @property
     def webhook_rules(self) -> HostRules:
         """``webhook_allowed_hosts``, parsed (``shared.webhook_hosts``)."""
         return HostRules.parse(self.webhook_allowed_hosts)
@@ -476,11 +481,6 @@ class Settings(BaseSettings):
     def model_id(self) -> str:
         """The id of the one model this fleet serves, as requests and workers name it: ``model`` or ``demo``."""
         return self.model or "demo"
-    @property
-    def s3_call_bound_s(self) -> float:
-        """The longest an S3 result-store call may take by the client's own timeouts and retries."""
-        return S3_ATTEMPTS * (2 * self.s3_timeout_s + S3_ATTEMPT_SLACK_S)
-
 
     @property
     def soft_time_limit_s(self) -> int:
