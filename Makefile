@@ -5,7 +5,7 @@ PYTHON ?= python3
 # a local CPU wheel of torch, where the machine has one
 TORCH_WHEELS ?= /opt/wheels
 
-.PHONY: install check test unit integration chaos run clean
+.PHONY: install check pre-commit test unit integration chaos run clean
 
 install: $(VENV)/.installed
 
@@ -20,6 +20,11 @@ $(VENV)/.installed: pyproject.toml
 check: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy api scheduler gpu_worker shared fusefleet bench
+
+# git runs check's ruff and mypy before each commit (.pre-commit-config.yaml, local hooks: nothing fetched)
+pre-commit: install
+	$(BIN)/pip install -q pre-commit
+	$(BIN)/pre-commit install
 
 test: install
 	$(BIN)/pytest
