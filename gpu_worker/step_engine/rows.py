@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu_worker.diffusers_runner import make_generators
+from gpu_worker.torch_env import make_generators
 from shared.contracts import RequestSpec
 
 

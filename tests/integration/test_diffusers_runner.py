@@ -11,8 +11,9 @@ import pytest
 from PIL import Image
 
 from gpu_worker.demo_model import DEMO_MODEL_NAME, ensure_demo_model
-from gpu_worker.diffusers_runner import DiffusersRunner, make_generators
+from gpu_worker.diffusers_runner import DiffusersRunner
 from gpu_worker.lora import LoraActivator
+from gpu_worker.torch_env import make_generators
 from shared.contracts import LoraRef, RequestSpec
 from shared.settings import Settings
 from tests.support.lora import make_test_lora
