@@ -9,7 +9,7 @@
   (a + b*B) * S / 20 (unset: a + b*B whatever its steps). With
   ``FUSEFLEET_SIM_TRACE=path`` (a benchmark's variable, not a setting) it appends one JSON line per forward
   (``start``, ``end``: wall-clock seconds; ``images``) to that file, for ``bench.gap``.
-- It also runs step mode (``step_mode``, ``step_set``: the ``gpu_worker.runner.StepRunner`` contract): a
+- It also runs step mode (the ``step_mode`` and ``step_set`` hooks of ``gpu_worker.runner.Runner``): a
   ``SimulatedStepSet`` sleeps ``(a + b*R) / 20`` per step of R rows (``CostModel.step_s``), each request leaving
   after its own number of steps, and traces one line per step (``rows``, ``finished``) to the same file.
 """
@@ -20,7 +20,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from PIL import Image
@@ -35,7 +35,7 @@ from bench.peers.simulated_gpu import (
     record_step,
     sleep_forward,
 )
-from gpu_worker.runner import StepCallback
+from gpu_worker.runner import InputImages, Runner, StepCallback
 from shared.compat import StepKey, step_key
 from shared.contracts import RequestSpec, Task
 from shared.settings import Settings
@@ -46,7 +46,7 @@ def placeholder_images(specs: Sequence[RequestSpec]) -> list[list[Image.Image]]:
     return [[placeholder_image(spec.width, spec.height)] * spec.n for spec in specs]
 
 
-class NullRunner:
+class NullRunner(Runner):
     """Returns placeholder images at once: the end-to-end cost of a request is fusefleet's alone."""
 
     fused = True
@@ -54,11 +54,13 @@ class NullRunner:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
 
-    def run(self, specs: Sequence[RequestSpec], on_step: StepCallback) -> list[list[Image.Image]]:
+    def run(
+        self, specs: Sequence[RequestSpec], on_step: StepCallback, inputs: Mapping[str, InputImages] | None = None
+    ) -> list[list[Image.Image]]:
         return placeholder_images(specs)
 
 
-class SimulatedGpuRunner:
+class SimulatedGpuRunner(Runner):
     """Sleeps a + b*B milliseconds per forward (B = output images, each weighted by its area when
     ``FUSEFLEET_SIM_REF_SIDE`` is set; times S / ref_steps when ``FUSEFLEET_SIM_REF_STEPS`` is), reporting each
     step; no CPU work. In step mode, its running sets are ``SimulatedStepSet``s on the same cost model."""
@@ -80,7 +82,9 @@ class SimulatedGpuRunner:
         image by its size)."""
         return self.cost.forward_s([(self.cost.ref_side, self.cost.ref_side)] * images)
 
-    def run(self, specs: Sequence[RequestSpec], on_step: StepCallback) -> list[list[Image.Image]]:
+    def run(
+        self, specs: Sequence[RequestSpec], on_step: StepCallback, inputs: Mapping[str, InputImages] | None = None
+    ) -> list[list[Image.Image]]:
         started = time.time()
         images = sum(spec.n for spec in specs)
         steps = specs[0].num_inference_steps  # one compatibility key: one step count

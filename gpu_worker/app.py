@@ -8,11 +8,11 @@ next task runs its forward. At shutdown the process waits up to ``FINISH_ON_SHUT
 finisher that gets stuck (a result store that hangs) makes the process release its batches and exit
 (``STUCK_EXIT_CODE``), and Celery replaces it.
 
-With ``FUSEFLEET_STEP_MODE`` and a runner whose model has a step-mode adapter (``gpu_worker.runner.step_runner``), a
-task instead opens a running set with its batch and runs it until the set closes (``gpu_worker.step_loop``): the
-scheduler sends further batches of the same step key to the worker's inbox, and each request is stored and finished
-by the same finisher behind the set's next steps. The loop's first beat takes down a set a dead predecessor of this
-process (same worker name) left behind (``StepLoop.repair``).
+With ``FUSEFLEET_STEP_MODE`` and a runner whose model has a step-mode adapter (``Runner.step_mode``), a task instead
+opens a running set with its batch and runs it until the set closes (``gpu_worker.step_loop``): the scheduler sends
+further batches of the same step key to the worker's inbox, and each request is stored and finished by the same
+finisher behind the set's next steps. The loop's first beat takes down a set a dead predecessor of this process
+(same worker name) left behind (``StepLoop.repair``).
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ from typing import Any
 
 from celery import Celery, Task
 from celery.signals import worker_process_init, worker_process_shutdown
+from celery.utils.nodenames import default_nodename
 
 from gpu_worker.executor import BatchExecutor
 from gpu_worker.finisher import BackgroundFinisher
 from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.metrics import WorkerMetrics
-from gpu_worker.runner import load_runner, runner_tasks, runner_traits, step_runner
+from gpu_worker.runner import load_runner
 from gpu_worker.step_loop import StepLoop
 from gpu_worker.store import Locked, WorkerStore
 from shared.celery_config import RUN_BATCH_TASK, make_celery
@@ -75,9 +76,9 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
         runner = load_runner(settings)
         capabilities = WorkerCapabilities(
             model=settings.model_id,
-            pipeline=str(getattr(runner, "pipeline_name", type(runner).__name__)),
-            tasks=tuple(sorted(runner_tasks(runner))),
-            traits=runner_traits(runner),
+            pipeline=runner.pipeline_name,
+            tasks=tuple(sorted(runner.tasks)),
+            traits=runner.traits,
         )
         state.heartbeat = Heartbeat(
             store,
@@ -85,6 +86,7 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
             settings.worker_heartbeat_s,
             capabilities,
             hold_limit_s=settings.batch_time_limit_s,
+            on_announce=lambda: consume(True),
         )
         state.finisher = BackgroundFinisher(stuck_after_s=settings.batch_time_limit_s, on_stuck=retire)
         state.metrics = WorkerMetrics(sync_client(settings), store.keys)
@@ -98,10 +100,9 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
             finisher=state.finisher,
             metrics=state.metrics,
         )
-        stepper = step_runner(runner) if settings.step_mode else None
-        if stepper is not None:
+        if settings.step_mode and runner.step_mode:
             state.step_loop = StepLoop(
-                stepper,
+                runner,
                 worker_name,
                 state.heartbeat,
                 state.executor.writer,
@@ -122,17 +123,29 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
         )
 
     def retire(reason: str) -> None:
-        """The finisher is stuck (a result store that hangs under this process): take no more batches. Withdraw the
-        slot and release the batches held (the reaper publishes them again to other workers), then exit the pool
-        process at once (its stuck thread cannot be stopped otherwise); Celery's prefork pool starts a new one,
-        and the task it was running, if any, is rejected (late ack) and runs again as a duplicate that finds its
-        batch republished or held."""
-        log.critical("worker %s is stuck (%s): releasing its batches and exiting", worker_name, reason)
+        """The finisher is stuck (a result store that hangs under this process): take no more batches. Quarantine
+        the worker for ``worker_quarantine_s`` and give the batches held back uncounted (``Heartbeat.withdraw``: the
+        reaper publishes them again to other workers, and no request is charged a lost run), stop the Celery
+        process taking messages (``consume``), then exit the pool process at once (its stuck thread cannot be
+        stopped otherwise). Celery's prefork pool starts a new one, which announces no slot until the quarantine
+        ends (then it consumes again and probes the store with its next batch); the task this one was running, if
+        any, is rejected (late ack) and runs again as a duplicate that finds its batch republished or held."""
+        log.critical("worker %s is stuck (%s): quarantined, giving its batches back and exiting", worker_name, reason)
         if state.heartbeat is not None:
-            state.heartbeat.withdraw()
+            state.heartbeat.withdraw(reason)
+        consume(False)
         for handler in logging.getLogger().handlers:
             handler.flush()
         os._exit(STUCK_EXIT_CODE)
+
+    def consume(on: bool) -> None:
+        """Have this worker's Celery process consume the batch queue, or stop (a remote-control broadcast to
+        itself; best effort: a quarantined process hands back whatever it still receives, ``run_batch``)."""
+        command = app.control.add_consumer if on else app.control.cancel_consumer
+        try:
+            command(settings.queue_name, destination=[default_nodename(worker_name)], reply=False)
+        except Exception as exc:  # noqa: BLE001 - best effort
+            log.warning("could not %s consuming %s: %s", "resume" if on else "stop", settings.queue_name, exc)
 
     def shutdown_process(**_: Any) -> None:
         if state.finisher is not None and not state.finisher.close(FINISH_ON_SHUTDOWN_S):
@@ -151,6 +164,12 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
         if state.executor is None:
             raise RuntimeError("worker process was not initialised (worker_process_init did not run)")
         batch = BatchMessage.model_validate(message)
+        if state.heartbeat is not None and state.heartbeat.quarantined:
+            # this worker's result store hung lately: claim nothing, let the reaper publish the batch again now
+            log.warning("batch %s handed back: this worker is quarantined", batch.batch_id)
+            writer = state.executor.writer
+            writer.redis(lambda: writer.store.give_back(batch.batch_id, None), "handing the batch back")
+            return
         try:
             if state.step_loop is not None:
                 outcome = state.step_loop.run(batch)

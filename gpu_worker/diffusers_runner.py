@@ -32,7 +32,10 @@ import torch
 from gpu_worker.demo_model import ensure_demo_model
 from gpu_worker.families import family_of
 from gpu_worker.lora import LoraActivator, LoraMixingError
-from gpu_worker.runner import InputImages, StepCallback, StepSet, Video
+from gpu_worker.runner import InputImages, Runner, StepCallback, StepSet, Video
+from gpu_worker.step_engine import StepEngine, supports
+from gpu_worker.step_engine.request_set import RequestSet
+from gpu_worker.torch_env import make_generators, resolve_device, resolve_dtype
 from shared.compat import StepKey, compat_key
 from shared.contracts import LoraRef, ModelTraits, RequestSpec, Task
 from shared.settings import Settings
@@ -44,30 +47,6 @@ DERIVED_PIPELINES: dict[Task, str] = {
 """The diffusers auto-pipeline that derives each image task's pipeline from the loaded one (``from_pipe``)."""
 
 log = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def resolve_device(name: str) -> torch.device:
-    """'auto' -> cuda when available, else cpu; anything else is passed to torch.device."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """'auto' -> float16 on cuda, float32 elsewhere; else one of float32, float16, bfloat16."""
-    if name == "auto":
-        return torch.float16 if device.type == "cuda" else torch.float32
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise ValueError(f"unknown torch_dtype {name!r}; expected 'auto' or one of {sorted(_DTYPES)}") from None
-
-
-def make_generators(specs: Sequence[RequestSpec], device: torch.device | str) -> list[torch.Generator]:
-    """One generator per output image, in output order: image ``k`` of a spec is seeded ``spec.seed + k``."""
-    return [torch.Generator(device).manual_seed(spec.seed + k) for spec in specs for k in range(spec.n)]
 
 
 def absent_components(source: str) -> dict[str, None]:
@@ -96,8 +75,8 @@ def check_batch(specs: Sequence[RequestSpec]) -> RequestSpec:
     return head
 
 
-class DiffusersRunner:
-    """BatchRunner over a diffusers pipeline: ``settings.model`` (path or hub id) or the demo model."""
+class DiffusersRunner(Runner):
+    """A runner over a diffusers pipeline: ``settings.model`` (path or hub id) or the demo model."""
 
     def __init__(self, settings: Settings) -> None:
         from diffusers import DiffusionPipeline
@@ -127,11 +106,9 @@ class DiffusersRunner:
         self.pipe: Any = pipe.to(self.device)
         self.family = family_of(self.pipe)
         fused = settings.fused if settings.fused is not None else self.family.traits.fused
-        self.traits: ModelTraits = self.family.traits.model_copy(
+        self._traits: ModelTraits = self.family.traits.model_copy(
             update={"fused": fused, "lora": hasattr(self.pipe, "load_lora_weights")}
         )
-        """The family's traits (what the worker announces), with whether this pipeline loads LoRA adapters;
-        ``settings.fused``, when set, overrides fusing."""
         if not self.traits.fused:
             log.warning(
                 "%s is not a pipeline family known to take prompt and generator lists: batches run request by "
@@ -164,6 +141,12 @@ class DiffusersRunner:
         return derived
 
     @property
+    def traits(self) -> ModelTraits:
+        """The family's traits (what the worker announces), with whether this pipeline loads LoRA adapters;
+        ``settings.fused``, when set, overrides fusing."""
+        return self._traits
+
+    @property
     def pipeline_name(self) -> str:
         """The loaded pipeline's class (what the worker announces)."""
         return type(self.pipe).__name__
@@ -181,8 +164,6 @@ class DiffusersRunner:
     @property
     def step_mode(self) -> bool:
         """Whether the loaded pipeline's family has a step-mode adapter (``gpu_worker.step_engine``)."""
-        from gpu_worker.step_engine import supports  # the step engine imports this module
-
         return supports(self.pipe)
 
     @property
@@ -194,9 +175,6 @@ class DiffusersRunner:
     def step_set(self, key: StepKey) -> StepSet:
         """An empty running set for the requests of ``key``, with the key's LoRA active on the pipeline (as ``run``
         activates a batch's); ValueError naming what step mode cannot run (an image task, video, true CFG)."""
-        from gpu_worker.step_engine import StepEngine
-        from gpu_worker.step_engine.request_set import RequestSet
-
         engine = StepEngine.for_key(self.pipe, key)
         lora = None
         if key.lora_name is not None:
@@ -299,9 +277,11 @@ class DiffusersRunner:
         result = pipe(**kwargs)
         if "callback_on_step_end" not in accepts and "callback" not in accepts:
             on_step(steps, steps)
-        outputs: list[Any] = list(result.images) if not self.traits.video else [
-            Video(frames=list(frames), fps=self.family.fps(head)) for frames in result.frames
-        ]
+        outputs: list[Any] = (
+            list(result.images)
+            if not self.traits.video
+            else [Video(frames=list(frames), fps=self.family.fps(head)) for frames in result.frames]
+        )
         expected = len(specs) * head.n
         if len(outputs) != expected:
             raise RuntimeError(f"pipeline returned {len(outputs)} outputs, expected {expected}")

@@ -46,7 +46,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TypeVar, cast
+from typing import TypeVar
 
 from celery.exceptions import SoftTimeLimitExceeded
 from PIL import Image
@@ -56,7 +56,7 @@ from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.log_context import carry_context, ids
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.result_writer import ResultWriter, Statuses, error_info
-from gpu_worker.runner import BatchRunner, ConditionedRunner, InputImages, runner_tasks, runner_traits
+from gpu_worker.runner import InputImages, Runner
 from gpu_worker.set_forward import forward_by_steps
 from gpu_worker.step_reporter import StepReporter
 from gpu_worker.store import Claimed, Locked, RowSignal, WorkerStore
@@ -158,7 +158,7 @@ class BatchExecutor:
     def __init__(
         self,
         store: WorkerStore,
-        runner: BatchRunner,
+        runner: Runner,
         worker: str,
         heartbeat: Heartbeat | None,
         results: ResultStore,
@@ -169,7 +169,7 @@ class BatchExecutor:
     ) -> None:
         self._store = store
         self._runner = runner
-        self._traits = runner_traits(runner)
+        self._traits = runner.traits
         self._worker = worker
         self._heartbeat = heartbeat
         self._finisher = finisher or InlineFinisher()
@@ -273,7 +273,7 @@ class BatchExecutor:
     def _prepare(self, claim: Claimed, run: _Run) -> tuple[Statuses, list[RequestSpec]]:
         """Fail what this runner cannot run (a task it does not do, an input that cannot be read); decode the
         inputs of the rest into ``run``. Returns the statuses of those failed and the specs left to run."""
-        supported = runner_tasks(self._runner)
+        supported = self._runner.tasks
         errors: dict[str, ErrorInfo] = {}
         for spec in claim.specs:
             if spec.task not in supported:
@@ -358,9 +358,8 @@ class BatchExecutor:
             if by_steps is not None:
                 images = by_steps
             elif specs[0].task.needs_image:  # one key per batch: every spec has this task
-                runner = cast(ConditionedRunner, self._runner)  # it lists the task (checked in _prepare)
-                inputs = {spec.id: run.inputs[spec.id] for spec in specs}
-                images = runner.run(specs, reporter.on_step, inputs=inputs)
+                inputs = {spec.id: run.inputs[spec.id] for spec in specs}  # it lists the task (checked in _prepare)
+                images = self._runner.run(specs, reporter.on_step, inputs=inputs)
             else:
                 images = self._runner.run(specs, reporter.on_step)
             elapsed_s = time.monotonic() - started
@@ -391,6 +390,4 @@ class BatchExecutor:
         run.ended(statuses)
 
     def _release_memory(self) -> None:
-        release: Callable[[], None] | None = getattr(self._runner, "release_memory", None)
-        if release is not None:
-            release()
+        self._runner.release_memory()

@@ -1,23 +1,24 @@
 """The runner contract: what the worker asks of whatever turns a batch of requests into images.
 
-A runner is loaded by import path (``FUSEFLEET_RUNNER=module:Class``), constructed once per worker process with
-the settings, and then called once per batch (fused) or once per request (not fused). Custom pipelines and test
-runners plug in here without touching the worker.
+A runner subclasses ``Runner``: ``fused`` and ``run`` are its own, every other hook has a documented default, so the
+worker calls hooks and never probes for them. It is loaded by import path (``FUSEFLEET_RUNNER=module:Class``),
+constructed once per worker process with the settings, and then called once per batch (fused) or once per request
+(not fused). Custom pipelines and test runners plug in here without touching the worker.
 
 What the runner's model takes (size multiple, negative prompts, true CFG, video...) is its ``traits``
-(``shared.contracts.ModelTraits``; permissive defaults when absent): the worker announces them and the api refuses
-what the model cannot do. Image-conditioned tasks are a capability: a runner that can do them lists them in
-``tasks`` and accepts the ``inputs`` keyword of ``run`` (each request's input image and mask). A runner without
-``tasks`` does text-to-image only; the worker fails requests for a task its runner does not list, with a clear
-error, and never calls it.
+(``shared.contracts.ModelTraits``): the worker announces them and the api refuses what the model cannot do.
+Image-conditioned tasks are a capability: a runner that can do them lists them in ``tasks`` and takes the ``inputs``
+of ``run`` (each request's input image and mask); the worker fails requests for a task its runner does not list,
+with a clear error, and never calls it.
 """
 
 from __future__ import annotations
 
 import importlib
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, cast, runtime_checkable
+from typing import Protocol
 
 from PIL import Image
 
@@ -58,50 +59,6 @@ class InputImages:
     mask: Image.Image | None = None
 
 
-def runner_tasks(runner: object) -> frozenset[Task]:
-    """The tasks ``runner`` declares (``tasks``), text-to-image only when it declares none."""
-    tasks: frozenset[Task] | None = getattr(runner, "tasks", None)
-    return frozenset(tasks) if tasks is not None else TEXT_ONLY
-
-
-def runner_traits(runner: object) -> ModelTraits:
-    """What ``runner`` declares its model takes (``traits``); permissive defaults when it declares nothing, with
-    ``fused`` as the runner says."""
-    traits: ModelTraits | None = getattr(runner, "traits", None)
-    if traits is not None:
-        return traits
-    return ModelTraits(family=type(runner).__name__, fused=bool(getattr(runner, "fused", False)))
-
-
-@runtime_checkable
-class BatchRunner(Protocol):
-    """Turns compatible requests into images."""
-
-    @property
-    def fused(self) -> bool:
-        """True when ``run`` accepts several requests in one forward; else it is called with one at a time."""
-        ...
-
-    def run(self, specs: Sequence[RequestSpec], on_step: StepCallback) -> list[list[Image.Image]]:
-        """Run ``specs`` (all sharing one compatibility key, which leaves out the LoRA: their adapters and scales may
-        differ, and a runner that cannot mix them in one call splits the batch itself) and return ``spec.n`` images per
-        spec, in order.
-
-        Raises whatever the pipeline raises; the worker then isolates the failing request. A runner that lists
-        image tasks in ``tasks`` is called as ``run(specs, on_step, inputs=...)`` for them, with ``inputs`` mapping
-        each request id to its ``InputImages``.
-        """
-        ...
-
-
-class ConditionedRunner(Protocol):
-    """The ``run`` of a runner that lists image tasks in ``tasks``."""
-
-    def run(
-        self, specs: Sequence[RequestSpec], on_step: StepCallback, inputs: Mapping[str, InputImages] | None = None
-    ) -> list[list[Image.Image]]: ...
-
-
 class StepSet(Protocol):
     """A running set of requests on one step key (step mode, ``docs/step_mode.md``): each ``step`` is one fused
     denoiser call over the rows of every live request, each request at its own step with its own steps, guidance and
@@ -140,25 +97,66 @@ class StepSet(Protocol):
         ...
 
 
-class StepRunner(Protocol):
-    """A runner that can run step mode: ``step_mode`` says whether its loaded model can (a family with a step-mode
-    adapter), ``step_set(key)`` makes an empty set for the requests of ``key`` (ValueError naming what it cannot
-    run)."""
+class Runner(ABC):
+    """Turns compatible requests into images. ``fused`` and ``run`` are abstract; every other hook has the default
+    its docstring gives. A subclass overrides a hook with a property, a method or a class attribute."""
 
     @property
-    def step_mode(self) -> bool: ...
+    @abstractmethod
+    def fused(self) -> bool:
+        """True when ``run`` accepts several requests in one forward; else it is called with one at a time."""
 
-    def step_set(self, key: StepKey) -> StepSet: ...
+    @abstractmethod
+    def run(
+        self, specs: Sequence[RequestSpec], on_step: StepCallback, inputs: Mapping[str, InputImages] | None = None
+    ) -> list[list[Image.Image]]:
+        """Run ``specs`` (all sharing one compatibility key, which leaves out the LoRA: their adapters and scales may
+        differ, and a runner that cannot mix them in one call splits the batch itself) and return ``spec.n`` images
+        per spec, in order.
+
+        Raises whatever the pipeline raises; the worker then isolates the failing request. ``inputs`` (each request
+        id's ``InputImages``) is passed, by keyword, only for the image tasks the runner lists in ``tasks``; a
+        text-to-image forward is called as ``run(specs, on_step)``.
+        """
+
+    @property
+    def traits(self) -> ModelTraits:
+        """What the model takes (the worker announces it). Default: permissive traits, family the class's name,
+        ``fused`` as the runner says."""
+        return ModelTraits(family=type(self).__name__, fused=self.fused)
+
+    @property
+    def tasks(self) -> frozenset[Task]:
+        """The tasks ``run`` does. Default: text-to-image only."""
+        return TEXT_ONLY
+
+    @property
+    def pipeline_name(self) -> str:
+        """The pipeline the worker announces. Default: the class's name."""
+        return type(self).__name__
+
+    @property
+    def step_mode(self) -> bool:
+        """Whether the loaded model can run step mode (``step_set``). Default: False."""
+        return False
+
+    @property
+    def fused_by_steps(self) -> bool:
+        """Whether a request-level batch runs as a closed step set (``gpu_worker.set_forward``), so that an aborted
+        row leaves it at the next step. Default: False."""
+        return False
+
+    def step_set(self, key: StepKey) -> StepSet:
+        """An empty running set for the requests of ``key``; ValueError naming what it cannot run (the worker then
+        runs them request-level). Default: ValueError, no step mode."""
+        raise ValueError(f"{type(self).__name__} does not run step mode")
+
+    def release_memory(self) -> None:  # noqa: B027 - a hook whose default does nothing
+        """Give cached accelerator memory back after an out-of-memory forward, before a smaller retry. Default:
+        nothing to give back."""
 
 
-def step_runner(runner: object) -> StepRunner | None:
-    """``runner`` as a ``StepRunner`` when its model can run step mode, else None (it runs request-level)."""
-    if callable(getattr(runner, "step_set", None)) and bool(getattr(runner, "step_mode", False)):
-        return cast(StepRunner, runner)
-    return None
-
-
-def load_runner(settings: Settings) -> BatchRunner:
+def load_runner(settings: Settings) -> Runner:
     """Import ``settings.runner`` ('module:Class' or 'module.Class') and construct it with ``settings``."""
     path = settings.runner
     module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
@@ -166,6 +164,6 @@ def load_runner(settings: Settings) -> BatchRunner:
         raise ValueError(f"FUSEFLEET_RUNNER must look like 'package.module:Class', got {path!r}")
     factory = getattr(importlib.import_module(module_name), attr)
     runner = factory(settings)
-    if not isinstance(runner, BatchRunner):
-        raise TypeError(f"{path} does not implement the BatchRunner contract (fused, run)")
+    if not isinstance(runner, Runner):
+        raise TypeError(f"{path} is not a gpu_worker.runner.Runner: a runner subclasses it (fused, run)")
     return runner

@@ -2,7 +2,7 @@
 
 A fused diffusers pipeline call cannot drop a row: its latents, embeddings and generators have the batch's shape,
 and a multistep scheduler keeps history of that shape. A runner whose family has a step-mode adapter
-(``fused_by_steps``, ``gpu_worker.runner.StepRunner``) runs a request-level batch as a closed running set instead:
+(``gpu_worker.runner.Runner.fused_by_steps``) runs a request-level batch as a closed running set instead:
 every request joins at step 0 (they share their steps: one compatibility key), each step is one fused denoiser call
 over the live rows, and a request whose abort flag the step reporter brings back is dropped from the set before the
 next step (its latents, its half of the guidance embeddings, its generator and scheduler go with it) while its peers
@@ -14,11 +14,10 @@ request at once, storing) is the executor's, as for a pipeline call.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
 
 from PIL import Image
 
-from gpu_worker.runner import StepRunner, StepSet
+from gpu_worker.runner import Runner, StepSet
 from gpu_worker.step_reporter import StepReporter
 from gpu_worker.store import RowSignal
 from shared.compat import step_key
@@ -26,19 +25,19 @@ from shared.contracts import RequestSpec
 
 
 def forward_by_steps(
-    runner: object, specs: Sequence[RequestSpec], reporter: StepReporter
+    runner: Runner, specs: Sequence[RequestSpec], reporter: StepReporter
 ) -> list[list[Image.Image]] | None:
     """Run ``specs`` to their last step as a closed set when ``runner`` runs request-level batches by steps
     (``fused_by_steps``) and they can share one set (one step key: one LoRA, no image task, a family and key the
     step engine takes), dropping each request the reporter finds aborted: each request's images in order, ``[]``
     for one that left. None when they cannot (the caller makes the pipeline call). Whatever a step raises is
     raised, as a pipeline call's error would be."""
-    if not bool(getattr(runner, "fused_by_steps", False)):
+    if not runner.fused_by_steps:
         return None
     if specs[0].task.needs_image or len({step_key(spec) for spec in specs}) != 1:
         return None
     try:
-        step_set = cast(StepRunner, runner).step_set(step_key(specs[0]))
+        step_set = runner.step_set(step_key(specs[0]))
     except ValueError:  # video, true CFG, a guidance-distilled UNet: the pipeline call runs them
         return None
     if step_set.join(specs):

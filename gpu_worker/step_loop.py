@@ -2,7 +2,7 @@
 empty while the scheduler sends it more batches through the worker's inbox.
 
 ``StepLoop.run(batch)`` claims the batch (``CLAIM``, as the executor does) and, when its requests share one step key
-the runner can run (``StepRunner.step_set``), runs them as the first members of a running set:
+the runner can run (``Runner.step_set``), runs them as the first members of a running set:
 
 * **Open.** ``P:step:sets[worker]`` = the key's digest and ``P:step:rows[worker]`` = the requests it runs, then
   ``FORWARD_DONE``: the batch occupies no slot of its own, the open set holds the worker's (``free_slots.lua``).
@@ -61,7 +61,7 @@ from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.log_context import carry_context, ids
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.result_writer import ResultWriter, Statuses, error_info
-from gpu_worker.runner import StepRunner, StepSet
+from gpu_worker.runner import Runner, StepSet
 from gpu_worker.step_reporter import StepReporter
 from gpu_worker.store import Claimed, Locked, RowSignal, WorkerStore
 from shared.compat import StepKey, step_key
@@ -118,7 +118,7 @@ class StepLoop:
 
     def __init__(
         self,
-        runner: StepRunner,
+        runner: Runner,
         worker: str,
         heartbeat: Heartbeat | None,
         writer: ResultWriter,
@@ -164,9 +164,7 @@ class StepLoop:
             log.warning("took a running set down with %d batches in its inbox (the reaper runs them again)", len(left))
 
     def release_memory(self) -> None:
-        release = getattr(self.runner, "release_memory", None)
-        if callable(release):
-            release()
+        self.runner.release_memory()
 
     def run(self, batch: BatchMessage) -> SetOutcome | BatchOutcome | Locked:
         """Claim ``batch`` and run it as a new running set until the set closes; ``Locked`` when another run holds

@@ -9,13 +9,13 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from PIL import Image
 
 from bench.runners import SimulatedGpuRunner
-from gpu_worker.runner import StepCallback
+from gpu_worker.runner import InputImages, Runner, StepCallback
 from shared.contracts import RequestSpec
 
 EXPLODE_MARKER = "explode"
@@ -41,7 +41,7 @@ KILL_WORKER = "chaos:kill-worker"
 CHAOS_MARKERS = (RAISE_BEFORE, RAISE_DURING, RAISE_AFTER, WRONG_LISTS, WRONG_COUNT, NOT_AN_IMAGE, PNG_FAILS)
 
 
-class FullSizeRunner:
+class FullSizeRunner(Runner):
     """Returns full-size images at once (noise over a gradient, like a photo as far as PNG is concerned): what a
     real model's results weigh in the result store, with no forward to wait for."""
 
@@ -50,7 +50,9 @@ class FullSizeRunner:
     def __init__(self, settings: Any) -> None:
         self.settings = settings
 
-    def run(self, specs: Sequence[RequestSpec], on_step: StepCallback) -> list[list[Image.Image]]:
+    def run(
+        self, specs: Sequence[RequestSpec], on_step: StepCallback, inputs: Mapping[str, InputImages] | None = None
+    ) -> list[list[Image.Image]]:
         out: list[list[Image.Image]] = []
         for spec in specs:
             size = (spec.width, spec.height)
@@ -91,7 +93,9 @@ class ChaosRunner(SimulatedGpuRunner):
 
     fused = True
 
-    def run(self, specs: Sequence[RequestSpec], on_step: StepCallback) -> list[list[Image.Image]]:
+    def run(
+        self, specs: Sequence[RequestSpec], on_step: StepCallback, inputs: Mapping[str, InputImages] | None = None
+    ) -> list[list[Image.Image]]:
         def marked(marker: str) -> str | None:
             return next((spec.id for spec in specs if marker in spec.prompt), None)
 

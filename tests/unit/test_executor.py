@@ -19,7 +19,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from PIL import Image
 
 from gpu_worker.executor import BatchExecutor, BatchOutcome
-from gpu_worker.runner import StepCallback
+from gpu_worker.runner import Runner, StepCallback
 from gpu_worker.store import Claimed, Locked, WorkerStore
 from scheduler.lease import Lease
 from scheduler.store import SchedulerStore
@@ -64,7 +64,7 @@ def image() -> Image.Image:
     return Image.new("RGB", (8, 8), (10, 20, 30))
 
 
-class ScriptedRunner:
+class ScriptedRunner(Runner):
     """Returns one image per request, except for prompts that ask otherwise; records each forward's size."""
 
     fused = True

@@ -21,7 +21,7 @@ pytest.importorskip("diffusers")
 
 from gpu_worker.diffusers_runner import DiffusersRunner  # noqa: E402
 from gpu_worker.executor import BatchExecutor, BatchOutcome  # noqa: E402
-from gpu_worker.runner import StepCallback  # noqa: E402
+from gpu_worker.runner import Runner, StepCallback  # noqa: E402
 from gpu_worker.store import WorkerStore  # noqa: E402
 from shared import keys as k  # noqa: E402
 from shared.contracts import BatchMessage, ModelTraits, RequestSpec  # noqa: E402
@@ -49,7 +49,7 @@ def results(tmp_path: Path) -> FilesystemResultStore:
     return FilesystemResultStore(tmp_path / "results")
 
 
-class StepHooks:
+class StepHooks(Runner):
     """The real runner (one fused forward per batch) that runs ``hooks[k]`` before reporting step ``k`` (each hook
     once), and raises at step ``raise_at`` when set (a pipeline failing mid-forward)."""
 

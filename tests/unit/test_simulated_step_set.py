@@ -11,7 +11,7 @@ import pytest
 
 from bench.peers.simulated_gpu import REF_STEPS, REF_STEPS_ENV, CostModel
 from bench.runners import SimulatedGpuRunner, SimulatedStepSet
-from gpu_worker.runner import StepSet, step_runner
+from gpu_worker.runner import Runner, StepSet
 from shared.compat import step_key
 from shared.contracts import RequestSpec, Task
 from shared.settings import Settings
@@ -75,7 +75,7 @@ def test_the_runner_scales_a_forward_by_its_steps_only_with_ref_steps(monkeypatc
 
 def test_the_runner_runs_step_mode_for_what_the_engine_takes() -> None:
     runner = SimulatedGpuRunner(Settings(sim_base_ms=0.0, sim_per_image_ms=0.0))
-    assert step_runner(runner) is runner
+    assert isinstance(runner, Runner) and runner.step_mode
     running = runner.step_set(step_key(_spec("a", 4)))
     assert isinstance(running, SimulatedStepSet)
     protocol: StepSet = running  # the worker's contract (mypy checks it)

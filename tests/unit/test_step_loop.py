@@ -27,7 +27,7 @@ from gpu_worker.diffusers_runner import DiffusersRunner  # noqa: E402
 from gpu_worker.executor import BatchExecutor, BatchOutcome  # noqa: E402
 from gpu_worker.finisher import BackgroundFinisher  # noqa: E402
 from gpu_worker.heartbeat import Heartbeat  # noqa: E402
-from gpu_worker.runner import StepSet  # noqa: E402
+from gpu_worker.runner import Runner, StepCallback, StepSet  # noqa: E402
 from gpu_worker.step_loop import SetOutcome, StepLoop  # noqa: E402
 from gpu_worker.store import WorkerStore  # noqa: E402
 from scheduler.lease import Lease  # noqa: E402
@@ -55,7 +55,7 @@ def settings() -> Settings:
     return Settings(key_prefix="t", batch_lock_ttl_s=5, result_ttl_s=60)
 
 
-class Hooked:
+class Hooked(Runner):
     """The real runner, whose sets run ``hooks[k]`` before their k-th full step and raise (as a broken pipeline
     would) when a step includes a request whose prompt says ``explode``."""
 
@@ -63,6 +63,13 @@ class Hooked:
         self.runner = runner
         self.hooks: dict[int, Callable[[], None]] = {}
         self.steps = 0
+
+    @property
+    def fused(self) -> bool:
+        return self.runner.fused
+
+    def run(self, specs: Sequence[RequestSpec], on_step: StepCallback, inputs: Any = None) -> list[list[Image.Image]]:
+        return self.runner.run(specs, on_step, inputs)
 
     @property
     def step_mode(self) -> bool:
