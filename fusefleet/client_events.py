@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -96,6 +97,7 @@ class Subscription:
         self.reconnect_s = reconnect_s
         self._failing_since: float | None = None
         self._failures = 0
+        self._failure: FusefleetError | None = None
 
     def headers(self) -> dict[str, str]:
         return {"Last-Event-ID": self.last_event_id} if self.last_event_id else {}
@@ -117,9 +119,35 @@ class Subscription:
     def done(self) -> bool:
         return not self.open
 
-    def check(self, response: httpx.Response) -> None:
+    def opened(self, response: httpx.Response) -> bool:
+        """Whether the stream has nothing left to send (a 204); the typed error of a refused one (body read)."""
+        if response.status_code == NOTHING_LEFT:
+            return True
         if not response.is_success:
             raise error_from_response(response)
+        return False
+
+    @contextmanager
+    def attempt(self, base_url: str) -> Iterator[None]:
+        """One opening of the stream: what ends it before ``done`` (a drop, httpx's error, the api's) is kept for
+        ``pause``; a body that is not an event stream is raised at once."""
+        self._failure = None
+        try:
+            yield
+        except httpx.TransportError as exc:
+            self._failure = unreachable(base_url, exc)
+        except SSEError as exc:
+            raise FusefleetError(f"not an event stream: {exc}") from exc
+        except FusefleetError as exc:
+            self._failure = exc
+        else:
+            if not self.done:
+                self._failure = self.dropped(base_url)
+
+    def pause(self) -> float | None:
+        """Seconds to wait before opening the stream again after the last ``attempt`` failed (None when it did
+        not); raises its failure once the budget is spent."""
+        return None if self._failure is None else self.delay(self._failure)
 
     def delay(self, exc: FusefleetError) -> float:
         """Seconds to wait before opening the stream again after ``exc``; raises ``exc`` once the budget is spent."""
@@ -144,29 +172,19 @@ def _timeout(timeout: float) -> httpx.Timeout:
 def read_events(http: httpx.Client, base_url: str, timeout: float, follow: Subscription) -> Iterator[Event]:
     """The events of ``follow``'s requests, reconnecting as the module says (``Client.events`` / ``watch``)."""
     while not follow.done:
-        try:
+        with follow.attempt(base_url):
             with connect_sse(
                 http, "GET", follow.path, params=follow.params, headers=follow.headers(), timeout=_timeout(timeout)
             ) as source:
-                if source.response.status_code == NOTHING_LEFT:
-                    return
                 if not source.response.is_success:
                     source.response.read()
-                    follow.check(source.response)
+                if follow.opened(source.response):
+                    return
                 for sse in source.iter_sse():
-                    event = follow.take(sse)
-                    if event is not None:
+                    if (event := follow.take(sse)) is not None:
                         yield event
-            if follow.done:
-                return
-            failure: FusefleetError = follow.dropped(base_url)
-        except httpx.TransportError as exc:
-            failure = unreachable(base_url, exc)
-        except SSEError as exc:
-            raise FusefleetError(f"not an event stream: {exc}") from exc
-        except FusefleetError as exc:
-            failure = exc
-        time.sleep(follow.delay(failure))
+        if (pause := follow.pause()) is not None:
+            time.sleep(pause)
 
 
 async def aread_events(
@@ -174,26 +192,16 @@ async def aread_events(
 ) -> AsyncIterator[Event]:
     """``read_events`` for ``AsyncClient``."""
     while not follow.done:
-        try:
+        with follow.attempt(base_url):
             async with aconnect_sse(
                 http, "GET", follow.path, params=follow.params, headers=follow.headers(), timeout=_timeout(timeout)
             ) as source:
-                if source.response.status_code == NOTHING_LEFT:
-                    return
                 if not source.response.is_success:
                     await source.response.aread()
-                    follow.check(source.response)
+                if follow.opened(source.response):
+                    return
                 async for sse in source.aiter_sse():
-                    event = follow.take(sse)
-                    if event is not None:
+                    if (event := follow.take(sse)) is not None:
                         yield event
-            if follow.done:
-                return
-            failure: FusefleetError = follow.dropped(base_url)
-        except httpx.TransportError as exc:
-            failure = unreachable(base_url, exc)
-        except SSEError as exc:
-            raise FusefleetError(f"not an event stream: {exc}") from exc
-        except FusefleetError as exc:
-            failure = exc
-        await asyncio.sleep(follow.delay(failure))
+        if (pause := follow.pause()) is not None:
+            await asyncio.sleep(pause)
