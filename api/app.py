@@ -64,7 +64,8 @@ def create_app(
         store = results
         if store is None:
             binary = sync_client(settings, binary=True)  # used by the Redis result store only
-            store = build_result_store(settings, binary)
+            # bounded like the api's Redis calls, and by the threads asyncio.to_thread may run (at most 32)
+            store = build_result_store(settings, binary, call_timeout_s=settings.redis_socket_timeout_s, max_calls=32)
         keys = RedisKeys(settings.key_prefix)
         app.state.waiter = CompletionWaiter(text, keys.finished)
         await app.state.waiter.start(timeout_s=settings.redis_socket_timeout_s)

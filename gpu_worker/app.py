@@ -124,16 +124,16 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
 
     def retire(reason: str) -> None:
         """The finisher is stuck (a result store that hangs under this process): take no more batches. Quarantine
-        the worker for ``worker_quarantine_s`` and give the batches held back uncounted (``Heartbeat.withdraw``: the
-        reaper publishes them again to other workers, and no request is charged a lost run), stop the Celery
-        process taking messages (``consume``), then exit the pool process at once (its stuck thread cannot be
+        the worker for ``worker_quarantine_s``: stop the Celery process taking messages (``consume``), give the
+        batches held back uncounted (``Heartbeat.withdraw``: the reaper publishes them again to other workers, and
+        no request is charged a lost run), then exit the pool process at once (its stuck thread cannot be
         stopped otherwise). Celery's prefork pool starts a new one, which announces no slot until the quarantine
         ends (then it consumes again and probes the store with its next batch); the task this one was running, if
         any, is rejected (late ack) and runs again as a duplicate that finds its batch republished or held."""
         log.critical("worker %s is stuck (%s): quarantined, giving its batches back and exiting", worker_name, reason)
+        consume(False)  # first: the batches given back are published again within a second
         if state.heartbeat is not None:
             state.heartbeat.withdraw(reason)
-        consume(False)
         for handler in logging.getLogger().handlers:
             handler.flush()
         os._exit(STUCK_EXIT_CODE)

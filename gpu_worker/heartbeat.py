@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from gpu_worker.log_context import ids
@@ -22,7 +23,13 @@ class Heartbeat:
     holds two batches at once while one is finished behind the other's forward (``gpu_worker.finisher``). A hold
     ends by itself ``hold_limit_s`` after it began (``batch_time_limit_s``): a run stuck past it (a result store that
     never answers) lets its lock lapse, and the reaper runs the batch again.
+
+    A quarantined worker (``withdraw``) announces nothing: its beats are refused (``heartbeat.lua``) and
+    ``quarantined`` is True until the quarantine ends; the first beat announced calls ``on_announce``.
     """
+
+    LET_GO = 16
+    """Holds ended lately that ``withdraw`` still gives back (token-guarded: a batch already done is left alone)."""
 
     def __init__(
         self,
@@ -32,6 +39,7 @@ class Heartbeat:
         capabilities: WorkerCapabilities,
         *,
         hold_limit_s: float = float("inf"),
+        on_announce: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
         self._worker = worker
@@ -41,7 +49,11 @@ class Heartbeat:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._held: dict[tuple[str, str], float] = {}  # (batch id, token) -> monotonic deadline
-        self._announced = False  # the first successful beat also wakes the scheduler
+        self._let_go: deque[tuple[str, str]] = deque(maxlen=self.LET_GO)  # released holds, latest last
+        self._announced = False  # the first announced beat also wakes the scheduler
+        self._on_announce = on_announce
+        self.quarantined = False
+        """The last beat was refused: this worker is quarantined (no slot, no batch)."""
         self._after_beat: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._loop, name="fusefleet-heartbeat", daemon=True)
 
@@ -60,8 +72,10 @@ class Heartbeat:
             self._held[(batch_id, token)] = time.monotonic() + self._hold_limit_s
 
     def release(self, batch_id: str, token: str) -> None:
+        """Stop renewing the batch's lock (it is done, or left to lapse)."""
         with self._lock:
-            self._held.pop((batch_id, token), None)
+            if self._held.pop((batch_id, token), None) is not None:
+                self._let_go.append((batch_id, token))
 
     @property
     def held(self) -> list[str]:
@@ -70,26 +84,51 @@ class Heartbeat:
             return [batch_id for batch_id, _ in self._held]
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not threading.current_thread() and self._thread.is_alive():
-            self._thread.join(timeout=self._interval_s * 2)
+        self._halt()
         try:
             self._store.leave(self._worker)
         except Exception as exc:  # noqa: BLE001 - the entry then expires after worker_ttl_s
             log.warning("could not withdraw the worker slot: %s", exc)
 
-    def withdraw(self) -> None:
-        """The worker gives up (its finisher is stuck): stop beating and withdraw the slot (the scheduler counts
-        none for it), and release the lock of every batch it holds, so the reaper publishes them again at its next
-        pass instead of ``batch_lock_ttl_s`` later. Best effort: what Redis refuses lapses by itself."""
-        self.stop()
+    def withdraw(self, reason: str) -> None:
+        """The worker gives up (its finisher is stuck: its result store hangs): quarantine it (no slot, no beat
+        announced, for ``worker_quarantine_s``), stop beating, and give every batch it holds (or let go of lately:
+        the one whose write hung) back to the reaper uncounted (``WorkerStore.give_back``: no lost run, no split),
+        so the reaper publishes them again at its next pass. Best effort: what Redis refuses lapses by itself
+        within ``batch_lock_ttl_s`` (then counted as a lost run)."""
+        try:
+            self._store.quarantine(self._worker, reason)
+        except Exception as exc:  # noqa: BLE001 - the slot then expires after worker_ttl_s
+            log.warning("could not quarantine the worker: %s", exc)
+        self._halt()
         with self._lock:
-            held, self._held = list(self._held), {}
+            held = [*self._let_go, *self._held]
+            self._held, self._let_go = {}, deque(maxlen=self.LET_GO)
         for batch_id, token in held:
             try:
-                self._store.release_lock(batch_id, token)
+                given = self._store.give_back(batch_id, token)
             except Exception as exc:  # noqa: BLE001 - the lock lapses within batch_lock_ttl_s
-                log.warning("could not release batch %s: %s", batch_id, exc, extra=ids(batch_id=batch_id))
+                log.warning("could not give back batch %s: %s", batch_id, exc, extra=ids(batch_id=batch_id))
+                continue
+            if given >= 0:
+                log.warning(
+                    "batch %s given back (%d requests): another worker runs it",
+                    batch_id,
+                    given,
+                    extra=ids(batch_id=batch_id),
+                )
+
+    def _halt(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread() and self._thread.is_alive():
+            self._thread.join(timeout=self._interval_s * 2)
+
+    def _announce(self) -> None:
+        if self._on_announce is not None:
+            try:
+                self._on_announce()
+            except Exception as exc:  # noqa: BLE001 - best effort
+                log.warning("on_announce failed: %s", exc)
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval_s):
@@ -97,8 +136,12 @@ class Heartbeat:
 
     def _beat(self) -> None:
         try:
-            self._store.heartbeat(self._worker, self._capabilities, first=not self._announced)
-            self._announced = True
+            first = not self._announced
+            announced = self._store.heartbeat(self._worker, self._capabilities, first=first)
+            self.quarantined = not announced
+            if announced and first:
+                self._announced = True
+                self._announce()
             now = time.monotonic()
             with self._lock:
                 held = list(self._held.items())

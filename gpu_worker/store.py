@@ -78,6 +78,7 @@ class WorkerStore:
         self._forward_done = client.register_script(k.FORWARD_DONE)
         self._renew = client.register_script(k.RENEW)
         self._release = client.register_script(k.RELEASE)
+        self._give_back = client.register_script(k.GIVE_BACK)
         self._heartbeat = client.register_script(k.HEARTBEAT)
         self._step_close = client.register_script(k.STEP_CLOSE)
         self._step_leave = client.register_script(k.STEP_LEAVE)
@@ -214,13 +215,34 @@ class WorkerStore:
         ttl_ms = int(self._settings.batch_lock_ttl_s * 1000)
         return bool(self._renew(keys=[self.keys.batch_lock(batch_id)], args=[token, ttl_ms]))
 
-    def heartbeat(self, worker: str, capabilities: WorkerCapabilities, *, first: bool = False) -> None:
+    def give_back(self, batch_id: str, token: str | None) -> int:
+        """Hand the batch back to the reaper without counting a lost run (``give_back.lua``): with this run's
+        ``token``, its requests lose their claim and the lock goes, so the reaper publishes it again at its next pass
+        and the next claim runs them as they were; with None (a message this worker took but did not claim), the
+        batch falls due for the reaper. The requests handed back, or -1 when the token no longer held the lock."""
+        keys = [self.keys.batch_lock(batch_id), self.keys.batch(batch_id)]
+        return int(self._give_back(keys=keys, args=[token or "", self.keys.prefix]))
+
+    def quarantine(self, worker: str, reason: str) -> None:
+        """Take ``worker``'s slot away for ``worker_quarantine_s``: its heartbeats announce nothing until then
+        (``heartbeat.lua``), and it leaves the live workers now (``leave``)."""
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.set(self.keys.worker_quarantine(worker), reason, px=int(self._settings.worker_quarantine_s * 1000))
+        self._leave(pipe, worker)
+        pipe.execute()
+
+    def quarantined(self, worker: str) -> bool:
+        """Whether ``worker`` is quarantined now."""
+        return bool(self._redis.exists(self.keys.worker_quarantine(worker)))
+
+    def heartbeat(self, worker: str, capabilities: WorkerCapabilities, *, first: bool = False) -> bool:
         """Announce ``worker`` as a live slot (scored by Redis time) and what it can do; the first beat also wakes
-        the scheduler."""
-        self._heartbeat(
-            keys=[self.keys.workers, self.keys.events, self.keys.capabilities],
+        the scheduler. False (nothing announced) while the worker is quarantined."""
+        reply = self._heartbeat(
+            keys=[self.keys.workers, self.keys.events, self.keys.capabilities, self.keys.worker_quarantine(worker)],
             args=[worker, int(first), k.EVENTS_MAXLEN, capabilities.model_dump_json()],
         )
+        return int(reply) == 1
 
     # --- step mode (docs/step_mode.md, gpu_worker.step_loop) ---------------------------------------------------
 
@@ -308,8 +330,11 @@ class WorkerStore:
 
     def leave(self, worker: str) -> None:
         pipe = self._redis.pipeline(transaction=False)
+        self._leave(pipe, worker)
+        pipe.execute()
+
+    def _leave(self, pipe: redis.client.Pipeline, worker: str) -> None:
         pipe.zrem(self.keys.workers, worker)
         pipe.hdel(self.keys.capabilities, worker)
         pipe.hdel(self.keys.step_sets, worker)
         pipe.hdel(self.keys.step_rows, worker)
-        pipe.execute()

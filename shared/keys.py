@@ -63,6 +63,9 @@ key                             type    contents
 ``P:workers``                   zset    live worker node names, scored by last heartbeat (Redis time, ms)
 ``P:capabilities``              hash    worker node name -> WorkerCapabilities JSON (model, pipeline, tasks);
                                         swept with the worker's heartbeat entry
+``P:worker:stuck:{name}``       string  why worker ``name`` is quarantined (its result store hung under it):
+                                        ``heartbeat.lua`` announces no slot for it until it expires
+                                        (``worker_quarantine_s``)
 ``P:scheduler:lease``           string  token of the active scheduler (PX lease)
 ``P:scheduler:aborted``         set     ids of requests aborted while queued (``abort.lua``), taken (SPOP) by the
                                         active scheduler each round to drop them from its memory; TTL
@@ -163,6 +166,10 @@ class RedisKeys:
     @property
     def capabilities(self) -> str:
         return f"{self.prefix}:capabilities"
+
+    def worker_quarantine(self, worker: str) -> str:
+        """Set while ``worker`` is quarantined (``gpu_worker.app``'s retire; TTL ``worker_quarantine_s``)."""
+        return f"{self.prefix}:worker:stuck:{worker}"
 
     @property
     def scheduler_aborted(self) -> str:
@@ -275,6 +282,7 @@ STEP_EVICT = _lua("step_evict")
 REQUEUE = _lua("requeue")
 RENEW = _lua("renew")
 RELEASE = _lua("release")
+GIVE_BACK = _lua("give_back")
 RESULTS_RECORD = _lua("results_record")
 RESULTS_DUE = _lua("results_due")
 FORGET = _lua("forget")

@@ -272,6 +272,13 @@ class Settings(BaseSettings):
     )
     worker_heartbeat_s: float = Field(1.0, gt=0, description="Seconds between worker heartbeats.")
     worker_ttl_s: float = Field(5.0, gt=0, description="A worker silent this long no longer counts as a free slot.")
+    worker_quarantine_s: float = Field(
+        300.0,
+        gt=0,
+        description="How long a worker whose result store hung under it (a write past result_store_timeout_s) "
+        "counts as no slot: it gives its batches back uncounted (no lost run), and its next pool process takes no "
+        "batch until then; then it probes its store with the next batch.",
+    )
     batch_time_limit_s: int = Field(
         900,
         ge=10,

@@ -4,8 +4,9 @@ A filesystem write on a stuck NFS mount blocks in the kernel with no timeout of 
 bound each socket read, not a call (an endpoint that trickles its answer never trips them). ``DeadlineStore`` runs
 each call in a daemon thread of its own and waits for it at most ``timeout_s``; past that the caller gets
 ``ResultStoreTimeout`` and the thread is left to the backend. A worker then counts itself stuck and is replaced
-(``gpu_worker.finisher``); the api answers 503; the sweeper tries again later. At most ``MAX_ABANDONED`` calls are
-left hanging at a time: past that every call fails at once, so a store that hangs cannot pile up threads.
+(``gpu_worker.finisher``); the api answers 503; the sweeper tries again later. At most ``max_calls`` calls (default
+``MAX_CALLS``) run in the backend at a time, in flight or left hanging: past that every call fails at once, so a
+store that hangs cannot pile up threads, however many callers call at once.
 """
 
 from __future__ import annotations
@@ -18,19 +19,22 @@ from shared.results.store import ResultStore, ResultStoreTimeout
 
 T = TypeVar("T")
 
-MAX_ABANDONED = 8
-"""Calls that outlived their deadline and still run, at most; beyond it the store is refused at once."""
+MAX_CALLS = 8
+"""Calls running in the backend at once (in flight, or outlived their deadline and still running), at most; beyond
+it the store is refused at once."""
 
 
 class DeadlineStore:
-    """``inner`` with each ``put``, ``get`` and ``delete`` bounded by ``timeout_s`` (``url`` presigns locally)."""
+    """``inner`` with each ``put``, ``get`` and ``delete`` bounded by ``timeout_s`` (``url`` presigns locally), at
+    most ``max_calls`` of them running at once."""
 
-    def __init__(self, inner: ResultStore, timeout_s: float) -> None:
+    def __init__(self, inner: ResultStore, timeout_s: float, *, max_calls: int = MAX_CALLS) -> None:
         self.inner = inner
         self.kind = inner.kind
         self.timeout_s = timeout_s
+        self.max_calls = max_calls
         self._lock = threading.Lock()
-        self._abandoned = 0
+        self._running = 0  # calls whose thread is still in the backend
 
     def put(self, key: str, data: bytes) -> None:
         self._call(lambda: self.inner.put(key, data), f"storing {key}")
@@ -46,17 +50,16 @@ class DeadlineStore:
 
     def _call(self, call: Callable[[], T], what: str) -> T:
         with self._lock:
-            if self._abandoned >= MAX_ABANDONED:
+            if self._running >= self.max_calls:
                 raise ResultStoreTimeout(
-                    f"{what} refused: {self._abandoned} calls to the {self.kind} result store have not returned"
+                    f"{what} refused: {self._running} calls to the {self.kind} result store have not returned"
                 )
+            self._running += 1
         done = threading.Event()
         outcome: list[T] = []
         failure: list[BaseException] = []
-        abandoned = False
 
         def run() -> None:
-            nonlocal abandoned
             try:
                 outcome.append(call())
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
@@ -64,15 +67,12 @@ class DeadlineStore:
             finally:
                 with self._lock:
                     done.set()
-                    if abandoned:
-                        self._abandoned -= 1
+                    self._running -= 1
 
         threading.Thread(target=run, name=f"{self.kind}-store-call", daemon=True).start()
         if not done.wait(self.timeout_s):
             with self._lock:
-                if not done.is_set():
-                    abandoned = True
-                    self._abandoned += 1
+                abandoned = not done.is_set()
             if abandoned:
                 raise ResultStoreTimeout(
                     f"{what} in the {self.kind} result store did not return within {self.timeout_s:g} s "

@@ -116,12 +116,14 @@ def test_a_finish_past_its_bound_makes_the_finisher_stuck_and_refuse_every_later
     held.set()
 
 
-def test_a_store_that_hangs_leaves_the_batch_to_the_reaper_and_withdraws_the_worker(
+def test_a_store_that_hangs_gives_the_batch_back_uncounted_and_quarantines_the_worker(
     client: fakeredis.FakeRedis, settings: Settings, tmp_path: Path
 ) -> None:
-    """A result-store write that does not return within ``result_store_timeout_s`` fails no request: the finisher
-    is stuck, the worker (``gpu_worker.app``'s ``on_stuck``: the heartbeat's ``withdraw``, then the process exits)
-    leaves its slot and the batches it holds, which the reaper publishes again for another worker."""
+    """A result-store write that does not return within ``result_store_timeout_s`` fails no request and charges it
+    no lost run: the finisher is stuck, the worker (``gpu_worker.app``'s ``on_stuck``: the heartbeat's
+    ``withdraw``, then the process exits) is quarantined and gives back the batch whose write hung (its lock goes
+    at once, not ``batch_lock_ttl_s`` later), which the reaper publishes again; the next claim runs it whole, as
+    the first did, however often a stuck store gives it back."""
     store = WorkerStore(client, settings)
     scheduler = SchedulerStore(client, settings)
     beat = Heartbeat(store, "w1", 60, CAPABILITIES)
@@ -131,7 +133,7 @@ def test_a_store_that_hangs_leaves_the_batch_to_the_reaper_and_withdraws_the_wor
 
     def on_stuck(reason: str) -> None:
         reasons.append(reason)
-        beat.withdraw()
+        beat.withdraw(reason)
 
     finisher = BackgroundFinisher(on_stuck=on_stuck)
     executor = BatchExecutor(store, ScriptedRunner(), "w1", beat, DeadlineStore(hung, 0.3), finisher=finisher)
@@ -146,31 +148,84 @@ def test_a_store_that_hangs_leaves_the_batch_to_the_reaper_and_withdraws_the_wor
         statuses = [client.hget(store.keys.request(rid), "status") for rid in ("a", "b")]
         assert statuses == ["running", "running"]  # not failed: the batch runs again elsewhere
         assert client.zscore(store.keys.workers, "w1") is None  # no slot counted for the stuck worker
+        assert store.quarantined("w1")
+        assert 0 < client.pttl(store.keys.worker_quarantine("w1")) <= settings.worker_quarantine_s * 1000
         assert beat.held == []
-        client.delete(store.keys.batch_lock("B1"))  # its lock lapses (batch_lock_ttl_s): the reaper's turn
+        assert not client.exists(store.keys.batch_lock("B1"))  # given back now, not left to lapse
         assert scheduler.reap().republish == ["B1"]
         with pytest.raises(FinisherStuck):
             executor.execute(scheduled(client, settings, {"B2": ["c"]})[0])
     finally:
         hung.gate.set()
         beat.stop()
+    for attempt in range(settings.max_batch_attempts + 1):  # given back more often than a lost run may be
+        claim = store.claim(batch, f"tok{attempt}", "w2")
+        assert isinstance(claim, Claimed) and claim.running == ["a", "b"]  # whole: no split, no WorkerLost
+        assert store.give_back("B1", f"tok{attempt}") == 2
+        assert scheduler.reap().republish == ["B1"]
+    assert not any(field.startswith("lost:") for field in client.hkeys(store.keys.batch("B1")))
 
 
-def test_withdraw_releases_every_held_batch_and_the_slot(client: fakeredis.FakeRedis, settings: Settings) -> None:
+def test_withdraw_gives_back_every_held_batch_and_quarantines_the_slot(
+    client: fakeredis.FakeRedis, settings: Settings
+) -> None:
     store = WorkerStore(client, settings)
     beat = Heartbeat(store, "w1", 60, CAPABILITIES)
     beat.start()
-    for batch_id, token in (("B1", "t1"), ("B2", "t2")):
+    for batch_id, token in (("B1", "t1"), ("B2", "t2"), ("B4", "t4")):
         client.set(store.keys.batch_lock(batch_id), token, px=10_000)
         beat.hold(batch_id, token)
     client.set(store.keys.batch_lock("B3"), "other", px=10_000)
-    beat.hold("B3", "t3")  # lost to another run meanwhile: not ours to release
+    beat.hold("B3", "t3")  # lost to another run meanwhile: not ours to give back
+    beat.release("B4", "t4")  # no longer renewed, but still ours (the batch whose write hung)
     assert client.zscore(store.keys.workers, "w1") is not None
-    beat.withdraw()
+    beat.withdraw("the store hangs")
     assert client.zscore(store.keys.workers, "w1") is None and not client.hexists(store.keys.capabilities, "w1")
-    assert not client.exists(store.keys.batch_lock("B1")) and not client.exists(store.keys.batch_lock("B2"))
+    assert client.get(store.keys.worker_quarantine("w1")) == "the store hangs"
+    assert not any(client.exists(store.keys.batch_lock(batch_id)) for batch_id in ("B1", "B2", "B4"))
     assert client.get(store.keys.batch_lock("B3")) == "other"
     assert beat.held == []
+
+
+def test_a_quarantined_worker_announces_no_slot_until_the_quarantine_ends(
+    client: fakeredis.FakeRedis, settings: Settings
+) -> None:
+    """The next pool process of a quarantined worker beats, but announces nothing (no slot, no wake-up) until its
+    quarantine key expires; its first announced beat wakes the scheduler and calls ``on_announce``."""
+    store = WorkerStore(client, settings)
+    client.set(store.keys.worker_quarantine("w1"), "stuck", px=300)
+    announced: list[bool] = []
+    beat = Heartbeat(store, "w1", 0.05, CAPABILITIES, on_announce=lambda: announced.append(True))
+    beat.start()
+    try:
+        assert beat.quarantined and announced == []
+        time.sleep(0.15)
+        assert client.zscore(store.keys.workers, "w1") is None and client.xlen(store.keys.events) == 0
+        assert SchedulerStore(client, settings).free_slots() == 0
+        deadline = time.monotonic() + 3
+        while beat.quarantined and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.1)
+        assert not beat.quarantined and announced == [True]
+        assert client.zscore(store.keys.workers, "w1") is not None
+        assert [fields["type"] for _, fields in client.xrange(store.keys.events)] == ["worker_up"]
+    finally:
+        beat.stop()
+
+
+def test_a_batch_handed_back_unclaimed_falls_due_for_the_reaper(
+    client: fakeredis.FakeRedis, settings: Settings
+) -> None:
+    """A quarantined worker that still receives a batch message claims nothing: the batch falls due, and the
+    reaper publishes it again at its next pass instead of ``batch_claim_timeout_s`` later."""
+    store = WorkerStore(client, settings)
+    scheduler = SchedulerStore(client, settings)
+    scheduled(client, settings, {"B1": ["a"]})
+    assert scheduler.stamp_published("B1") == ["a"]
+    assert scheduler.reap().republish == []  # published just now: its message may still be on its way
+    assert store.give_back("B1", None) == 0
+    assert scheduler.reap().republish == ["B1"]
+    assert store.give_back("B1", "not-ours") == -1  # a token that holds no lock changes nothing
 
 
 def scheduled(client: fakeredis.FakeRedis, settings: Settings, batches: dict[str, list[str]]) -> list[BatchMessage]:

@@ -26,7 +26,7 @@ from moto.server import ThreadedMotoServer
 
 from shared.keys import RedisKeys
 from shared.results import ResultStore, ResultStoreError, ResultStoreTimeout, build_result_store
-from shared.results.deadline import MAX_ABANDONED, DeadlineStore
+from shared.results.deadline import MAX_CALLS, DeadlineStore
 from shared.results.filesystem import FilesystemResultStore
 from shared.results.redis_store import RedisResultStore
 from shared.results.s3 import DELETE_PAGE, S3ResultStore, build_s3_client
@@ -304,18 +304,57 @@ def test_deadline_store_bounds_a_call_that_hangs_and_passes_the_rest_through(tmp
 
 
 def test_deadline_store_refuses_at_once_past_its_abandoned_calls(tmp_path: Path) -> None:
-    """Calls left hanging are bounded: past ``MAX_ABANDONED`` a call fails at once instead of adding a thread."""
+    """Calls left hanging are bounded: past ``MAX_CALLS`` a call fails at once instead of adding a thread."""
     hanging = HangingStore(tmp_path / "results")
     store = DeadlineStore(hanging, timeout_s=0.05)
-    for index in range(MAX_ABANDONED):
+    for index in range(MAX_CALLS):
         with pytest.raises(ResultStoreTimeout, match="did not return"):
             store.get(f"a/b/{index}.png")
     started = time.monotonic()
-    with pytest.raises(ResultStoreTimeout, match=f"{MAX_ABANDONED} calls .* have not returned"):
+    with pytest.raises(ResultStoreTimeout, match=f"{MAX_CALLS} calls .* have not returned"):
         store.get("a/b/0.png")
     assert time.monotonic() - started < 0.05
     hanging.release.set()
     assert wait_until(lambda: store.get("a/b/0.png") is None, 5)  # the abandoned calls returned: served again
+
+
+def test_deadline_store_counts_calls_in_flight_against_its_cap(tmp_path: Path) -> None:
+    """Concurrent callers cannot leave more than ``max_calls`` threads in a hanging backend: calls still in flight
+    count, not only those past their deadline."""
+    entered: list[str] = []
+
+    class Counted(HangingStore):
+        def get(self, key: str) -> bytes | None:
+            entered.append(key)
+            return super().get(key)
+
+    hanging = Counted(tmp_path / "results")
+    store = DeadlineStore(hanging, timeout_s=0.5, max_calls=3)
+    errors: list[BaseException] = []
+
+    def read(index: int) -> None:
+        try:
+            store.get(f"a/b/{index}.png")
+        except ResultStoreTimeout as exc:
+            errors.append(exc)
+
+    callers = [threading.Thread(target=read, args=(index,)) for index in range(10)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(5)
+    assert len(entered) == 3, entered  # the threads left in the hanging backend
+    assert sum("refused" in str(exc) for exc in errors) == 7 and len(errors) == 10
+    hanging.release.set()
+
+
+def test_the_api_store_answers_within_its_own_call_timeout(tmp_path: Path) -> None:
+    """The api's store is bounded by the api's call timeout when it is shorter than ``result_store_timeout_s``: the
+    thread that waits for a hanging read is free when the api answers 503, not 90 s later."""
+    settings = Settings(result_store="filesystem", result_dir=tmp_path, result_store_timeout_s=90)
+    store = build_result_store(settings, fakeredis.FakeRedis(), call_timeout_s=0.2, max_calls=32)
+    assert isinstance(store, DeadlineStore) and store.timeout_s == 0.2 and store.max_calls == 32
+    assert build_result_store(settings, fakeredis.FakeRedis(), call_timeout_s=120).timeout_s == 90  # type: ignore[attr-defined]
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
