@@ -25,7 +25,7 @@ from typing import Annotated, Any
 from fastapi import Depends, HTTPException, Request, status
 
 from api.keys_file import ApiKey, KeyRing, KeysFileError, load_keys
-from api.schemas import ErrorMessage
+from shared.wire import ErrorMessage
 
 log = logging.getLogger(__name__)
 

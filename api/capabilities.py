@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from api.limits import ErrorDict, Loc
-from api.schemas import GenerateRequest
 from shared.contracts import ModelTraits, WorkerCapabilities
+from shared.wire import GenerateRequest
 
 
 def _error(kind: str, loc: Loc, field: str, message: str, value: object) -> ErrorDict:

@@ -1,118 +1,19 @@
-"""Request events as the api sends them: names, payloads, and positions in the streams (``Last-Event-ID``).
+"""Positions in request event streams as the api serves them: the SSE ``id`` of an event, ``Last-Event-ID``.
 
-Every status change of a request is a Lua script that also appends an entry to the request's event stream
-(``shared.keys``: ``P:req:{id}:events``), so the events are atomic with the state and in its order. This module is
-the pure part of serving them (no I/O): an entry becomes one Server-Sent Event, a name and a JSON payload that
-names its request (``id``); a position is an entry id (``<ms>-<seq>``), the SSE ``id`` of the event.
-
-========== ================================================ ===============================================
-event      when                                             data
-========== ================================================ ===============================================
-queued     accepted                                         ``{"id"}``
-scheduled  put in a batch                                   ``{"id", "batch_id", "batch_size"}``
-running    a worker claimed it (again after a worker died)  ``{"id", "worker"}``
-progress   a denoising step (throttled, see progress.lua)   ``{"id", "step", "total"}``
-requeued   step mode: evicted from ``worker``'s running     ``{"id", "worker", "step"}``
-           set for a higher priority (at ``step``), queued
-           again at the front of its level; it restarts
-succeeded  terminal: the request's state, its image URLs    the ``RequestView`` (``GET /v1/requests/{id}``)
-failed     terminal: the request's state, its error         the ``RequestView``
-aborted    terminal                                         the ``RequestView``
-========== ================================================ ===============================================
-
-The stream of several requests (``GET /v1/events?ids=a,b,c``) sends the same events; its SSE ``id`` is the
-position of every request, in the order of ``ids``, comma separated, empty for a request with no event sent yet
-(``1718000000000-0,,1718000000123-1``): ``Last-Event-ID`` then resumes each request where it was.
+A position is an entry id of the request's event stream (``<ms>-<seq>``; the events themselves are
+``shared.events``). The stream of several requests (``GET /v1/events?ids=a,b,c``) sends the same events; its SSE
+``id`` is the position of every request, in the order of ``ids``, comma separated, empty for a request with no event
+sent yet (``1718000000000-0,,1718000000123-1``): ``Last-Event-ID`` then resumes each request where it was.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from typing import Literal, get_args
+from collections.abc import Sequence
 
-from pydantic import BaseModel
-
-from api.schemas import RequestView
-from shared.contracts import RequestStatus
-
-EventName = Literal["queued", "scheduled", "running", "progress", "requeued", "succeeded", "failed", "aborted"]
-EVENT_NAMES: tuple[EventName, ...] = get_args(EventName)
-TERMINAL_EVENTS: frozenset[str] = frozenset(status.value for status in RequestStatus if status.terminal)
 START = "0"
 """The position before a stream's first entry: read from the start."""
 _POSITION = re.compile(r"\d{1,20}(-\d{1,20})?")
-
-
-class QueuedEvent(BaseModel):
-    """``queued``: the request was accepted."""
-
-    id: str
-
-
-class ScheduledEvent(BaseModel):
-    """``scheduled``: the request joined batch ``batch_id`` of ``batch_size`` requests."""
-
-    id: str
-    batch_id: str
-    batch_size: int
-
-
-class RunningEvent(BaseModel):
-    """``running``: ``worker`` claimed the batch (once more after a worker was lost)."""
-
-    id: str
-    worker: str
-
-
-class ProgressEvent(BaseModel):
-    """``progress``: denoising step ``step`` of ``total`` is done."""
-
-    id: str
-    step: int
-    total: int
-
-
-class RequeuedEvent(BaseModel):
-    """``requeued``: step mode evicted the request from ``worker``'s running set at ``step`` so that a request of a
-    higher priority takes its room (``requeue.lua``); it is queued again, at the front of its level, and restarts."""
-
-    id: str
-    worker: str
-    step: int
-
-
-EventData = QueuedEvent | ScheduledEvent | RunningEvent | ProgressEvent | RequeuedEvent | RequestView
-EVENT_MODELS: dict[EventName, type[EventData]] = {
-    "queued": QueuedEvent,
-    "scheduled": ScheduledEvent,
-    "running": RunningEvent,
-    "progress": ProgressEvent,
-    "requeued": RequeuedEvent,
-    "succeeded": RequestView,
-    "failed": RequestView,
-    "aborted": RequestView,
-}
-"""The payload of each event (``fusefleet.client_events`` parses with it)."""
-
-
-def event_name(fields: Mapping[str, str]) -> EventName:
-    """The event a stream entry records (``ValueError`` for one this api does not know)."""
-    name = fields.get("event", "")
-    if name not in EVENT_NAMES:
-        raise ValueError(f"unknown event {name!r}")
-    return name
-
-
-def is_terminal(name: str) -> bool:
-    return name in TERMINAL_EVENTS
-
-
-def progress_data(request_id: str, name: EventName, fields: Mapping[str, str]) -> EventData:
-    """The payload of a non-terminal event from its entry's fields (a terminal one is the request's view)."""
-    if is_terminal(name):
-        raise ValueError(f"{name} is terminal: its payload is the request's view")
-    return EVENT_MODELS[name].model_validate({**fields, "id": request_id})
 
 
 def position_key(position: str) -> tuple[int, int]:

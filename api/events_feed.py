@@ -21,19 +21,13 @@ from typing import Any, Literal, TypeVar
 
 import redis.asyncio as aioredis
 
-from api.events import (
-    START,
-    EventData,
-    EventName,
-    event_name,
-    is_terminal,
-    position_key,
-    progress_data,
-)
+from api.events import START, position_key
 from api.outage import REDIS_FAILURES, StoreUnavailable
-from api.schemas import RequestView
 from api.store import OWNER_FIELD, RequestStore
+from shared.events import EventData, EventName, event_name, is_terminal, progress_data
 from shared.keys import RedisKeys
+from shared.streams import by_stream
+from shared.wire import RequestView
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -56,15 +50,6 @@ class FeedEvent:
     @property
     def terminal(self) -> bool:
         return is_terminal(self.name)
-
-
-def _entries(reply: Any) -> dict[str, list[tuple[str, dict[str, str]]]]:
-    """XREAD's reply as {stream key: [(entry id, fields)]}, for RESP2 (list) and RESP3 (dict) shapes."""
-    if not reply:
-        return {}
-    if isinstance(reply, dict):
-        return {key: (msgs[0] if msgs and isinstance(msgs[0], list) else msgs) for key, msgs in reply.items()}
-    return dict(reply)
 
 
 Standing = Literal["open", "done", "untold"]
@@ -151,8 +136,8 @@ class EventFeed:
         extra_s = (block_ms or 0) / 1000
         reply = await self._bounded(self._redis.xread(streams, count=READ_COUNT, block=block_ms), extra_s)
         entries = [
-            (by_key[key], entry_id, fields)
-            for key, messages in _entries(reply).items()
+            (by_key[key], entry_id, fields or {})  # never None: XREAD reads no group's pending entries
+            for key, messages in by_stream(reply).items()
             for entry_id, fields in messages
         ]
         return sorted(entries, key=lambda entry: position_key(entry[1]))

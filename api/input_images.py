@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from PIL import Image, UnidentifiedImageError
 
 from api.limits import ErrorDict, Loc
-from api.schemas import GenerateRequest
 from shared.settings import Settings
+from shared.wire import GenerateRequest
 
 ACCEPTED_FORMATS = frozenset({"PNG", "JPEG", "WEBP"})
 _DATA_URL = re.compile(r"^data:(?P<mime>[\w/+.-]*)(;[\w=.-]+)*;base64,", re.IGNORECASE)

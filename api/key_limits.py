@@ -22,8 +22,8 @@ from api.auth import KeyRefused
 from api.keys_file import ApiKey
 from api.limits import ErrorDict, Loc
 from api.outage import RETRY_AFTER_DOC, RETRY_AFTER_S
-from api.schemas import ErrorMessage
 from api.store import RequestStore
+from shared.wire import ErrorMessage
 
 KEY_LIMITED: dict[int | str, dict[str, Any]] = {
     429: {

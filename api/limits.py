@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.schemas import GenerateRequest
 from shared.compat import output_pixels
 from shared.settings import Settings
+from shared.wire import GenerateRequest
 
 Loc = tuple[str | int, ...]
 ErrorDict = dict[str, Any]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from api.outage import RETRY_AFTER_DOC
-from api.schemas import ErrorMessage
+from shared.wire import ErrorMessage
 
 Responses = dict[int | str, dict[str, Any]]
 

@@ -29,12 +29,12 @@ from api.keys_file import ApiKey
 from api.limits import ErrorDict, Loc, limit_errors
 from api.outage import retry_after_headers
 from api.request_ids import new_request_id
-from api.schemas import GenerateRequest
 from api.store import RefusalReason, RequestStore, Submitter, Webhook
 from api.webhook_urls import webhook_errors
 from shared.contracts import MAX_SEED, RequestSpec
 from shared.settings import Settings
 from shared.webhooks import subscription
+from shared.wire import GenerateRequest
 
 
 def _inputs_of(

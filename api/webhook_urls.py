@@ -13,9 +13,9 @@ import socket
 from collections.abc import Sequence
 
 from api.limits import ErrorDict, Loc
-from api.schemas import GenerateRequest
 from shared.settings import Settings
 from shared.webhook_hosts import HostRules, WebhookRefused, WebhookUrl, parse_url
+from shared.wire import GenerateRequest
 
 
 async def resolve(host: str, port: int, timeout_s: float) -> list[str]:

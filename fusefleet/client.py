@@ -21,8 +21,8 @@ The lower-level calls map one to one onto the api: ``submit`` (``POST /v1/reques
 (``GET /v1/requests/{id}``, ``wait`` with the long poll ``?wait_s=``), ``abort``, ``delete``
 (``DELETE /v1/requests/{id}``), ``image`` and ``images``; ``events`` and ``watch`` follow one or several requests'
 live events (Server-Sent Events, ``fusefleet.client_events``) until they end.
-Requests and answers are the api's own pydantic models (``api.schemas.GenerateRequest``, ``RequestView``);
-importing this module loads ``api.schemas`` (pydantic only), never the FastAPI app. Errors are typed
+Requests and answers are the api's wire models (``shared.wire.GenerateRequest``, ``RequestView``);
+importing this module loads ``shared.wire`` (pydantic only), never the api. Errors are typed
 (``fusefleet.client_errors``): ``RequestRejected`` (422, naming the field), ``QueueFull`` / ``Unavailable`` (503,
 with ``retry_after``; ``submit`` retries them a bounded number of times), ``NotFound``, ``Conflict``,
 ``ApiUnreachable``, ...
@@ -46,7 +46,6 @@ from typing import Any, Self, TypeVar
 
 import httpx
 
-from api.schemas import GenerateRequest, RequestView
 from fusefleet.client_errors import (
     ApiError,
     ApiUnreachable,
@@ -82,6 +81,7 @@ from fusefleet.client_protocol import (
 )
 from fusefleet.client_results import Result, ResultError
 from shared.contracts import OutputFormat, RequestStatus
+from shared.wire import GenerateRequest, RequestView
 
 __all__ = [
     "ApiError",

@@ -21,11 +21,11 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from api.events import ProgressEvent, RunningEvent, ScheduledEvent
-from api.schemas import RequestView
 from fusefleet.client import AsyncClient, Client, Event, FusefleetError, Result
 from fusefleet.client_images import encode_image
 from shared.contracts import OutputFormat, RequestStatus
+from shared.events import ProgressEvent, RunningEvent, ScheduledEvent
+from shared.wire import RequestView
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 if TYPE_CHECKING:
-    from api.schemas import RequestView
+    from shared.wire import RequestView
 
 QUEUE_FULL_MARKER = "queue is full"
 """What the api's 503 ``detail`` says when the queue, not Redis, is the reason (``api.routes.requests``)."""

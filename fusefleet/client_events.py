@@ -2,7 +2,7 @@
 their ``AsyncClient`` twins.
 
 The api sends each request's events as Server-Sent Events (``GET /v1/requests/{id}/events``, several requests on
-``GET /v1/events?ids=``; names and payloads in ``api.events``), closing the stream after the terminal event. A
+``GET /v1/events?ids=``; names and payloads in ``shared.events``), closing the stream after the terminal event. A
 reader follows one stream until every request it watches had its terminal event: a stream that drops before
 (connection lost, api restarted, Redis unavailable: a 503) is opened again with the ``Last-Event-ID`` of the last
 event received, so no event is lost or repeated, for up to ``reconnect_s`` seconds of consecutive failure; then
@@ -23,8 +23,6 @@ import httpx
 from httpx_sse import ServerSentEvent, SSEError, aconnect_sse, connect_sse
 from pydantic import ValidationError
 
-from api.events import EVENT_MODELS, EVENT_NAMES, EventData, EventName, is_terminal
-from api.schemas import RequestView
 from fusefleet.client_errors import (
     ApiError,
     ApiUnreachable,
@@ -33,6 +31,8 @@ from fusefleet.client_errors import (
     error_from_response,
     unreachable,
 )
+from shared.events import EVENT_MODELS, EVENT_NAMES, EventData, EventName, is_terminal
+from shared.wire import RequestView
 
 RECONNECT_S = 60.0
 """How long a reader keeps opening a dropped stream again (consecutive failures) before raising."""
@@ -46,7 +46,7 @@ NOTHING_LEFT = 204
 @dataclass(frozen=True, slots=True)
 class Event:
     """One event of a request: ``name`` (queued, scheduled, running, progress, succeeded, failed, aborted), the
-    request it is about, its payload (``api.events``; the request's ``RequestView`` for a terminal event), and
+    request it is about, its payload (``shared.events``; the request's ``RequestView`` for a terminal event), and
     ``last_event_id``: pass it back (``last_event_id=``) to resume the stream after this event."""
 
     name: EventName

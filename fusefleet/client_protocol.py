@@ -26,7 +26,6 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from api.schemas import AbortResult, Accepted, GenerateRequest, RequestView
 from fusefleet.client_errors import (
     ApiError,
     ApiUnreachable,
@@ -41,6 +40,7 @@ from fusefleet.client_errors import (
 )
 from fusefleet.client_results import Result, finished, interrupted, refused
 from shared.contracts import RequestStatus
+from shared.wire import AbortResult, Accepted, GenerateRequest, RequestView
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 URL_ENV = "FUSEFLEET_URL"

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Self
 
-from api.schemas import GenerateRequest, RequestView
 from fusefleet.client_errors import FusefleetError, RequestFailed, RequestRejected, WaitTimeout
 from fusefleet.client_images import to_pil
 from shared.contracts import OutputFormat, RequestStatus
+from shared.wire import GenerateRequest, RequestView
 
 if TYPE_CHECKING:
     from PIL import Image as PILImage

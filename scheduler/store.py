@@ -13,6 +13,7 @@ from scheduler.deadlines import NOT_STARTED, RAN_PAST, InFlightRequest
 from shared import keys as k
 from shared.contracts import TIMEOUT_ERROR, RequestSpec, RequestStatus, StepEviction
 from shared.settings import Settings
+from shared.streams import by_stream
 
 EVENTS_PAGE = 1000
 ABORTED_PAGE = 10_000  # aborted ids taken per SPOP (as many pages as there are, each round)
@@ -81,15 +82,6 @@ class LeaseLost(Exception):
     """The batch transition was refused: another scheduler holds the lease now."""
 
 
-def _by_stream(reply: Any) -> dict[str, list[tuple[str, dict[str, str]]]]:
-    """XREADGROUP's reply as {stream: [(entry id, fields)]} for both RESP2 (list) and RESP3 (dict) shapes."""
-    if not reply:
-        return {}
-    if isinstance(reply, dict):
-        return {name: (msgs[0] if msgs and isinstance(msgs[0], list) else msgs) for name, msgs in reply.items()}
-    return dict(reply)
-
-
 class SchedulerStore:
     """Redis operations of the active scheduler."""
 
@@ -130,7 +122,7 @@ class SchedulerStore:
         )
         pipe.spop(self.keys.scheduler_aborted, ABORTED_PAGE)  # after the read: see take_aborted
         reply, popped = pipe.execute()
-        read = _by_stream(reply)
+        read = by_stream(reply)
         events = [entry_id for entry_id, _ in read.get(self.keys.events, [])]
         self._discard_events(events)
         entries = [self._entry(entry_id, fields) for entry_id, fields in read.get(self.keys.requests, [])]
@@ -167,7 +159,7 @@ class SchedulerStore:
             {self.keys.requests: after},
             count=self._settings.scheduler_read_count,
         )
-        return [self._entry(entry_id, fields) for entry_id, fields in _by_stream(reply).get(self.keys.requests, [])]
+        return [self._entry(entry_id, fields) for entry_id, fields in by_stream(reply).get(self.keys.requests, [])]
 
     def drop_pending_events(self) -> None:
         """Acknowledge the wake-up events a previous leader read (they matter to no one now)."""
@@ -175,7 +167,7 @@ class SchedulerStore:
             reply = self._redis.xreadgroup(
                 k.SCHEDULER_GROUP, k.SCHEDULER_CONSUMER, {self.keys.events: "0"}, count=EVENTS_PAGE
             )
-            ids = [entry_id for entry_id, _ in _by_stream(reply).get(self.keys.events, [])]
+            ids = [entry_id for entry_id, _ in by_stream(reply).get(self.keys.events, [])]
             if not ids:
                 return
             self._discard_events(ids)

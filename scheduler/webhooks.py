@@ -39,14 +39,14 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import redis
 
-from api.events import event_name, is_terminal, progress_data
-from api.schemas import RequestView
 from scheduler.lease import Lease
 from scheduler.webhook_queue import DeliveryQueue, OutboxEntry, Pending
+from shared.events import event_name, is_terminal, progress_data
 from shared.keys import WEBHOOK_CONSUMER, WEBHOOK_GROUP, WEBHOOK_OUTCOME, RedisKeys
 from shared.retry import Backoff, is_transient
 from shared.settings import Settings
 from shared.state import STATE_FIELDS, parse_state
+from shared.streams import by_stream
 from shared.webhook_hosts import HostRules, IpAddress, WebhookRefused, WebhookUrl, parse_url
 from shared.webhooks import (
     ATTEMPT_FIELD,
@@ -56,6 +56,7 @@ from shared.webhooks import (
     signature_header,
     webhook_event,
 )
+from shared.wire import RequestView
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ def pinned_request(url: WebhookUrl, address: IpAddress) -> tuple[str, dict[str, 
 
 
 def event_data(entry: OutboxEntry, raw: Mapping[str, str]) -> dict[str, Any]:
-    """The event's SSE payload (``api.events``): from the outbox entry, or the request's view for a terminal one."""
+    """The event's SSE payload (``shared.events``): from the outbox entry, or the request's view for a terminal one."""
     name = event_name({"event": entry.event})
     if is_terminal(name):
         return RequestView.from_state(parse_state(raw)).model_dump(mode="json")
@@ -222,14 +223,10 @@ class WebhookDispatcher:
 
     def _read(self, after: str, block_ms: int | None) -> list[tuple[str, dict[str, str] | None]]:
         """Outbox entries after ``after`` ('>' = new ones), as (id, fields; None for one deleted meanwhile)."""
-        reply: Any = self._redis.xreadgroup(
+        reply = self._redis.xreadgroup(
             WEBHOOK_GROUP, WEBHOOK_CONSUMER, {self._keys.webhooks: after}, count=READ_COUNT, block=block_ms
         )
-        if isinstance(reply, dict):  # RESP3
-            streams = list(reply.values())
-            messages = streams[0][0] if streams and streams[0] and isinstance(streams[0][0], list) else []
-        else:
-            messages = reply[0][1] if reply else []
+        messages = by_stream(reply).get(self._keys.webhooks, [])
         return [(str(entry_id), fields) for entry_id, fields in messages]
 
     def _hold(self, entries: list[tuple[str, dict[str, str] | None]]) -> None:

@@ -7,7 +7,7 @@ also appends a small entry to the fleet's webhook outbox (``P:webhooks``, a stre
 dispatcher (``scheduler.webhooks``) POSTs them.
 
 =========== ====================================== =====================================================
-webhook     stream events (``api.events``)         data (the event's SSE payload)
+webhook     stream events (``shared.events``)      data (the event's SSE payload)
 =========== ====================================== =====================================================
 start       running (again after a worker died)    ``{"id", "worker"}``
 progress    progress (at most one a second)        ``{"id", "step", "total"}``

@@ -41,12 +41,12 @@ from api.keys_file import ApiKey
 from api.openai.errors import INVALID_REQUEST, SERVER_ERROR, OpenAIError
 from api.openai.schemas import ImageObject, ImagesResponse, ResponseFormat
 from api.outage import StoreUnavailable
-from api.schemas import GenerateRequest
 from api.store import RequestStore
 from api.submission import accept
 from api.waiter import CompletionWaiter
 from shared.contracts import TIMEOUT_ERROR, RequestState, RequestStatus
 from shared.settings import Settings
+from shared.wire import GenerateRequest
 
 log = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ from fastapi import UploadFile, status
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api.openai.errors import OpenAIError, invalid_request, model_not_found
-from api.schemas import DEFAULT_SIDE, GenerateRequest
 from shared.contracts import OutputFormat
 from shared.settings import Settings
+from shared.wire import DEFAULT_SIDE, GenerateRequest
 
 ResponseFormat = Literal["b64_json", "url"]
 AUTO_SIZE = "auto"

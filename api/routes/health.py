@@ -6,7 +6,7 @@ from fastapi import APIRouter, Response, status
 
 from api.deps import StoreDep
 from api.outage import RETRY_AFTER_DOC, retry_after_headers
-from api.schemas import Health
+from shared.wire import Health
 
 router = APIRouter(tags=["health"])
 

@@ -18,7 +18,12 @@ from api.deps import SettingsDep, StoreDep, WaiterDep
 from api.key_limits import KEY_LIMITED
 from api.request_ids import RequestIdDep, unknown_requests
 from api.responses import BAD_BODY, NOT_FOUND, QUEUE_FULL_OR_UNAVAILABLE, UNAVAILABLE, Responses
-from api.schemas import (
+from api.store import Forgotten, RequestStore
+from api.submission import accept
+from shared.contracts import RequestStatus
+from shared.results import media_type_of
+from shared.settings import Settings
+from shared.wire import (
     AbortResult,
     Accepted,
     BatchAccepted,
@@ -27,11 +32,6 @@ from api.schemas import (
     GenerateRequest,
     RequestView,
 )
-from api.store import Forgotten, RequestStore
-from api.submission import accept
-from shared.contracts import RequestStatus
-from shared.results import media_type_of
-from shared.settings import Settings
 
 router = APIRouter(prefix="/v1/requests", tags=["requests"])
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from api.schemas import GenerateRequest, RequestView
 from fusefleet.client import AsyncClient, Client, RequestStatus, encode_image
+from shared.wire import GenerateRequest, RequestView
 from tests.integration.conftest import Fleet
 from tests.support.runners import EXPLODE_MARKER
 

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from api.events import ProgressEvent, RunningEvent, ScheduledEvent
 from fusefleet.client import Client, Event, RequestStatus
 from fusefleet.client_cli import run_watch
+from shared.events import ProgressEvent, RunningEvent, ScheduledEvent
 from tests.support.fleet import Fleet, running_fleet
 from tests.support.redis_server import RedisServer
 from tests.support.runners import RAISE_BEFORE

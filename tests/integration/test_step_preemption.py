@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from api.events import RequeuedEvent
 from fusefleet.client import Client
 from gpu_worker.diffusers_runner import DiffusersRunner
+from shared.events import RequeuedEvent
 from tests.integration.conftest import Fleet, running_fleet
 from tests.support.redis_server import RedisServer
 from tests.support.solo import png_array, solo_image

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from api.limits import limit_errors
-from api.schemas import GenerateRequest
 from gpu_worker.families import FAMILIES
 from shared.contracts import ModelTraits, Task, WorkerCapabilities
 from shared.settings import Settings
+from shared.wire import GenerateRequest
 from tests.support.api import Api
 
 pytestmark = pytest.mark.anyio

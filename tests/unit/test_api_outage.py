@@ -22,9 +22,9 @@ import pytest
 from redis import exceptions as redis_errors
 
 from api.app import create_app
-from api.schemas import GenerateRequest
 from shared.results import ResultStoreError
 from shared.settings import Settings
+from shared.wire import GenerateRequest
 from tests.support.api import Api, api_harness, fake_results, unit_settings
 
 pytestmark = pytest.mark.anyio

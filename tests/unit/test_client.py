@@ -28,7 +28,6 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from api.app import create_app
-from api.schemas import GenerateRequest, RequestView
 from fusefleet.cli import cli
 from fusefleet.client import (
     ApiError,
@@ -53,6 +52,7 @@ from shared.contracts import RequestSpec
 from shared.keys import RedisKeys
 from shared.results import ResultStore
 from shared.settings import Settings
+from shared.wire import GenerateRequest, RequestView
 from tests.support.api import fake_results, finish_like_worker
 from tests.support.redis_server import free_port
 

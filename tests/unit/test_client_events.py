@@ -16,12 +16,12 @@ import anyio
 import httpx
 import pytest
 
-from api.schemas import RequestView
 from fusefleet.client import ApiUnreachable, AsyncClient, Client, NotFound, Unavailable
 from fusefleet.client_cli import describe_event
 from shared.contracts import RequestSpec
 from shared.settings import Settings
 from shared.state import parse_state
+from shared.wire import RequestView
 from tests.support.api import Api, api_harness, unit_settings
 
 pytestmark = pytest.mark.anyio

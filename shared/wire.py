@@ -1,4 +1,5 @@
-"""HTTP request and response models of the API.
+"""The HTTP api's request and response models: the api validates and answers with them, ``fusefleet.client``
+and the webhook dispatcher (``scheduler.webhooks``) speak them. Pydantic only: importing this never loads the api.
 
 The bounds declared here are the fixed ones (shape multiples, guidance ranges, seed range). Bounds that
 depend on the fleet's ``Settings`` (prompt length, image side, steps, images per request, known LoRA
