@@ -1,4 +1,4 @@
-"""Bearer-token authentication with API keys (``FUSEFLEET_API_KEYS_FILE``, parsed by ``api.keys_file``).
+"""Bearer-token authentication with API keys (``FUSEFLEET_API_KEYS_FILE``, parsed by ``shared.api_keys``).
 
 Without a keys file nothing here does anything: ``authenticate`` answers None and every request is anyone's.
 With one, ``authenticate`` (a dependency of every router but ``/healthz`` and ``/metrics``) wants
@@ -24,7 +24,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, status
 
-from api.keys_file import ApiKey, KeyRing, KeysFileError, load_keys
+from shared.api_keys import ApiKey, KeyRing, KeysFileError, load_keys
 from shared.wire import ErrorMessage
 
 log = logging.getLogger(__name__)

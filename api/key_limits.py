@@ -1,4 +1,4 @@
-"""An API key's limits on what it submits (``api.keys_file``: ``rate_per_s`` / ``burst``, ``max_queued``).
+"""An API key's limits on what it submits (``shared.api_keys``: ``rate_per_s`` / ``burst``, ``max_queued``).
 
 - **Rate**: a token bucket per key in Redis (``shared/lua/rate_limit.lua``, Redis server time), so it holds across
   any number of api processes. Each submitted request takes one token (a batch of k takes k, all or none); reads,
@@ -19,10 +19,10 @@ from typing import Any
 from fastapi import status
 
 from api.auth import KeyRefused
-from api.keys_file import ApiKey
 from api.limits import ErrorDict, Loc
 from api.outage import RETRY_AFTER_DOC, RETRY_AFTER_S
 from api.store import RequestStore
+from shared.api_keys import ApiKey
 from shared.wire import ErrorMessage
 
 KEY_LIMITED: dict[int | str, dict[str, Any]] = {

@@ -25,12 +25,12 @@ from api.capabilities import capability_errors
 from api.input_budget import budget_full, too_large
 from api.input_images import StoredInputs, prepare_inputs
 from api.key_limits import batch_errors, max_queued_reached, take_tokens
-from api.keys_file import ApiKey
 from api.limits import ErrorDict, Loc, limit_errors
 from api.outage import retry_after_headers
 from api.request_ids import new_request_id
 from api.store import RefusalReason, RequestStore, Submitter, Webhook
 from api.webhook_urls import webhook_errors
+from shared.api_keys import ApiKey
 from shared.contracts import MAX_SEED, RequestSpec
 from shared.settings import Settings
 from shared.webhooks import subscription

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from pydantic import ValidationError
 
-from api.keys_file import ApiKey, KeysFileError, key_table, load_keys, new_token, token_hash
+from shared.api_keys import ApiKey, KeysFileError, key_table, load_keys, new_token, token_hash
 
 TOKEN_NOTE = "the token (shown once: give it to the client; the fleet keeps only its sha256)"
 

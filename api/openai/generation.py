@@ -37,13 +37,13 @@ from fastapi import Request, status
 from fastapi.responses import JSONResponse
 from starlette.types import Receive
 
-from api.keys_file import ApiKey
 from api.openai.errors import INVALID_REQUEST, SERVER_ERROR, OpenAIError
 from api.openai.schemas import ImageObject, ImagesResponse, ResponseFormat
 from api.outage import StoreUnavailable
 from api.store import RequestStore
 from api.submission import accept
 from api.waiter import CompletionWaiter
+from shared.api_keys import ApiKey
 from shared.contracts import TIMEOUT_ERROR, RequestState, RequestStatus
 from shared.settings import Settings
 from shared.wire import GenerateRequest

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from api.keys_file import ApiKey, key_table, token_hash
+from shared.api_keys import ApiKey, key_table, token_hash
 from tests.integration.conftest import TERMINAL, Fleet, running_fleet
 from tests.support.redis_server import RedisServer
 

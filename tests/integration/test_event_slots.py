@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from api.keys_file import ApiKey, key_table, token_hash
+from shared.api_keys import ApiKey, key_table, token_hash
 from tests.support.fleet import base_env, new_prefix
 from tests.support.processes import Service, wait_for
 from tests.support.redis_server import RedisServer, free_port

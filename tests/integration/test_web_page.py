@@ -23,7 +23,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, Route, expect, sync_playwright
 
-from api.keys_file import ApiKey, key_table, token_hash
+from shared.api_keys import ApiKey, key_table, token_hash
 from tests.support.fleet import Fleet, running_fleet
 from tests.support.processes import Service, wait_for
 from tests.support.redis_server import RedisServer, free_port

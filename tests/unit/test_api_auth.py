@@ -13,8 +13,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.keys_file import ApiKey, key_table, token_hash
 from fusefleet.client import ApiError, AsyncClient, NotFound
+from shared.api_keys import ApiKey, key_table, token_hash
 from shared.settings import Settings
 from tests.support.api import Api, api_harness, unit_settings
 

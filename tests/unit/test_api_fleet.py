@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from api.keys_file import ApiKey, key_table, token_hash
 from api.routes.ui import ASSET_TYPES, FOREVER, REVALIDATE, ui_files
+from shared.api_keys import ApiKey, key_table, token_hash
 from shared.contracts import Task, WorkerCapabilities
 from tests.support.api import Api, api_harness, unit_settings
 

@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from api.auth import RELOAD_CHECK_S, KeysWatcher, bearer_token
-from api.keys_file import ApiKey, KeysFileError, key_table, load_keys, new_token, parse_keys, token_hash
 from fusefleet.cli import cli
 from shared import keys as k
+from shared.api_keys import ApiKey, KeysFileError, key_table, load_keys, new_token, parse_keys, token_hash
 from tests.unit.test_scripts import submit as submit_requests
 
 A_TOKEN, B_TOKEN = "ff_token-of-alice", "ff_token-of-bob"

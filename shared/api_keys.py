@@ -1,5 +1,6 @@
 """The API keys file (``FUSEFLEET_API_KEYS_FILE``): which bearer tokens the api accepts, under which names, with
-which limits. Parsing, hashing and minting only (no I/O but reading the file); ``api.auth`` serves it.
+which limits. Parsing, hashing and minting only (no I/O but reading the file); ``api.auth`` serves it,
+``fusefleet keys`` (``fusefleet.keys_cli``) writes it.
 
 TOML, one table per key under ``keys``, named by the key's name::
 
