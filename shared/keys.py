@@ -42,7 +42,10 @@ key                             type    contents
 ``P:batch:{id}``                hash    ids (space separated), created_at, attempts (claims that ran something),
                                         seq, published_seq, claimed_seq (order of publications and claims),
                                         published_ms (Redis server time), lost:{request id} (runs of the request
-                                        that were lost: ``claim.lua`` splits on them); TTL once out of flight
+                                        that were lost: ``claim.lua`` splits on them), lost_alone:{request id}
+                                        (those that ran it alone: it fails WorkerLost at max_batch_attempts),
+                                        ran (requests the last claim that ran something ran); TTL once out of
+                                        flight
 ``P:batch:{id}:lock``           string  claim token of the run holding the batch (TTL, renewed by heartbeats)
 ``P:inflight``                  zset    batches with unfinished requests, scored by first publish time (ms)
 ``P:storing``                   zset    batches in flight that occupy no worker slot: their forward is over while
@@ -262,12 +265,12 @@ def _lua(name: str, *libraries: str) -> str:
 
 SUBMIT = _lua("submit")
 SCHEDULE = _lua("schedule")
-CLAIM = _lua("claim", "lib_drop_inputs", "lib_split_plan")
+CLAIM = _lua("claim", "lib_drop_inputs", "lib_end_request", "lib_split_plan")
 PROGRESS = _lua("progress")
-FINISH = _lua("finish", "lib_drop_inputs")
-FAIL = _lua("fail", "lib_drop_inputs", "lib_fail_request")
-ABORT = _lua("abort", "lib_drop_inputs")
-EXPIRE = _lua("expire", "lib_drop_inputs", "lib_fail_request")
+FINISH = _lua("finish", "lib_drop_inputs", "lib_end_request")
+FAIL = _lua("fail", "lib_drop_inputs", "lib_end_request", "lib_fail_request")
+ABORT = _lua("abort", "lib_drop_inputs", "lib_end_request")
+EXPIRE = _lua("expire", "lib_drop_inputs", "lib_end_request", "lib_fail_request")
 BATCH_DONE = _lua("batch_done")
 FORWARD_DONE = _lua("forward_done")
 REAP = _lua("reap")

@@ -295,9 +295,10 @@ class Settings(BaseSettings):
     max_batch_attempts: int = Field(
         3,
         ge=1,
-        description="Lost runs of one request (its worker died, hit the hard time limit or lost Redis) before it "
-        "fails WorkerLost, the last of them with it alone: a lost run of several requests is re-run in halves, so "
-        "only the request that kills its worker fails (poison-request guard). Deliveries that run nothing do not "
+        description="Lost runs of one request running alone (its worker died, hit the hard time limit or lost "
+        "Redis) before it fails WorkerLost: a lost run of several requests is re-run in halves down to one request, "
+        "so only the request that kills its worker fails (poison-request guard), and a loss that is not its fault "
+        "(a restart) fails a request only if it is lost this many times alone. Deliveries that run nothing do not "
         "count.",
     )
     batch_claim_timeout_s: float = Field(

@@ -2,9 +2,13 @@
 -- Which ones is split_plan's (lib_split_plan.lua, prepended): all of them, unless runs of the batch were lost (its
 -- worker died, was killed at the time limit, or lost Redis), then one half of the lost run, or its one request
 -- again, or the part put aside last. A lost request put aside stays running with no claim token (so a late writer
--- from the lost run can finish nothing), and waits for a later claim of the batch: the reaper publishes the batch
--- again once this run has released it. Each request's lost runs are counted in the batch hash (``lost:{id}``); one
--- lost max attempts times, the last time alone, fails WorkerLost.
+-- from the lost run can finish nothing; abort.lua and expire.lua end it at once), and waits for a later claim of the
+-- batch: the reaper publishes the batch again once this run has released it. Each request's lost runs are counted
+-- in the batch hash (``lost:{id}``, which orders the parts), those that ran it alone too (``lost_alone:{id}``), and
+-- how many requests the last claim that ran something ran (``ran``); one lost max attempts times running alone
+-- fails WorkerLost.
+-- A request it runs starts its run with no ``evicted_at``: an eviction mark only ever describes the current run's
+-- objects (redis_result_put.lua; a dead run's orphan dropped before this claim marked its then current run).
 -- Only a claim that runs something counts an attempt (``attempts``, the claims that ran something).
 -- A call whose token already holds the lock is a replay (the reply of the first call was lost and the worker
 -- retried): it changes nothing, renews the lock and answers what the first call did.
@@ -22,26 +26,8 @@ if replay then
 elseif not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {-1, redis.call('PTTL', KEYS[1])}
 end
-local function finish(key, id, status)
-  redis.call('HSET', key, 'status', status, 'finished_at', ARGV[4])
-  drop_inputs(key)  -- lib_drop_inputs.lua
-  redis.call('EXPIRE', key, ARGV[7])
-  local event = redis.call('XADD', key .. ':events', '*', 'event', status)
-  -- webhook outbox (shared/webhooks.py): this event, when the request's webhook subscribed to it
-  local hook = redis.call('HGET', key, 'webhook_on')
-  if hook and string.find(hook, ' ' .. status .. ' ', 1, true) then
-    local prefix, request = string.match(key, '^(.*):req:(.*)$')
-    redis.call('XADD', prefix .. ':webhooks', '*', 'id', request, 'event', status, 'entry', event)
-  end
-  redis.call('COPY', key .. ':events', key .. ':events:packed', 'REPLACE')  -- packed: see shared/keys.py
-  redis.call('RENAME', key .. ':events:packed', key .. ':events')
-  redis.call('EXPIRE', key .. ':events', ARGV[7])
-  redis.call('PUBLISH', ARGV[8], id)
-  -- metrics (shared/metrics.py); only a request flagged while running reaches a claim aborted
-  local metrics = string.match(key, '^(.*):req:') .. ':metrics'
-  redis.call('HINCRBY', metrics, 'finished:' .. status, 1)
-  if status == 'failed' then redis.call('HINCRBY', metrics, 'failed:' .. redis.call('HGET', key, 'error_type'), 1) end
-  if status == 'aborted' then redis.call('HINCRBY', metrics, 'aborted:running', 1) end
+local function finish(key, id, status)  -- only a request flagged while running reaches a claim aborted
+  end_request(key, id, status, 'running', ARGV[4], ARGV[7], ARGV[8])  -- lib_end_request.lua
 end
 local statuses, specs, stored, keys, rows = {}, {}, {}, {}, {}
 for i = 3, #KEYS do
@@ -54,32 +40,34 @@ for i = 3, #KEYS do
       status = 'aborted'
       finish(KEYS[i], ARGV[i + 6], status)
     else
-      local count = tonumber(redis.call('HGET', KEYS[2], 'lost:' .. ARGV[i + 6]) or '0')
+      local count = redis.call('HMGET', KEYS[2], 'lost:' .. ARGV[i + 6], 'lost_alone:' .. ARGV[i + 6])
       stored[i] = st[4]
       table.insert(keys, i)
-      table.insert(rows, {lost = status == 'running' and st[5] ~= false and st[5] ~= '', count = count})
+      table.insert(rows, {lost = status == 'running' and st[5] ~= false and st[5] ~= '',
+                          count = tonumber(count[1] or '0'), alone = tonumber(count[2] or '0')})
     end
   end
   statuses[i] = status
 end
 local attempts = tonumber(redis.call('HGET', KEYS[2], 'attempts') or '0')
 if not replay then
-  local plan = split_plan(rows, tonumber(ARGV[6]))
+  local plan = split_plan(rows, tonumber(ARGV[6]), tonumber(redis.call('HGET', KEYS[2], 'ran') or nil))
   for r, count in pairs(plan.counts) do
     redis.call('HSET', KEYS[2], 'lost:' .. ARGV[keys[r] + 6], count)
     redis.call('HDEL', KEYS[keys[r]], 'claim')  -- put aside unless run below: the lost run can finish nothing
   end
+  for r, count in pairs(plan.alone) do redis.call('HSET', KEYS[2], 'lost_alone:' .. ARGV[keys[r] + 6], count) end
   for _, r in ipairs(plan.fail) do
     local i = keys[r]
     statuses[i] = 'failed'
     redis.call('HSET', KEYS[i], 'error_type', 'WorkerLost', 'error_message',
-               'its run killed the worker ' .. plan.counts[r] .. ' times, the last time running alone '
+               'its run killed the worker ' .. plan.alone[r] .. ' times running alone '
                .. '(or its worker was killed at the time limit, or lost Redis, each time)')
     finish(KEYS[i], ARGV[i + 6], 'failed')
   end
   if #plan.run > 0 then
     attempts = redis.call('HINCRBY', KEYS[2], 'attempts', 1)
-    redis.call('HSET', KEYS[2], 'claimed_seq', redis.call('HINCRBY', KEYS[2], 'seq', 1))
+    redis.call('HSET', KEYS[2], 'claimed_seq', redis.call('HINCRBY', KEYS[2], 'seq', 1), 'ran', #plan.run)
   end
   for _, r in ipairs(plan.run) do
     local i = keys[r]
@@ -87,6 +75,7 @@ if not replay then
     specs[i] = stored[i]
     redis.call('HSET', KEYS[i], 'status', 'running', 'started_at', ARGV[4], 'worker', ARGV[5], 'step', 0,
                'claim', ARGV[1])
+    redis.call('HDEL', KEYS[i], 'evicted_at')  -- a mark of an earlier run's objects (redis_result_put.lua)
     local event = redis.call('XADD', KEYS[i] .. ':events', '*', 'event', 'running', 'worker', ARGV[5])
     -- webhook outbox (shared/webhooks.py): this event, when the request's webhook subscribed to it
     local hook = redis.call('HGET', KEYS[i], 'webhook_on')

@@ -2,9 +2,8 @@
 -- A succeeded request's images are already in the result store under the given keys; they must still be in the
 -- results journal (recorded at claim time, see results_record.lua), else the sweeper may have deleted them and the
 -- request fails with ResultLost. Kept keys become due for deletion with the request (now + ttl); an abort flag wins
--- over success, and then the keys become due at once. Input images are dropped from the hash: nothing needs them.
--- The terminal status is appended to the request's event stream (its hash key .. ':events'), expiring with it.
--- A request whose webhook subscribed to the event also gets an entry in the webhook outbox (shared/webhooks.py).
+-- over success, and then the keys become due at once. What ending it does besides (input images dropped, the event,
+-- the webhook outbox, the wake-up, the metrics) is ``end_request``'s (lib_end_request.lua, prepended).
 -- KEYS[1] request hash, KEYS[2] results journal. ARGV[1] outcome (succeeded|failed), ARGV[2] now (s),
 -- ARGV[3] ttl (s), ARGV[4] error type, ARGV[5] error message, ARGV[6] finished channel, ARGV[7] request id,
 -- ARGV[8] claim token, ARGV[9..] result keys of its images (in image order).
@@ -36,23 +35,5 @@ else
     redis.call('HSET', KEYS[1], 'error_type', error_type, 'error_message', error_message)
   end
 end
-redis.call('HSET', KEYS[1], 'status', status, 'finished_at', ARGV[2])
-drop_inputs(KEYS[1])  -- lib_drop_inputs.lua
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-local event = redis.call('XADD', KEYS[1] .. ':events', '*', 'event', status)
--- webhook outbox (shared/webhooks.py): this event, when the request's webhook subscribed to it
-local hook = redis.call('HGET', KEYS[1], 'webhook_on')
-if hook and string.find(hook, ' ' .. status .. ' ', 1, true) then
-  local prefix, request = string.match(KEYS[1], '^(.*):req:(.*)$')
-  redis.call('XADD', prefix .. ':webhooks', '*', 'id', request, 'event', status, 'entry', event)
-end
-redis.call('COPY', KEYS[1] .. ':events', KEYS[1] .. ':events:packed', 'REPLACE')  -- packed: see shared/keys.py
-redis.call('RENAME', KEYS[1] .. ':events:packed', KEYS[1] .. ':events')
-redis.call('EXPIRE', KEYS[1] .. ':events', ARGV[3])
-redis.call('PUBLISH', ARGV[6], ARGV[7])
--- metrics (shared/metrics.py): the terminal status, a failure's type, an abort that caught the request running
-local metrics = string.match(KEYS[1], '^(.*):req:') .. ':metrics'
-redis.call('HINCRBY', metrics, 'finished:' .. status, 1)
-if status == 'failed' then redis.call('HINCRBY', metrics, 'failed:' .. error_type, 1) end
-if status == 'aborted' then redis.call('HINCRBY', metrics, 'aborted:running', 1) end
+end_request(KEYS[1], ARGV[7], status, 'running', ARGV[2], ARGV[3], ARGV[6])  -- lib_end_request.lua
 return status

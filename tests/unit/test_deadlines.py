@@ -124,6 +124,34 @@ def test_expire_fails_what_has_not_started_and_flags_what_runs(client: fakeredis
     assert store.expire(["run", "queued"]) == ["aborted", "failed"]  # only ever forward
 
 
+def test_a_request_put_aside_by_the_split_is_ended_at_its_deadline_at_once(
+    client: fakeredis.FakeRedis, settings: Settings
+) -> None:
+    """Put aside after a lost run (running, no claim token: it waits for the other half), it runs nowhere: past its
+    deadline it ends ``aborted`` with error ``Timeout`` now (before: flagged only, it ended at a later claim)."""
+    store, worker = SchedulerStore(client, settings), WorkerStore(client, settings)
+    keys = store.keys
+    submit(client, keys, spec("a"), spec("b", timeout_s=1.0))
+    lease = Lease(client, keys.scheduler_lease, 5000)
+    assert lease.try_acquire()
+    store.schedule(lease.key, lease.token, "B1", ["a", "b"], [None, 1.0])
+    batch = BatchMessage(batch_id="B1", request_ids=("a", "b"), created_at=0)
+    assert isinstance(worker.claim(batch, "t1", "w"), Claimed)
+    client.delete(keys.batch_lock("B1"))  # the run died
+    second = worker.claim(batch, "t2", "w")
+    assert isinstance(second, Claimed) and second.running == ["a"]  # b put aside
+
+    assert store.expire(["b"]) == ["aborted"]
+
+    ended = state(client, keys, "b")
+    assert ended.status is RequestStatus.ABORTED and ended.error.type == TIMEOUT_ERROR
+    assert ended.error.message == RAN_PAST
+    assert 0 < client.ttl(keys.request("b")) <= 60
+    assert [e["event"] for _, e in client.xrange(keys.request_events("b"))][-1] == "aborted"
+    assert worker.finish_many({"a": []}, {}, "t2") == {"a": RequestStatus.SUCCEEDED}
+    assert worker.batch_done("B1", "t2")  # nothing left waiting: no later claim needed
+
+
 def test_in_flight_reads_the_requests_of_every_batch_in_flight(client: fakeredis.FakeRedis, settings: Settings) -> None:
     store = SchedulerStore(client, settings)
     submit(client, store.keys, spec("a", timeout_s=5.0), spec("b"), spec("c", timeout_s=7.0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import fakeredis
 import pytest
@@ -12,6 +13,7 @@ from scheduler.lease import Lease
 from scheduler.store import LeaseLost, Reaped, SchedulerStore
 from shared import keys as k
 from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus
+from shared.results.redis_store import RedisResultStore
 from shared.settings import Settings
 
 
@@ -135,25 +137,39 @@ def test_poison_batch_fails_after_max_attempts(
     assert client.hget(worker.keys.request("a"), "error_type") == "WorkerLost"
 
 
-def test_a_lost_run_is_rerun_in_halves_until_only_the_request_that_kills_its_worker_fails(
-    client: fakeredis.FakeRedis, settings: Settings
-) -> None:
-    store, worker = SchedulerStore(client, settings), WorkerStore(client, settings)
-    submit(client, store.keys, "a", "b", "c", "d")
-    lease = Lease(client, store.keys.scheduler_lease, 5000)
-    assert lease.try_acquire()
-    store.schedule(lease.key, lease.token, "B1", ["a", "b", "c", "d"])
-    batch = BatchMessage(batch_id="B1", request_ids=("a", "b", "c", "d"), created_at=0.0)
+@dataclass
+class Runs:
+    """Batch B1 of a, b, c, d, claimed run by run: ``claim`` takes it under a token, ``die`` loses the run (its
+    worker died: its lock lapses, the reaper publishes the batch again)."""
 
-    def claim(token: str) -> Claimed:
-        claimed = worker.claim(batch, token, "w")
+    client: fakeredis.FakeRedis
+    store: SchedulerStore
+    worker: WorkerStore
+
+    @classmethod
+    def of_four(cls, client: fakeredis.FakeRedis, settings: Settings) -> Runs:
+        runs = cls(client, SchedulerStore(client, settings), WorkerStore(client, settings))
+        submit(client, runs.store.keys, "a", "b", "c", "d")
+        lease = Lease(client, runs.store.keys.scheduler_lease, 5000)
+        assert lease.try_acquire()
+        runs.store.schedule(lease.key, lease.token, "B1", ["a", "b", "c", "d"])
+        return runs
+
+    def claim(self, token: str) -> Claimed:
+        claimed = self.worker.claim(BatchMessage(batch_id="B1", request_ids=tuple("abcd"), created_at=0.0), token, "w")
         assert isinstance(claimed, Claimed)
         return claimed
 
-    def die() -> None:  # the run of c kills its worker: its lock lapses, the reaper publishes it again
-        client.delete(worker.keys.batch_lock("B1"))
-        assert store.reap().republish == ["B1"]
+    def die(self) -> None:
+        self.client.delete(self.worker.keys.batch_lock("B1"))
+        assert self.store.reap().republish == ["B1"]
 
+
+def test_a_lost_run_is_rerun_in_halves_until_only_the_request_that_kills_its_worker_fails(
+    client: fakeredis.FakeRedis, settings: Settings
+) -> None:
+    runs = Runs.of_four(client, settings)
+    store, worker, claim, die = runs.store, runs.worker, runs.claim, runs.die  # the run of c kills its worker
     assert claim("t1").running == ["a", "b", "c", "d"]
     die()
     assert claim("t2").running == ["a", "b"]  # c and d are put aside, fenced from the lost run
@@ -166,13 +182,93 @@ def test_a_lost_run_is_rerun_in_halves_until_only_the_request_that_kills_its_wor
     die()
     assert claim("t4").running == ["c"]
     die()
-    last = claim("t5")  # c was lost 3 times, the last time alone (max_batch_attempts 2): it fails, d runs
-    assert last.running == ["d"] and last.statuses["c"] is RequestStatus.FAILED and last.attempts == 5
+    assert claim("t5").running == ["c"]  # lost once alone: again alone
+    die()
+    last = claim("t6")  # c was lost 4 times, 2 of them alone (max_batch_attempts 2): it fails, d runs
+    assert last.running == ["d"] and last.statuses["c"] is RequestStatus.FAILED and last.attempts == 6
     failed = client.hmget(worker.keys.request("c"), ["error_type", "error_message"])
-    assert failed[0] == "WorkerLost" and "killed the worker 3 times" in str(failed[1]), failed
-    assert worker.finish_many({"d": []}, {}, "t5") == {"d": RequestStatus.SUCCEEDED}
-    assert worker.batch_done("B1", "t5")
+    assert failed[0] == "WorkerLost" and "killed the worker 2 times running alone" in str(failed[1]), failed
+    assert client.hmget(worker.keys.batch("B1"), ["lost:c", "lost_alone:c", "lost:d", "lost_alone:d"]) == [
+        "4",
+        "2",
+        "2",
+        None,
+    ]
+    assert worker.finish_many({"d": []}, {}, "t6") == {"d": RequestStatus.SUCCEEDED}
+    assert worker.batch_done("B1", "t6")
     assert client.zscore(worker.keys.inflight, "B1") is None
+
+
+def test_a_request_lost_with_others_then_once_alone_through_no_fault_of_its_own_runs_again(
+    client: fakeredis.FakeRedis, settings: Settings
+) -> None:
+    """Culprit a (max_batch_attempts 2): b, lost with it twice, first runs alone after a failed; a restart of the
+    worker kills that run. b is run alone again and succeeds (before: it failed WorkerLost at once)."""
+    runs = Runs.of_four(client, settings)
+    for token, running in [("t1", "abcd"), ("t2", "ab"), ("t3", "a"), ("t4", "a")]:
+        assert runs.claim(token).running == list(running)
+        runs.die()
+    fifth = runs.claim("t5")  # a was lost twice alone: it fails, b (put aside last) runs alone
+    assert fifth.statuses["a"] is RequestStatus.FAILED and fifth.running == ["b"]
+    runs.die()  # a deploy restart
+    assert runs.claim("t6").running == ["b"]
+    assert runs.worker.finish_many({"b": []}, {}, "t6") == {"b": RequestStatus.SUCCEEDED}
+    assert client.hmget(runs.worker.keys.batch("B1"), ["lost:b", "lost_alone:b", "ran"]) == ["3", "1", "1"]
+    assert not runs.worker.batch_done("B1", "t6")  # c and d wait: released for them
+    # the one row a run left unfinished (it finished c, then died) was not lost alone
+    assert runs.claim("t7").running == ["c", "d"]
+    assert runs.worker.finish_many({"c": []}, {}, "t7") == {"c": RequestStatus.SUCCEEDED}
+    runs.die()
+    assert runs.claim("t8").running == ["d"]
+    assert client.hget(runs.worker.keys.batch("B1"), "lost_alone:d") is None
+
+
+def test_a_request_put_aside_by_the_split_is_aborted_at_once(client: fakeredis.FakeRedis, settings: Settings) -> None:
+    """Put aside, it runs nowhere (running, no claim): an abort ends it now, not after the other half has run; a
+    late writer of the lost run cannot change it, and the batch is done once its running half is."""
+    runs = Runs.of_four(client, settings)
+    keys, worker = runs.worker.keys, runs.worker
+    assert runs.claim("t1").running == ["a", "b", "c", "d"]
+    runs.die()
+    assert runs.claim("t2").running == ["a", "b"]  # c and d put aside
+    client.hset(keys.request("c"), "webhook_on", " aborted ")
+    abort = client.register_script(k.ABORT)
+    with client.pubsub() as sub:
+        sub.subscribe(keys.finished)
+        assert abort(keys=[keys.request("c"), keys.requests], args=[time.time(), 60, keys.finished, "c"]) == "aborted"
+        woken = [m["data"] for m in iter(lambda: sub.get_message(timeout=0.1), None) if m["type"] == "message"]
+    assert woken == ["c"]
+    assert status(client, keys, "c") == "aborted" and 0 < client.ttl(keys.request("c")) <= 60
+    assert [e["event"] for _, e in client.xrange(keys.request_events("c"))][-1] == "aborted"
+    assert [e["event"] for _, e in client.xrange(keys.webhooks)] == ["aborted"]
+    assert client.hget(keys.metrics, "aborted:running") == "1"
+    assert abort(keys=[keys.request("a"), keys.requests], args=[time.time(), 60, keys.finished, "a"]) == "running"
+    assert worker.finish_many({"c": []}, {}, "t1") == {"c": RequestStatus.ABORTED}  # the lost run's late writer
+    aborted, succeeded = RequestStatus.ABORTED, RequestStatus.SUCCEEDED
+    assert worker.finish_many({"a": [], "b": []}, {}, "t2") == {"a": aborted, "b": succeeded}
+    assert status(client, keys, "d") == "running"  # d still waits for its turn
+    assert not worker.batch_done("B1", "t2")
+
+
+def test_a_rerun_clears_the_eviction_mark_a_dead_runs_orphan_left(settings: Settings) -> None:
+    """Run t1 stores a's image and dies; the cap drops that object while a's claim is still t1 (marked evicted);
+    t2 re-runs a and succeeds: its images are served, not answered 410."""
+    server = fakeredis.FakeServer()
+    client = fakeredis.FakeRedis(server=server, decode_responses=True)
+    runs = Runs.of_four(client, settings)
+    keys = runs.worker.keys
+    results = RedisResultStore(fakeredis.FakeRedis(server=server), keys, max_bytes=100, keep_s=60)
+    assert runs.claim("t1").running == ["a", "b", "c", "d"]
+    results.put("a/t1/0.png", b"a" * 60)  # then the worker dies
+    results.put("z/t9/0.png", b"z" * 60)  # 120 > 100: a's object goes, while t1 is still a's claim
+    assert client.hexists(keys.request("a"), "evicted_at")
+    runs.die()
+    assert runs.claim("t2").running == ["a", "b"]
+    assert not client.hexists(keys.request("a"), "evicted_at")  # the mark described the dead run's object
+    runs.worker.record_results(["a/t2/0.png"])
+    results.put("a/t2/0.png", b"A" * 30)
+    assert runs.worker.finish_many({"a": ["a/t2/0.png"]}, {}, "t2") == {"a": RequestStatus.SUCCEEDED}
+    assert not client.hexists(keys.request("a"), "evicted_at") and results.get("a/t2/0.png") == b"A" * 30
 
 
 def test_abort_flag_wins_over_success_and_status_never_moves_back(
