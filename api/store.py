@@ -189,7 +189,7 @@ class RequestStore:
     async def abort(self, request_id: str, now: float) -> RequestStatus | None:
         """Abort a request; the status after the call (see ``shared.keys.ABORT``), or None when unknown."""
         key = self._keys.request(request_id)
-        args: list[str | int] = [repr(now), self._result_ttl_s, self._keys.finished, request_id]
+        args: list[str | int] = [repr(now), self._result_ttl_s, self._keys.finished, request_id, self._max_queue_len]
         status = await self._bounded(self._abort(keys=[key, self._keys.requests], args=args))
         return RequestStatus(status) if status else None
 

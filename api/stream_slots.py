@@ -2,8 +2,9 @@
 
 A holder is who opens the stream: its API key, or (an api without keys) its client address. ``StreamSlots.take``
 checks and counts in one step under a lock, so concurrent opens never exceed either cap; the ``Slot`` it gives is
-released once, however the stream ends (``api.routes.events`` releases it when the response is done: the last
-event sent, the client gone, an error or a cancellation). A refused open names the cap it hit (``SlotsRefused``).
+released once, however the stream ends (``api.routes.events`` takes it when the response starts and releases it
+when the response is done: the last event sent, the client gone, an error or a cancellation; a response that never
+starts takes none). A refused open names the cap it hit (``SlotsRefused``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,9 @@ level rides in (and slows) a higher level's forward.
 
 Deadlines are kept the same way by both: ``pop_expired(now)`` removes and returns, earliest deadline first, every
 request whose deadline is at or before ``now``, whatever its place in the order (the caller fails them with
-``Timeout``); ``next_deadline()`` says when the next one falls due, so the loop wakes for it. Pure: no I/O and no
+``Timeout``); ``next_deadline()`` says when the next one falls due, so the loop wakes for it. A removed request's
+deadline is forgotten lazily, but the heap is compacted once most of it is dead (amortised O(1) a removal): it holds
+at most twice the waiting requests that have a deadline, plus 64, whatever else waits. Pure: no I/O and no
 clock. ``deadline`` is on the clock of ``pop_expired``'s ``now`` (the scheduler's: wall-clock seconds, as
 ``RequestSpec.deadline``); ``arrived_at`` is the policy's (monotonic seconds).
 """
@@ -90,6 +92,7 @@ class RequestQueue(ABC):
         self._requests: dict[str, QueuedRequest] = {}  # by id
         self._levels: dict[int, _Level] = {}  # level -> its requests in service order
         self._deadlines: list[tuple[float, str, str]] = []  # heap of (deadline, id, entry id); removals are lazy
+        self._dead = 0  # entries of the heap whose request left (or was replaced): compacted past half of it
 
     @abstractmethod
     def level(self, request: QueuedRequest) -> int:
@@ -110,9 +113,10 @@ class RequestQueue(ABC):
         request = self._requests.pop(request_id, None)
         if request is not None:
             self._drop(request)
-            if len(self._deadlines) > 2 * len(self._requests) + 64:  # many removed: forget their deadlines
-                self._deadlines = [d for d in self._deadlines if self._waiting(d)]
-                heapq.heapify(self._deadlines)
+            if request.deadline is not None:
+                self._dead += 1
+                if 2 * self._dead > len(self._deadlines) + 64:  # mostly dead: forget them (amortised O(1))
+                    self._compact()
         return request
 
     def head(self, n: int) -> list[QueuedRequest]:
@@ -131,18 +135,22 @@ class RequestQueue(ABC):
                 request = self._requests.pop(due[1])
                 self._drop(request)
                 expired.append(request)
+            else:
+                self._dead -= 1
         return expired
 
     def next_deadline(self) -> float | None:
         """The earliest deadline of a waiting request; None when none has one."""
         while self._deadlines and not self._waiting(self._deadlines[0]):
             heapq.heappop(self._deadlines)
+            self._dead -= 1
         return self._deadlines[0][0] if self._deadlines else None
 
     def clear(self) -> None:
         self._requests.clear()
         self._levels.clear()
         self._deadlines.clear()
+        self._dead = 0
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -161,6 +169,13 @@ class RequestQueue(ABC):
         self._levels[level].drop(request)
         if not self._levels[level]:
             del self._levels[level]
+
+    def _compact(self) -> None:
+        """Rebuild the deadline heap from its live entries only (one each: a request re-added unchanged leaves
+        two equal entries)."""
+        self._deadlines = list({due for due in self._deadlines if self._waiting(due)})
+        heapq.heapify(self._deadlines)
+        self._dead = 0
 
     def _waiting(self, due: tuple[float, str, str]) -> bool:
         """Whether a deadline entry still belongs to a waiting request (not removed, not replaced since)."""

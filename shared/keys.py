@@ -12,8 +12,9 @@ key                             type    contents
                                         error_type, error_message, images (count), results (result-store keys,
                                         space separated), worker, abort, claim (token of the run that may
                                         finish it), entry (stream id), arrival (its first stream id, once
-                                        requeued), input_image, input_mask (until it
-                                        ends), evicted_at, *_at timestamps, key (the API key's name, when
+                                        requeued), input_image, input_mask and input_bytes
+                                        (their size counted in ``P:inputs:bytes``) until it
+                                        ends, evicted_at, *_at timestamps, key (the API key's name, when
                                         the api has keys), deadline (spec created_at + timeout_s, written
                                         when it joins a batch, for the in-flight deadline sweep), webhook,
                                         webhook_on, webhook_progress_ms, webhook_attempt, webhook_error (a
@@ -30,8 +31,9 @@ key                             type    contents
                                         inside the script) over it; entry ids are kept, blocked readers served
 ``P:inputs:bytes``              string  bytes of the input images (``input_image``, ``input_mask``) held by
                                         unfinished requests: added by ``submit.lua`` (under
-                                        ``max_queued_input_bytes``), taken off by the one function that drops
-                                        them (``lib_drop_inputs.lua``, in every script that ends a request)
+                                        ``max_queued_input_bytes``, each request's share in its ``input_bytes``),
+                                        taken off by the one function that drops them (``lib_drop_inputs.lua``,
+                                        in every script that ends a request: the share recorded, none without)
 ``P:results:journal``           zset    result-store key -> when its object may be deleted (Redis time, ms):
                                         a run's keys are recorded before it stores them (due after
                                         ``result_orphan_grace_s``), a succeeded request's keep until it expires
@@ -71,8 +73,9 @@ key                             type    contents
                                         (``worker_quarantine_s``)
 ``P:scheduler:lease``           string  token of the active scheduler (PX lease)
 ``P:scheduler:aborted``         set     ids of requests aborted while queued (``abort.lua``), taken (SPOP) by the
-                                        active scheduler each round to drop them from its memory; TTL
-                                        ``result_ttl_s`` from the last abort
+                                        active scheduler each round to drop them from its memory; at most
+                                        ``max_queue_len`` (later ones are left out: the scheduler's status check
+                                        of its head window finds them); TTL ``result_ttl_s`` from the last added
 ``P:scheduler:queued``          string  the active scheduler's in-memory queue length (requests read, not yet
                                         dispatched), written at each lease renewal (PX lease)
 ``P:finished``                  channel pub/sub: the id of every request that just reached a terminal status

@@ -8,9 +8,11 @@ event as it happens, and closes after the terminal event of its (every) request.
 the stream ends with a comment saying so, and the client reconnects with its ``Last-Event-ID`` (503 until Redis is
 back).
 
-Each stream holds a slot of the process's ``api.stream_slots.StreamSlots`` from the moment it is accepted until its
-response is done, however it ends: at most ``max_event_streams`` in all (more: 503) and ``max_event_streams_per_key``
-per API key, or per client address without keys (more: 429), both with ``Retry-After``.
+Each stream holds a slot of the process's ``api.stream_slots.StreamSlots`` from the moment its response starts until
+it is done, however it ends: at most ``max_event_streams`` in all (more: 503) and ``max_event_streams_per_key`` per
+API key, or per client address without keys (more: 429), both with ``Retry-After``. The response takes the slot
+itself, inside the try whose finally gives it back: a route whose response never runs (the client gone, the task
+cancelled in between) holds none.
 """
 
 from __future__ import annotations
@@ -92,7 +94,8 @@ def holder(request: Request, owner: str | None) -> str:
 
 
 def _slot(slots: StreamSlots, holder: str) -> Slot:
-    """A stream slot for ``holder``, or the answer of the cap it hit: 503 for the process's, 429 for its own."""
+    """A stream slot for ``holder``, or the answer of the cap it hit: 503 for the process's, 429 for its own (raised
+    before the response sends anything, so the app's exception handlers answer it as from a route)."""
     try:
         return slots.take(holder)
     except SlotsRefused as refused:
@@ -105,21 +108,29 @@ def _slot(slots: StreamSlots, holder: str) -> Slot:
 
 
 class _SlotStream(EventSourceResponse):
-    """An event stream that gives its slot back when its response is done, however it ends."""
+    """An event stream that takes ``holder``'s slot when it starts and gives it back when it is done, however it
+    ends; one that never starts takes none."""
 
-    def __init__(self, content: AsyncIterator[ServerSentEvent], slot: Slot, ping_s: float) -> None:
+    def __init__(self, content: AsyncIterator[ServerSentEvent], slots: StreamSlots, holder: str, ping_s: float) -> None:
         super().__init__(content, ping=ping_s, send_timeout=SEND_TIMEOUT_S)
-        self._slot = slot
+        self._slots = slots
+        self._holder = holder
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        slot = _slot(self._slots, self._holder)  # no await before the try: nothing can come between
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self._slot.release()
+            slot.release()
 
 
 def _stream(
-    feed: EventFeed, slot: Slot, positions: dict[str, str], sse_id: Callable[[FeedEvent], str], ping_s: float
+    feed: EventFeed,
+    slots: StreamSlots,
+    holder: str,
+    positions: dict[str, str],
+    sse_id: Callable[[FeedEvent], str],
+    ping_s: float,
 ) -> Response:
     async def events() -> AsyncIterator[ServerSentEvent]:
         try:
@@ -129,7 +140,7 @@ def _stream(
             log.warning("event stream of %s ended: %s", ", ".join(positions), exc)
             yield ServerSentEvent(comment=f"{exc}; reconnect with Last-Event-ID")
 
-    return _SlotStream(events(), slot, ping_s)
+    return _SlotStream(events(), slots, holder, ping_s)
 
 
 @router.get("/v1/requests/{request_id}/events", response_class=Response, responses=EVENT_STREAM)
@@ -158,8 +169,8 @@ async def request_events(
         raise unknown_requests([request_id])
     if await feed.caught_up({request_id: position}):
         return Response(status_code=status.HTTP_204_NO_CONTENT)
-    slot = _slot(slots, holder(request, owner))
-    return _stream(feed, slot, {request_id: position}, lambda event: event.position, settings.event_ping_s)
+    who = holder(request, owner)
+    return _stream(feed, slots, who, {request_id: position}, lambda event: event.position, settings.event_ping_s)
 
 
 @router.get("/v1/events", response_class=Response, responses=EVENT_STREAM)
@@ -210,5 +221,5 @@ async def many_events(
         positions[index[event.request_id]] = event.position
         return format_positions(positions)
 
-    slot = _slot(slots, holder(request, owner))
-    return _stream(feed, slot, dict(zip(request_ids, positions, strict=True)), sse_id, settings.event_ping_s)
+    start = dict(zip(request_ids, positions, strict=True))
+    return _stream(feed, slots, holder(request, owner), start, sse_id, settings.event_ping_s)

@@ -9,8 +9,8 @@
 -- than ARGV[4] requests queued, scheduled or running, and the set expires ARGV[5] s after the key's last submission.
 -- The input budget: ``P:inputs:bytes`` (named from the request hash keys, as ``:metrics``) is the bytes of input
 -- images held by unfinished requests; the submission is refused as a whole when its own would take it past ARGV[6]
--- ('' = counted, no budget), else they are added to it. Every script that ends a request takes them off again
--- (lib_drop_inputs.lua).
+-- ('' = counted, no budget), else they are added to it, and each hash records its share (field ``input_bytes``):
+-- every script that ends a request takes that off again (lib_drop_inputs.lua).
 -- KEYS[1] stream, KEYS[2..] request hashes.  ARGV[1] max queue length, ARGV[2] API key name, ARGV[3] its unfinished
 -- set ('' = no max queued), ARGV[4] its max queued, ARGV[5] the set's TTL (s), ARGV[6] the input budget (bytes);
 -- then per request: id, spec json, created_at, input image bytes ('' = none), input mask bytes ('' = none); then
@@ -47,6 +47,8 @@ for i = 2, #KEYS do
   if ARGV[3] ~= '' then redis.call('SADD', ARGV[3], KEYS[i]) end
   if ARGV[a + 3] ~= '' then redis.call('HSET', KEYS[i], 'input_image', ARGV[a + 3]) end
   if ARGV[a + 4] ~= '' then redis.call('HSET', KEYS[i], 'input_mask', ARGV[a + 4]) end
+  local counted = #ARGV[a + 3] + #ARGV[a + 4]  -- what it adds to the budget: lib_drop_inputs.lua takes it off
+  if counted > 0 then redis.call('HSET', KEYS[i], 'input_bytes', counted) end
   local entry = redis.call('XADD', KEYS[1], '*', 'id', ARGV[a], 'spec', ARGV[a + 1])
   redis.call('HSET', KEYS[i], 'entry', entry)
   redis.call('XADD', KEYS[i] .. ':events', '*', 'event', 'queued')

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from shared import keys as k
+from shared.settings import Settings
 from tests.chaos.conftest import FleetFactory, RedisFactory
 from tests.support.chaos import FinishedWatcher, assert_every_request_ended_once, body, submit_all
 from tests.support.fleet import Fleet
@@ -27,6 +28,7 @@ BACKLOG = 10_000
 THROUGH_THE_API = 50  # of them aborted one by one through the api, the rest through the script in bulk
 NEW = 4
 RESULT_TTL_S = 600
+MAX_QUEUE_LEN = Settings.model_fields["max_queue_len"].default  # the fleet's, as the api passes it to abort.lua
 
 
 def queued_in_memory(fleet: Fleet) -> int | None:
@@ -61,7 +63,8 @@ def abort_in_bulk(fleet: Fleet, ids: list[str], page: int = 1000) -> None:
         pipe = fleet.redis.pipeline(transaction=False)
         for rid in ids[start : start + page]:
             keys = [fleet.keys.request(rid), fleet.keys.requests]
-            script(keys=keys, args=[repr(time.time()), RESULT_TTL_S, fleet.keys.finished, rid], client=pipe)
+            args = [repr(time.time()), RESULT_TTL_S, fleet.keys.finished, rid, MAX_QUEUE_LEN]
+            script(keys=keys, args=args, client=pipe)
         assert set(pipe.execute()) == {"aborted"}
 
 

@@ -293,6 +293,23 @@ async def test_aborting_queued_requests_frees_their_place_in_the_queue(api: Api)
     assert response.status_code == 202, response.text
 
 
+async def test_a_submit_and_abort_loop_with_no_scheduler_names_at_most_max_queue_len_aborted_ids(api: Api) -> None:
+    """Each abort deletes the request's stream entry (max_queue_len never stops the loop) and names it in
+    ``P:scheduler:aborted`` for a scheduler to take: with none running, today's main grew the set by one id per abort
+    (its TTL refreshed each time), for good. Past the cap the ids are left out (the scheduler's status check of its
+    head window finds such requests) and the TTL is no longer refreshed."""
+    ids = []
+    for _ in range(4 * api.settings.max_queue_len):
+        ids.append(await _submit(api))
+        assert (await api.http.post(f"/v1/requests/{ids[-1]}/abort")).json()["status"] == "aborted"
+    assert await api.redis.scard(api.keys.scheduler_aborted) == api.settings.max_queue_len
+    assert await api.redis.smembers(api.keys.scheduler_aborted) == set(ids[: api.settings.max_queue_len])
+    assert 0 < await api.redis.ttl(api.keys.scheduler_aborted) <= api.settings.result_ttl_s
+    await api.redis.expire(api.keys.scheduler_aborted, 5)
+    await api.http.post(f"/v1/requests/{await _submit(api)}/abort")
+    assert await api.redis.ttl(api.keys.scheduler_aborted) <= 5  # full: not refreshed, it goes in time
+
+
 async def test_get_unknown_is_404(api: Api) -> None:
     response = await api.http.get("/v1/requests/nope")
     assert response.status_code == 404

@@ -1,19 +1,29 @@
 """The event stream routes in-process on fakeredis: replay and close, resume after ``Last-Event-ID``, the terminal
-event's payload, the multi-request stream and its positions, and the 4xx answers naming what is wrong.
+event's payload, the multi-request stream and its positions, the 4xx answers naming what is wrong, and a stream
+whose response never runs holding no slot.
 
 (Live delivery, order against a running worker and reconnects mid-run: tests/integration/test_events.py.)"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import fakeredis
+import httpx
 import pytest
+from fastapi import Depends, Request
 from httpx_sse import EventSource
 
+from api.app import create_app
+from api.routes.events import get_slots
+from api.stream_slots import StreamSlots
+from shared.keys import RedisKeys
 from shared.settings import Settings
-from tests.support.api import Api, unit_settings
+from tests.support.api import Api, fake_results, finish_like_worker, unit_settings
 
 pytestmark = pytest.mark.anyio
 PNG = b"\x89PNG\r\n\x1a\nfake"
@@ -131,3 +141,46 @@ async def test_the_routes_are_documented_as_event_streams(api: Api) -> None:
         responses = paths[path]["get"]["responses"]
         assert "text/event-stream" in responses["200"]["content"]
         assert {"204", "404", "422", "503"} <= set(responses)
+
+
+async def _end_after_the_route(request: Request) -> AsyncIterator[None]:
+    """A function-scoped dependency whose exit, after the route returned and before its response runs, raises
+    ``app.state.gap_ends``: what a cancellation delivered in that gap raises, or an error."""
+    yield
+    raise request.app.state.gap_ends
+
+
+async def _slots_then_a_gap(
+    request: Request, _: Annotated[None, Depends(_end_after_the_route, scope="function")]
+) -> StreamSlots:
+    slots: StreamSlots = request.app.state.event_slots
+    return slots
+
+
+@pytest.mark.parametrize(
+    "gap_ends", [asyncio.CancelledError(), RuntimeError("its exit failed")], ids=["cancelled", "error"]
+)
+async def test_a_stream_whose_response_never_runs_holds_no_slot(tmp_path: Path, gap_ends: BaseException) -> None:
+    """The route returned its stream and the response never ran (the task cancelled, the client gone, or an error
+    in between): today's main took the slot in the route and gave it back only in the response, so it stayed taken
+    for good, and the holder's one slot refused every later stream (429)."""
+    settings = unit_settings(tmp_path, max_event_streams_per_key=1)
+    server = fakeredis.FakeServer()
+    redis = fakeredis.FakeAsyncRedis(server=server, decode_responses=True)
+    results = fake_results(server, settings)
+    app = create_app(settings, redis=redis, results=results)
+    app.state.gap_ends = gap_ends
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as http:
+            submitted = await http.post("/v1/requests", json={"prompt": "a cat"})
+            request_id = submitted.json()["id"]
+            app.dependency_overrides[get_slots] = _slots_then_a_gap
+            with pytest.raises(type(gap_ends)):
+                await http.get(f"/v1/requests/{request_id}/events")
+            assert app.state.event_slots.open == 0
+            del app.dependency_overrides[get_slots]
+            await finish_like_worker(redis, results, RedisKeys(settings.key_prefix), request_id, "succeeded", [PNG])
+            response = await http.get(f"/v1/requests/{request_id}/events")
+            assert response.status_code == 200, response.text  # its one slot is free
+            assert app.state.event_slots.open == 0  # and given back once the stream ended
+    await redis.aclose()

@@ -279,7 +279,24 @@ async def test_every_ending_gives_the_bytes_back_once(api: Api, ending: Ending) 
     await submit(api)  # the room it left is free for the next one
 
 
+@pytest.mark.parametrize("ending", ENDINGS, ids=[ending.__name__ for ending in ENDINGS])
+async def test_a_request_queued_before_the_count_takes_nothing_off_when_it_ends(api: Api, ending: Ending) -> None:
+    """Upgrading with image requests queued: their bytes were never added (an older submit.lua stored the images
+    and no ``input_bytes``), so ending them leaves the count as it is, never below what the others hold."""
+    client = fakeredis.FakeRedis(server=api.server, decode_responses=True)
+    kept, old = await submit(api), await submit(api)
+    client.hdel(api.keys.request(old), "input_bytes")  # as the older submit.lua left it...
+    client.decrby(api.keys.input_bytes, len(JPEG))  # ...and its bytes never counted
+    assert await held(api) == len(JPEG)
+    ending(api, client, old)
+    assert not client.hexists(api.keys.request(old), "input_image")  # its images go all the same
+    assert await held(api) == len(JPEG)  # the kept request's, not len(JPEG) less (0 today, negative with none)
+    assert abort_script(api, client, kept) == "aborted"
+    assert await held(api) == 0
+
+
 def test_only_submit_and_the_drop_library_touch_the_input_fields() -> None:
     """Structural: the count stays exact only while every script that removes inputs goes through drop_inputs."""
-    touching = {path.name for path in LUA.glob("*.lua") if "'input_image'" in path.read_text()}
-    assert touching == {"submit.lua", "lib_drop_inputs.lua"}
+    for field in ("'input_image'", "'input_bytes'"):
+        touching = {path.name for path in LUA.glob("*.lua") if field in path.read_text()}
+        assert touching == {"submit.lua", "lib_drop_inputs.lua"}, field

@@ -130,6 +130,29 @@ def test_the_deadline_heap_forgets_removed_requests() -> None:
     assert queue.next_deadline() is None and queue.pop_expired(1e9) == []
 
 
+@pytest.mark.parametrize("kind", [FcfsQueue, PriorityQueue])
+def test_aborted_requests_with_a_deadline_leave_the_heap_while_others_wait(kind: type[RequestQueue]) -> None:
+    """Today's main compacted only past twice the whole queue: behind a backlog without deadlines (no worker up),
+    10,000 aborted requests with ``timeout_s`` stayed in the heap until each deadline fell due."""
+    queue = kind()
+    for i in range(10_000):
+        queue.add(queued(f"waiting{i}"))
+    for i in range(10_000):
+        queue.add(queued(f"aborted{i}", i % 3, deadline=1e9 + i))
+        if i % 2:
+            queue.add(queued(f"aborted{i}", i % 3, deadline=1e9 + i))  # read again, unchanged
+        queue.remove(f"aborted{i}")
+    assert len(queue) == 10_000 and len(queue._deadlines) <= 64
+    live = [queued(f"timed{i}", deadline=float(i)) for i in range(100)]
+    for request in live:
+        queue.add(request)
+    for i in range(10_000):
+        queue.add(queued(f"again{i}", deadline=1e9 + i))
+        queue.remove(f"again{i}")
+    assert len(queue._deadlines) <= 2 * len(live) + 64
+    assert queue.next_deadline() == 0.0 and queue.pop_expired(1e12) == live
+
+
 def test_clear_empties_everything() -> None:
     queue = fill(PriorityQueue(), queued("a", 1, deadline=1.0), queued("b"))
     queue.clear()
