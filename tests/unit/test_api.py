@@ -362,7 +362,8 @@ async def test_abort_queued_is_idempotent(api: Api) -> None:
 
 async def test_abort_running_flags_it(api: Api) -> None:
     request_id = await _submit(api)
-    await api.redis.hset(api.keys.request(request_id), "status", "running")
+    # a run holds it (its claim token): the worker ends it; one with no claim is put aside and ends at once
+    await api.redis.hset(api.keys.request(request_id), mapping={"status": "running", "claim": "t1"})
     response = await api.http.post(f"/v1/requests/{request_id}/abort")
     assert response.status_code == 200
     assert response.json() == {"id": request_id, "status": "running"}
