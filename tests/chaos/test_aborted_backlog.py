@@ -114,7 +114,8 @@ def test_an_aborted_backlog_leaves_the_scheduler_and_never_delays_a_free_slot(
     scheduled_s = [float(fleet.redis.hget(fleet.keys.request(rid), "scheduled_at") or 0) for rid in new]
     dispatch_s = max(scheduled_s) - first_beat_s
     assert all(finishes[rid].status == "succeeded" for rid in new)
-    assert queued_in_memory(fleet) == 0
+    # reported once per lease renewal (a third of the lease), so the last report may still count the new ones
+    wait_for(lambda: queued_in_memory(fleet) == 0, 10, "the scheduler's queue to be empty again")
     print(
         f"aborted backlog: {BACKLOG} submitted in {submitted_s:.1f}s and aborted in {aborted_s:.1f}s; the scheduler's "
         f"queue was back to 0 {left_s:.2f}s after the last abort (RSS {baseline_rss} KiB at rest, {held_rss} KiB "
