@@ -77,7 +77,6 @@ class WorkerStore:
         self._batch_done = client.register_script(k.BATCH_DONE)
         self._forward_done = client.register_script(k.FORWARD_DONE)
         self._renew = client.register_script(k.RENEW)
-        self._release = client.register_script(k.RELEASE)
         self._give_back = client.register_script(k.GIVE_BACK)
         self._heartbeat = client.register_script(k.HEARTBEAT)
         self._step_close = client.register_script(k.STEP_CLOSE)
@@ -206,11 +205,6 @@ class WorkerStore:
         keys = [self.keys.batch_lock(batch_id), self.keys.storing, self.keys.events]
         return bool(self._forward_done(keys=keys, args=[token, batch_id, k.EVENTS_MAXLEN]))
 
-    def release_lock(self, batch_id: str, token: str) -> bool:
-        """Drop this run's lock of the batch (if still ours) without ending anything: the batch stays in flight and
-        the reaper publishes it again at its next pass. False when the run no longer held it."""
-        return bool(self._release(keys=[self.keys.batch_lock(batch_id)], args=[token]))
-
     def renew_lock(self, batch_id: str, token: str) -> bool:
         ttl_ms = int(self._settings.batch_lock_ttl_s * 1000)
         return bool(self._renew(keys=[self.keys.batch_lock(batch_id)], args=[token, ttl_ms]))
@@ -230,10 +224,6 @@ class WorkerStore:
         pipe.set(self.keys.worker_quarantine(worker), reason, px=int(self._settings.worker_quarantine_s * 1000))
         self._leave(pipe, worker)
         pipe.execute()
-
-    def quarantined(self, worker: str) -> bool:
-        """Whether ``worker`` is quarantined now."""
-        return bool(self._redis.exists(self.keys.worker_quarantine(worker)))
 
     def heartbeat(self, worker: str, capabilities: WorkerCapabilities, *, first: bool = False) -> bool:
         """Announce ``worker`` as a live slot (scored by Redis time) and what it can do; the first beat also wakes
