@@ -65,6 +65,20 @@ def scheduler(client: redis.Redis, settings: Settings, celery: PublishedBatches)
     return SchedulerService(settings, store, lease, celery)  # type: ignore[arg-type]
 
 
+def worker_up(client: redis.Redis, store: SchedulerStore, event: str = "worker_up") -> None:
+    """A worker's slot is free (its heartbeat) and the scheduler is woken for it."""
+    client.zadd(store.keys.workers, {"w": time.time() * 1000})
+    client.xadd(store.keys.events, {"type": event})
+
+
+def finish_the_batch_in_flight(client: redis.Redis, store: SchedulerStore) -> None:
+    """What a worker does with the one batch in flight, in short: its requests succeed and it leaves flight."""
+    batch_id = client.zrange(store.keys.inflight, 0, -1)[0]
+    for rid in client.hget(store.keys.batch(batch_id), "ids").split():
+        client.hset(store.keys.request(rid), "status", "succeeded")
+    client.zrem(store.keys.inflight, batch_id)
+
+
 def test_a_new_leader_replays_a_backlog_larger_than_one_read(tmp_path: Any) -> None:
     """Today's main re-read the first page of the pending list forever (every queued entry stays pending)."""
     settings = Settings(key_prefix="t", scheduler_read_count=10, max_num_seqs=4, scheduler_lease_ms=600)
@@ -81,12 +95,8 @@ def test_a_new_leader_replays_a_backlog_larger_than_one_read(tmp_path: Any) -> N
         client.zadd(store.keys.workers, {"w": time.time() * 1000})
         for _ in range(7):  # a worker slot frees up once per batch
             assert wait_until(lambda: client.zcard(store.keys.inflight) == 1, 5), celery.batches
-            batch_id = client.zrange(store.keys.inflight, 0, -1)[0]
-            for rid in client.hget(store.keys.batch(batch_id), "ids").split():
-                client.hset(store.keys.request(rid), "status", "succeeded")
-            client.zrem(store.keys.inflight, batch_id)
-            client.zadd(store.keys.workers, {"w": time.time() * 1000})
-            client.xadd(store.keys.events, {"type": "batch_done"})
+            finish_the_batch_in_flight(client, store)
+            worker_up(client, store, "batch_done")
             if len(celery.request_ids()) == len(ids):
                 break
     assert celery.request_ids() == ids  # every one of them, in order, once
@@ -138,8 +148,7 @@ def test_requests_aborted_while_no_slot_is_free_leave_the_schedulers_memory_and_
             assert abort(client, store.keys, rid) == "aborted"
         assert wait_until(lambda: pending(client, store) == 0, 2), pending(client, store)  # no slot needed
         assert wait_until(lambda: client.get(store.keys.scheduler_queued) == "0", 2)
-        client.zadd(store.keys.workers, {"w": time.time() * 1000})
-        client.xadd(store.keys.events, {"type": "worker_up"})
+        worker_up(client, store)
         started = time.monotonic()
         submit(client, store.keys, "new")
         assert wait_until(lambda: celery.request_ids() == ["new"], 5), celery.batches
@@ -161,8 +170,7 @@ def test_a_window_of_aborted_requests_never_ends_the_round_while_live_ones_wait_
         assert wait_until(lambda: pending(client, store) == len(ids), 5)
         for rid in ids:  # ended behind the scheduler's back
             client.hset(store.keys.request(rid), mapping={"status": "aborted", "abort": 1})
-        client.zadd(store.keys.workers, {"w": time.time() * 1000})
-        client.xadd(store.keys.events, {"type": "worker_up"})
+        worker_up(client, store)
         started = time.monotonic()
         submit(client, store.keys, "live", max_len=1000)
         assert wait_until(lambda: celery.request_ids() == ["live"], 5), celery.batches
@@ -189,9 +197,6 @@ def test_the_in_memory_queue_holds_at_most_max_queue_len_requests() -> None:
         client.zadd(store.keys.workers, {"w": time.time() * 1000})
         for _ in range(len(ids) // 4):  # one slot: the rest is read as room is made, in order
             assert wait_until(lambda: client.zcard(store.keys.inflight) == 1, 5), len(celery.batches)
-            batch_id = client.zrange(store.keys.inflight, 0, -1)[0]
-            for rid in client.hget(store.keys.batch(batch_id), "ids").split():
-                client.hset(store.keys.request(rid), "status", "succeeded")
-            client.zrem(store.keys.inflight, batch_id)
+            finish_the_batch_in_flight(client, store)
             client.xadd(store.keys.events, {"type": "batch_done"})
     assert celery.request_ids() == ids
