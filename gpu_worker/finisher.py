@@ -12,8 +12,8 @@ stores: ``result_store_timeout_s``, ``shared.results.deadline``; Redis: its sock
 ``redis_outage_retry_s``). A finish that cannot go on because a call did not return (``FinisherStuck``: a result
 store that hangs), or that still runs ``stuck_after_s`` after it began (whatever holds it), makes the finisher
 stuck: it calls ``on_stuck`` once and refuses every later job, so the worker takes no more batches behind it. The
-worker's ``on_stuck`` (``gpu_worker.app``) withdraws its slot, releases its batches' locks (the reaper runs them
-again elsewhere) and exits the pool process, which Celery replaces. ``close`` waits for the finish in progress at
+worker's ``on_stuck`` (``gpu_worker.app``'s retire) quarantines the worker, gives its batches back uncounted (the
+reaper runs them again elsewhere; ``Heartbeat.withdraw``) and exits the pool process, which Celery replaces. ``close`` waits for the finish in progress at
 shutdown.
 """
 
