@@ -4,8 +4,8 @@ An image-conditioned request keeps its input image and mask in its hash from sub
 (``api.input_images``); ``max_queue_len`` counts requests, not bytes. ``submit.lua`` adds the bytes a submission
 stores to ``P:inputs:bytes`` in the atomic step that queues it, refusing it as a whole when they would take the
 count past the budget; every script that ends a request (succeeded, failed, aborted, timed out, lost) takes its
-bytes off again through one function (``lib_drop_inputs.lua``, which reads what the hash holds), so the count is
-exact on every path. A submission refused here is:
+bytes off again through one function (``lib_drop_inputs.lua``, which takes off the share ``submit.lua`` recorded in
+the hash, once), so the count is exact on every path. A submission refused here is:
 
 - **413** when its own inputs exceed the whole budget: it could never be accepted;
 - **429** with ``Retry-After`` when the inputs of unfinished requests leave no room now: room frees as they end.
@@ -23,7 +23,7 @@ from fastapi import HTTPException, status
 
 from api.input_images import StoredInputs
 from api.limits import Loc
-from api.outage import RETRY_AFTER_S
+from api.outage import retry_after_headers
 
 TOO_LARGE = "input_bytes_too_large"
 BUDGET_FULL = "input_budget_exceeded"
@@ -71,5 +71,5 @@ def budget_full(inputs: Sequence[StoredInputs | None], locs: Sequence[Loc], budg
         _first_loc(inputs, locs),
         f"the input images of unfinished requests leave no room for this submission's {stored_bytes(inputs)} "
         f"bytes (max_queued_input_bytes {budget}); retry when some have finished",
-        {"Retry-After": str(RETRY_AFTER_S)},
+        retry_after_headers(),
     )

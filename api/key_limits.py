@@ -20,7 +20,7 @@ from fastapi import status
 
 from api.auth import KeyRefused
 from api.limits import ErrorDict, Loc
-from api.outage import RETRY_AFTER_DOC, RETRY_AFTER_S
+from api.outage import RETRY_AFTER_DOC, retry_after_headers
 from api.store import RequestStore
 from shared.api_keys import ApiKey
 from shared.wire import ErrorMessage
@@ -80,5 +80,5 @@ def max_queued_reached(key: ApiKey) -> KeyRefused:
         f"API key {key.name!r} has its max_queued ({key.max_queued}) requests queued, scheduled or running; retry "
         "when some have finished",
         "max_queued_exceeded",
-        {"Retry-After": str(RETRY_AFTER_S)},
+        retry_after_headers(),
     )
