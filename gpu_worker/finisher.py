@@ -13,8 +13,8 @@ stores: ``result_store_timeout_s``, ``shared.results.deadline``; Redis: its sock
 store that hangs), or that still runs ``stuck_after_s`` after it began (whatever holds it), makes the finisher
 stuck: it calls ``on_stuck`` once and refuses every later job, so the worker takes no more batches behind it. The
 worker's ``on_stuck`` (``gpu_worker.app``'s retire) quarantines the worker, gives its batches back uncounted (the
-reaper runs them again elsewhere; ``Heartbeat.withdraw``) and exits the pool process, which Celery replaces. ``close`` waits for the finish in progress at
-shutdown.
+reaper runs them again elsewhere; ``Heartbeat.withdraw``) and exits the pool process, which Celery replaces.
+``close`` waits for the finish in progress at shutdown.
 """
 
 from __future__ import annotations
