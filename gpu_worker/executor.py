@@ -4,7 +4,8 @@ Failure handling, from the narrowest to the widest (``docs/reliability.md`` has 
 
 * A fused forward that raises is re-run request by request, so only the culprit ends ``failed`` (with the
   exception's type and message). One that runs out of memory is split in halves first, recursively; a single
-  request that still does not fit fails with ``OutOfMemory``. The runner's cache is emptied between tries.
+  request that still does not fit fails with ``OutOfMemory``. The runner's cache is emptied between tries
+  (``gpu_worker.bisection``, the step loop's policy too).
 * Output that does not fit the request (wrong number of images, not an image, an image that cannot be
   encoded) fails that request with ``RunnerError``; an image the result store refuses fails its request with
   ``ResultStoreError``.
@@ -48,12 +49,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar
 
-from celery.exceptions import SoftTimeLimitExceeded
 from PIL import Image
 
+from gpu_worker.bisection import Rows, bisect_on_failure, one_by_one
 from gpu_worker.finisher import Finisher, InlineFinisher
 from gpu_worker.heartbeat import Heartbeat
-from gpu_worker.log_context import carry_context, ids
+from gpu_worker.log_context import carry_context
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.result_writer import ResultWriter, Statuses, error_info
 from gpu_worker.runner import InputImages, Runner
@@ -135,11 +136,6 @@ def decode_inputs(spec: RequestSpec, image: bytes | None, mask: bytes | None) ->
     except (OSError, ValueError) as exc:
         raise ValueError(f"its stored input image cannot be decoded: {type(exc).__name__}: {exc}") from None
     return InputImages(image=decoded, mask=decoded_mask)
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """torch.cuda.OutOfMemoryError, a host MemoryError, or a backend's 'out of memory' RuntimeError."""
-    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc)
 
 
 def compat_groups(specs: Sequence[RequestSpec]) -> list[list[RequestSpec]]:
@@ -297,51 +293,39 @@ class BatchExecutor:
         return statuses, [spec for spec in claim.specs if spec.id not in errors]
 
     def _run_group(self, specs: Sequence[RequestSpec], run: _Run) -> Statuses:
-        """One fused forward; on failure split (out of memory) or fall back to one by one (anything else)."""
-        if not specs:
-            return {}
-        if len(specs) == 1:
-            return self._run_each(specs, run)
-        try:
-            images = self._forward(specs, run)
-        except SoftTimeLimitExceeded:
-            raise
-        except Exception as exc:
-            ended = run.ended_statuses
-            specs = [spec for spec in specs if spec.id not in ended]  # aborted meanwhile: not run again
-            if is_out_of_memory(exc):
-                self._release_memory()
-                if self._metrics is not None:
-                    self._metrics.oom_split()
-                half = (len(specs) + 1) // 2
-                log.warning("out of memory with %d requests; splitting them in two", len(specs))
-                return {**self._run_group(specs[:half], run), **self._run_group(specs[half:], run)}
-            log.exception("fused forward of %d requests failed; re-running them one by one", len(specs))
-            return self._run_each(specs, run)
-        run.keep(specs, images)
-        return {}
+        """One fused forward; on failure split (out of memory) or fall back to one by one (anything else):
+        ``gpu_worker.bisection``. Returns the statuses of the requests that failed."""
+        statuses: Statuses = {}
+        bisect_on_failure([spec.id for spec in specs], self._rows(specs, run, statuses))
+        return statuses
 
     def _run_each(self, specs: Sequence[RequestSpec], run: _Run) -> Statuses:
+        """A forward of each request alone (a runner that is not fused); the statuses of those that failed."""
         statuses: Statuses = {}
-        for spec in specs:
-            if spec.id in run.ended_statuses:  # aborted while a fused forward that then failed ran
-                continue
-            try:
-                images = self._forward([spec], run)
-            except SoftTimeLimitExceeded:
-                raise
-            except Exception as exc:
-                error = error_info(exc)
-                if is_out_of_memory(exc):
-                    self._release_memory()
-                    error = ErrorInfo(type="OutOfMemory", message=f"does not fit in memory alone: {error.message}")
-                log.warning(
-                    "request %s failed: %s: %s", spec.id, error.type, error.message, extra=ids(request_id=spec.id)
-                )
-                statuses.update(self._fail({spec.id: error}, run.token))
-                continue
-            run.keep([spec], images)
+        one_by_one([spec.id for spec in specs], self._rows(specs, run, statuses))
         return statuses
+
+    def _rows(self, specs: Sequence[RequestSpec], run: _Run, statuses: Statuses) -> Rows[None]:
+        """How ``bisect_on_failure`` runs some of ``specs`` (their outputs kept in ``run``) and fails one of them
+        (its status in ``statuses``); a request aborted meanwhile is not run again."""
+        by_id = {spec.id: spec for spec in specs}
+
+        def forward(request_ids: Sequence[str]) -> None:
+            chosen = [by_id[rid] for rid in request_ids]
+            run.keep(chosen, self._forward(chosen, run))
+
+        def fail(request_id: str, error: ErrorInfo) -> None:
+            statuses.update(self._fail({request_id: error}, run.token))
+
+        return Rows(
+            run=forward,
+            fail=fail,
+            release_memory=self._release_memory,
+            what="fused forward",
+            log=log,
+            metrics=self._metrics,
+            live=lambda request_id: request_id not in run.ended_statuses,
+        )
 
     def _fail(self, errors: dict[str, ErrorInfo], token: str) -> Statuses:
         """End these requests of this claim as failed, each with its error (retried through an outage)."""

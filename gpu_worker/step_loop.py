@@ -19,8 +19,9 @@ the runner can run (``Runner.step_set``), runs them as the first members of a ru
   claimed meanwhile are dropped. A batch whose requests have all ended and been stored is released (``BATCH_DONE``).
 * **Failures.** A step that runs out of memory is retried as two halves (the runner's cache emptied first), down to
   a single request, which fails ``OutOfMemory``; any other exception from a step re-steps the requests one by one,
-  so only the culprit(s) fail with the error. Anything else that escapes the loop (a bug, the soft time limit) fails
-  every live request with it, ends every held batch and takes the set down (``step_drop``).
+  so only the culprit(s) fail with the error (``gpu_worker.bisection``, as the executor's forwards). Anything else
+  that escapes the loop (a bug, the soft time limit) fails every live request with it, ends every held batch and
+  takes the set down (``step_drop``).
 * **Preemption** (docs/step_mode.md, "Priorities and preemption"). Each joined request's priority is recorded in
   ``P:step:levels:{worker}`` (removed when it leaves). An eviction in the inbox (a ``StepEviction`` the scheduler
   sent with ``step_evict.lua`` for a request of a higher level waiting for room) takes the request out of the set
@@ -55,7 +56,8 @@ from functools import partial
 from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import ValidationError
 
-from gpu_worker.executor import BatchExecutor, BatchOutcome, is_out_of_memory
+from gpu_worker.bisection import Rows, bisect_on_failure, is_out_of_memory
+from gpu_worker.executor import BatchExecutor, BatchOutcome
 from gpu_worker.finisher import Finisher, InlineFinisher
 from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.log_context import carry_context, ids
@@ -249,7 +251,7 @@ class _RunningSet:
                     if self.writer.redis(lambda: self.store.step_close(self.worker), "closing the set"):
                         break
                     continue
-                finished = self._step(None)
+                finished = self._step()
                 self._report(finished)
                 if finished:
                     self._finish(finished)
@@ -365,38 +367,29 @@ class _RunningSet:
 
     # --- stepping -------------------------------------------------------------------------------------------------
 
-    def _step(self, only: Sequence[str] | None) -> list[str]:
-        """One step of the requests ``only`` names (None: every live one); the requests it finished. A step that
-        raises is halved (out of memory) or re-run request by request (anything else); culprits fail alone."""
-        stepped = list(self.owner) if only is None else list(only)
+    def _step(self) -> list[str]:
+        """One step of every live request; the requests it finished. A step that raises is halved (out of memory)
+        or re-run request by request (anything else), so culprits fail alone (``gpu_worker.bisection``)."""
+        everyone = list(self.owner)
+        how = Rows(
+            run=self._step_only,
+            fail=lambda request_id, error: self._fail_requests({request_id: error}),
+            release_memory=self.loop.release_memory,
+            what="step",
+            log=log,
+            metrics=self.loop.metrics,
+            passes=is_transient,
+        )
+        stepped = bisect_on_failure(everyone, how, whole=lambda: self._step_only(everyone, whole=True))
+        return [request_id for finished in stepped for request_id in finished]
+
+    def _step_only(self, request_ids: Sequence[str], *, whole: bool = False) -> list[str]:
+        """One fused step of ``request_ids`` (``whole``: they are every live request); the requests it finished."""
         started = time.monotonic()
-        try:
-            finished = self.set.step(only)
-        except SoftTimeLimitExceeded:
-            raise
-        except Exception as exc:
-            if is_transient(exc):
-                raise
-            if is_out_of_memory(exc):
-                self.loop.release_memory()
-                if len(stepped) == 1:
-                    message = f"does not fit in memory alone: {error_info(exc).message}"
-                    self._fail_requests({stepped[0]: ErrorInfo(type="OutOfMemory", message=message)})
-                    return []
-                if self.loop.metrics is not None:
-                    self.loop.metrics.oom_split()
-                half = (len(stepped) + 1) // 2
-                log.warning("out of memory stepping %d requests; stepping them in two halves", len(stepped))
-                return self._step(stepped[:half]) + self._step(stepped[half:])
-            if len(stepped) == 1:
-                log.warning("request %s failed its step: %s", stepped[0], exc, extra=ids(request_id=stepped[0]))
-                self._fail_requests({stepped[0]: error_info(exc)})
-                return []
-            log.exception("a step of %d requests failed; stepping them one by one", len(stepped))
-            return [rid for request_id in stepped for rid in self._step([request_id])]
+        finished = self.set.step(None if whole else request_ids)
         if self.loop.metrics is not None:
             images = sum(self.specs[rid].n for rid in finished if rid in self.specs)
-            self.loop.metrics.forward(len(stepped), images, 1, time.monotonic() - started)
+            self.loop.metrics.forward(len(request_ids), images, 1, time.monotonic() - started)
         return finished
 
     def _report(self, finished: Sequence[str]) -> None:
