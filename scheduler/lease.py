@@ -1,16 +1,36 @@
-"""The active-scheduler lease: ``SET key token NX PX ttl``, renewed by its owner, released only by its owner."""
+"""Leadership through a lease in Redis: one active process of several, the others standing by.
+
+``Lease`` is the lease itself: ``SET key token NX PX ttl``, renewed by its owner, released only by its owner.
+``LeaderLoop(lease, lead)`` is the loop both leaders of a scheduler process run (the batching service,
+``scheduler.service``; the webhook dispatcher, ``scheduler.webhooks``): stand by until the lease is ours (trying
+every ttl / 3), ``lead`` while it is, and step down when it is lost, then stand by again, until ``stop`` is set. The
+lead renews the lease every ttl / 3 through its ``Renewal`` (``LeaderLoop.renewal``) and returns when a renewal
+fails. A Redis outage or a bug in a round never ends the loop: it is logged, and the loop stands by for a backoff
+(0.1 s doubling, at most ``OUTAGE_BACKOFF_CAP_S``; reset by a round that ended well, or one that led for more than
+``healthy_lead_s`` before it failed). On the way out the lease is released, if it is still ours.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 import uuid
+from collections.abc import Callable
 
 import redis
 
 from shared import keys as k
+from shared.retry import Backoff, is_transient
+
+log = logging.getLogger(__name__)
+
+OUTAGE_BACKOFF_CAP_S = 5.0
+"""The longest pause between two attempts to reach Redis again."""
 
 
 class Lease:
-    """One contender for the scheduler lease (a fresh token per process)."""
+    """One contender for a lease (a fresh token per process)."""
 
     def __init__(self, client: redis.Redis, key: str, ttl_ms: int) -> None:
         self._redis = client
@@ -20,6 +40,11 @@ class Lease:
         self._renew = client.register_script(k.RENEW)
         self._release = client.register_script(k.RELEASE)
 
+    @property
+    def renew_every_s(self) -> float:
+        """How often its owner renews it, and a contender tries again: a third of its TTL."""
+        return self.ttl_ms / 3000
+
     def try_acquire(self) -> bool:
         """Take the lease if nobody holds it (or keep it if we do)."""
         if self._redis.set(self.key, self.token, nx=True, px=self.ttl_ms):
@@ -27,9 +52,101 @@ class Lease:
         return self.renew()
 
     def renew(self) -> bool:
-        """Extend our lease; False when it lapsed or another scheduler took it."""
+        """Extend our lease; False when it lapsed or another process took it."""
         return bool(self._renew(keys=[self.key], args=[self.token, self.ttl_ms]))
 
     def release(self) -> None:
         """Give the lease up at once (clean shutdown), if it is still ours."""
         self._release(keys=[self.key], args=[self.token])
+
+
+class Renewal:
+    """A lead's renewals of its lease, every ``Lease.renew_every_s`` from when it was made."""
+
+    def __init__(self, lease: Lease, name: str, clock: Callable[[], float]) -> None:
+        self._lease = lease
+        self._name = name
+        self.renewed_at = clock()
+
+    def until_due_s(self, now: float) -> float:
+        """Seconds from ``now`` until the next renewal is due (<= 0: due)."""
+        return self._lease.renew_every_s - (now - self.renewed_at)
+
+    def due(self, now: float) -> bool:
+        """Whether the lease is to be renewed at ``now``."""
+        return now - self.renewed_at >= self._lease.renew_every_s
+
+    def renew(self, now: float) -> bool:
+        """Renew the lease; False (logged) when it was lost: the lead returns, and its loop stands by."""
+        if not self._lease.renew():
+            log.warning("%s lease lost; standing by", self._name)
+            return False
+        self.renewed_at = now
+        return True
+
+
+class LeaderLoop:
+    """Stand by, lead, step down, until stopped (see the module's docstring)."""
+
+    def __init__(
+        self,
+        lease: Lease,
+        lead: Callable[[threading.Event], None],
+        *,
+        name: str,
+        clock: Callable[[], float] = time.monotonic,
+        standby: Callable[[], None] | None = None,
+        healthy_lead_s: float | None = None,
+    ) -> None:
+        """``lead(stop)`` leads until the lease is lost (it returns) or ``stop`` is set; ``standby``, when given, runs
+        before each attempt to take the lease; ``name`` names the leader in the log lines."""
+        self.lease = lease
+        self._lead = lead
+        self._name = name
+        self._clock = clock
+        self._standby = standby
+        self._healthy_lead_s = healthy_lead_s
+
+    def renewal(self) -> Renewal:
+        """The renewals of a lead starting now."""
+        return Renewal(self.lease, self._name, self._clock)
+
+    def run(self, stop: threading.Event) -> None:
+        """Lead whenever the lease is ours, until ``stop`` is set; never raises for a Redis outage or a bug in a
+        round (it backs off and tries again). Releases the lease on the way out."""
+        backoff = Backoff(cap_s=OUTAGE_BACKOFF_CAP_S)
+        try:
+            while not stop.is_set():
+                led_since: float | None = None
+                try:
+                    if self._standby is not None:
+                        self._standby()
+                    if self.lease.try_acquire():
+                        log.info("%s %s is active", self._name, self.lease.token[:8])
+                        led_since = self._clock()
+                        self._lead(stop)
+                    else:
+                        stop.wait(self.lease.renew_every_s)
+                    backoff.reset()
+                except Exception as exc:  # noqa: BLE001 - the process must outlive any outage or bug
+                    if self._led_well(led_since):
+                        backoff.reset()  # it led fine for a while: a new failure starts a new backoff
+                    delay = backoff.next()
+                    if is_transient(exc):
+                        kind = type(exc).__name__
+                        log.warning("%s: Redis unavailable (%s: %s); standing by %.1f s", self._name, kind, exc, delay)
+                    else:
+                        log.exception("%s round failed; standing by %.1f s", self._name, delay)
+                    stop.wait(delay)
+        finally:
+            try:
+                self.lease.release()
+            except Exception as exc:  # noqa: BLE001 - it lapses by itself
+                log.warning("could not release the %s lease: %s", self._name, exc)
+
+    def _led_well(self, led_since: float | None) -> bool:
+        return (
+            self._healthy_lead_s is not None
+            and led_since is not None
+            and self._clock() - led_since > self._healthy_lead_s
+        )

@@ -46,7 +46,7 @@ from functools import lru_cache
 from celery import Celery
 
 from scheduler.deadlines import overdue
-from scheduler.lease import Lease
+from scheduler.lease import LeaderLoop, Lease
 from scheduler.policy import Dispatch, Join, Member, OpenSet, PolicyConfig, WaitingRequest, decide, place, preempt
 from scheduler.queue import QUEUES, QueuedRequest
 from scheduler.store import LeaseLost, RunningSet, SchedulerStore, StreamEntry
@@ -54,14 +54,12 @@ from shared.celery_config import RUN_BATCH_TASK
 from shared.compat import StepKey, compat_key, pixel_cost, step_key
 from shared.contracts import BatchMessage, RequestStatus
 from shared.logging_setup import ids as ids_of
-from shared.retry import Backoff, is_transient
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
 HEAD_WINDOW_MIN = 64  # the policy looks at most at this many (or 4 x max_num_seqs) requests from the head
 REAP_INTERVAL_S = 1.0  # how often the active scheduler's reaper looks at the batches in flight
-OUTAGE_BACKOFF_CAP_S = 5.0  # longest pause between attempts to reach Redis again
 HEALTHY_LEAD_S = 10.0  # a lead that lasted this long before failing resets the backoff
 CAPACITY_TTL_S = 0.25  # a known free-slot count is trusted this long unless a worker event says it changed
 
@@ -89,6 +87,7 @@ class SchedulerService:
         self._lease = lease
         self._celery = celery
         self._clock = clock  # the policy's: arrivals and admission waits
+        self._leader = LeaderLoop(lease, self._lead, name="scheduler", clock=clock, healthy_lead_s=HEALTHY_LEAD_S)
         self._wall_clock = wall_clock  # the deadlines' (RequestSpec.deadline)
         self._config = PolicyConfig.from_settings(settings)
         self._window = max(HEAD_WINDOW_MIN, 4 * settings.max_num_seqs)
@@ -106,34 +105,8 @@ class SchedulerService:
     # --- leadership ------------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Stand by until the lease is ours, lead until it is lost or ``stop`` is set; repeat. Never raises for a
-        Redis outage (or an unexpected error): it backs off and tries again."""
-        retry_s = self._lease.ttl_ms / 3000
-        backoff = Backoff(cap_s=OUTAGE_BACKOFF_CAP_S)
-        try:
-            while not stop.is_set():
-                led_since: float | None = None
-                try:
-                    if self._lease.try_acquire():
-                        log.info("scheduler %s is active", self._lease.token[:8])
-                        led_since = self._clock()
-                        self._lead(stop)
-                    else:
-                        stop.wait(retry_s)
-                    backoff.reset()
-                except Exception as exc:  # noqa: BLE001 - the process must outlive any outage or bug
-                    if led_since is not None and self._clock() - led_since > HEALTHY_LEAD_S:
-                        backoff.reset()  # it led fine for a while: a new failure starts a new backoff
-                    delay = backoff.next()
-                    if is_transient(exc):
-                        log.warning("Redis unavailable (%s: %s); standing by %.1f s", type(exc).__name__, exc, delay)
-                    else:
-                        log.exception("scheduler round failed; standing by %.1f s", delay)
-                    stop.wait(delay)
-        finally:
-            try:
-                self._lease.release()
-            except Exception as exc:  # noqa: BLE001 - it lapses by itself
-                log.warning("could not release the lease: %s", exc)
+        Redis outage (or an unexpected error): it backs off and tries again (``scheduler.lease.LeaderLoop``)."""
+        self._leader.run(stop)
 
     def _lead(self, stop: threading.Event) -> None:
         self._queue.clear()
@@ -146,21 +119,19 @@ class SchedulerService:
         try:
             self._recover()
             self._store.report_queued(len(self._queue), self._lease.ttl_ms)
-            renew_every_s = self._lease.ttl_ms / 3000
-            renewed_at = reaped_at = self._clock()
+            renewal = self._leader.renewal()
+            reaped_at = renewal.renewed_at
             deadline: float | None = None
             while not stop.is_set():
                 now = self._clock()
                 if now - reaped_at >= REAP_INTERVAL_S:
                     self._reap()
                     reaped_at = now
-                if now - renewed_at >= renew_every_s:
-                    if not self._lease.renew():
-                        log.warning("scheduler lease lost; standing by")
+                if renewal.due(now):
+                    if not renewal.renew(now):
                         return
-                    renewed_at = now
                     self._store.report_queued(len(self._queue), self._lease.ttl_ms)
-                block_s = renew_every_s - (now - renewed_at)
+                block_s = renewal.until_due_s(now)
                 if deadline is not None:
                     block_s = min(block_s, deadline - now)
                 block_ms = max(1, min(self._settings.scheduler_block_ms, int(block_s * 1000) + 1))

@@ -39,11 +39,10 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import redis
 
-from scheduler.lease import Lease
+from scheduler.lease import LeaderLoop, Lease
 from scheduler.webhook_queue import DeliveryQueue, OutboxEntry, Pending
 from shared.events import event_name, is_terminal, progress_data
 from shared.keys import WEBHOOK_CONSUMER, WEBHOOK_GROUP, WEBHOOK_OUTCOME, RedisKeys
-from shared.retry import Backoff, is_transient
 from shared.settings import Settings
 from shared.state import STATE_FIELDS, parse_state
 from shared.streams import by_stream
@@ -63,7 +62,6 @@ log = logging.getLogger(__name__)
 READ_COUNT = 100  # outbox entries read per call
 MAX_HELD = 10_000  # entries held in memory at most; the rest wait in the outbox
 BUSY_BLOCK_MS = 50  # longest read while deliveries are in flight (their outcome is looked at after it)
-OUTAGE_BACKOFF_CAP_S = 5.0
 USER_AGENT = "fusefleet-webhooks"
 
 Resolver = Callable[[str, int], Sequence[str]]
@@ -122,6 +120,9 @@ class WebhookDispatcher:
         secret = settings.webhook_secret
         self._secret = secret.get_secret_value() if secret is not None else None
         self._lease = Lease(client, self._keys.webhooks_lease, settings.scheduler_lease_ms)
+        self._leader = LeaderLoop(
+            self._lease, self._lead, name="webhook dispatcher", clock=clock, standby=self._stand_by
+        )
         self._queue = DeliveryQueue(
             max_attempts=settings.webhook_max_attempts, retry_initial_s=settings.webhook_retry_initial_s
         )
@@ -146,63 +147,40 @@ class WebhookDispatcher:
         return thread
 
     def run(self, stop: threading.Event) -> None:
-        """Stand by until the lease is ours, lead until it is lost or ``stop`` is set; repeat. Never raises: a
-        Redis outage (or a bug) is logged and retried with a backoff."""
-        retry_s = self._lease.ttl_ms / 3000
-        backoff = Backoff(cap_s=OUTAGE_BACKOFF_CAP_S)
+        """Stand by until the lease is ours, lead until it is lost or ``stop`` is set; repeat
+        (``scheduler.lease.LeaderLoop``). Never raises: a Redis outage (or a bug) is logged and retried with a
+        backoff. While standing by it records the outcome of the deliveries still in flight."""
         try:
-            while not stop.is_set():
-                try:
-                    self._collect(leading=False)
-                    if self._lease.try_acquire():
-                        log.info("webhook dispatcher %s is active", self._lease.token[:8])
-                        self._lead(stop)
-                    else:
-                        stop.wait(retry_s)
-                    backoff.reset()
-                except Exception as exc:  # noqa: BLE001 - the dispatcher must outlive any outage or bug
-                    self._queue.clear_waiting()
-                    delay = backoff.next()
-                    if is_transient(exc):
-                        log.warning(
-                            "webhooks: Redis unavailable (%s: %s); standing by %.1f s", type(exc).__name__, exc, delay
-                        )
-                    else:
-                        log.exception("webhook dispatcher round failed; standing by %.1f s", delay)
-                    stop.wait(delay)
+            self._leader.run(stop)
         finally:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._http.close()
-            try:
-                self._lease.release()
-            except Exception as exc:  # noqa: BLE001 - it lapses by itself
-                log.warning("could not release the webhook lease: %s", exc)
 
     def _lead(self, stop: threading.Event) -> None:
         self._ensure_group()
         self._queue.clear_waiting()
         backlog: str | None = "0"  # first the entries read before (pending), then new ones
-        renew_every_s = self._lease.ttl_ms / 3000
-        renewed_at = self._clock()
+        renewal = self._leader.renewal()
         while not stop.is_set():
             now = self._clock()
-            if now - renewed_at >= renew_every_s:
-                if not self._lease.renew():
-                    log.warning("webhook lease lost; standing by")
-                    self._queue.clear_waiting()
-                    return
-                renewed_at = now
+            if renewal.due(now) and not renewal.renew(now):
+                self._queue.clear_waiting()
+                return
             self._collect(leading=True)
             if backlog is not None:
                 entries = self._read(backlog, None)
                 backlog = entries[-1][0] if entries else None
             elif len(self._queue) < MAX_HELD:
-                entries = self._read(">", self._block_ms(renew_every_s - (now - renewed_at)))
+                entries = self._read(">", self._block_ms(renewal.until_due_s(now)))
             else:
                 entries = []
-                stop.wait(self._block_ms(renew_every_s) / 1000)
+                stop.wait(self._block_ms(self._lease.renew_every_s) / 1000)
             self._hold(entries)
             self._dispatch()
+
+    def _stand_by(self) -> None:
+        """Before each attempt to lead: record what the deliveries in flight came to; hold nothing else."""
+        self._collect(leading=False)
 
     def _block_ms(self, until_renewal_s: float) -> int:
         wait_s = min(self._settings.scheduler_block_ms / 1000, max(until_renewal_s, 0.0))
