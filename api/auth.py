@@ -47,22 +47,17 @@ class KeyRefused(HTTPException):
         self.code = code
 
 
+def _unauthorized(detail: str, code: str, challenge: str) -> KeyRefused:
+    """A 401 whose ``WWW-Authenticate`` header is ``challenge``."""
+    return KeyRefused(status.HTTP_401_UNAUTHORIZED, detail, code, {"WWW-Authenticate": challenge})
+
+
 def missing_key() -> KeyRefused:
-    return KeyRefused(
-        status.HTTP_401_UNAUTHORIZED,
-        "this api needs an API key: send 'Authorization: Bearer <key>'",
-        "missing_api_key",
-        {"WWW-Authenticate": "Bearer"},
-    )
+    return _unauthorized("this api needs an API key: send 'Authorization: Bearer <key>'", "missing_api_key", "Bearer")
 
 
 def invalid_key() -> KeyRefused:
-    return KeyRefused(
-        status.HTTP_401_UNAUTHORIZED,
-        "invalid API key (unknown, or revoked)",
-        "invalid_api_key",
-        {"WWW-Authenticate": 'Bearer error="invalid_token"'},
-    )
+    return _unauthorized("invalid API key (unknown, or revoked)", "invalid_api_key", 'Bearer error="invalid_token"')
 
 
 class KeysWatcher:

@@ -1,8 +1,10 @@
-"""FastAPI dependencies: the app's settings and request store, as ``Annotated`` aliases for routes."""
+"""FastAPI dependencies: what ``api.app`` keeps on ``app.state`` (settings, request store, waiter...), as
+``Annotated`` aliases for routes. ``app_state`` makes one such dependency; a route module keeps its own alias."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
 
@@ -10,21 +12,24 @@ from api.store import RequestStore
 from api.waiter import CompletionWaiter
 from shared.settings import Settings
 
-
-async def get_settings(request: Request) -> Settings:
-    settings: Settings = request.app.state.settings
-    return settings
+T = TypeVar("T")
 
 
-async def get_store(request: Request) -> RequestStore:
-    store: RequestStore = request.app.state.store
-    return store
+def app_state(name: str, kind: type[T]) -> Callable[[Request], Awaitable[T]]:
+    """A dependency that answers ``request.app.state.<name>`` (set by ``api.app``), typed as ``kind``."""
+
+    async def dependency(request: Request) -> T:
+        value: T = getattr(request.app.state, name)
+        return value
+
+    dependency.__name__ = f"get_{name}"
+    dependency.__qualname__ = dependency.__name__
+    return dependency
 
 
-async def get_waiter(request: Request) -> CompletionWaiter:
-    waiter: CompletionWaiter = request.app.state.waiter
-    return waiter
-
+get_settings = app_state("settings", Settings)
+get_store = app_state("store", RequestStore)
+get_waiter = app_state("waiter", CompletionWaiter)
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[RequestStore, Depends(get_store)]

@@ -16,24 +16,26 @@ Loc = tuple[str | int, ...]
 ErrorDict = dict[str, Any]
 
 
-def _too_long(loc: Loc, value: str, limit: int, setting: str) -> ErrorDict:
-    return {
-        "type": "string_too_long",
-        "loc": loc,
-        "msg": f"String should have at most {limit} characters (this server's {setting})",
-        "input": value,
-        "ctx": {"max_length": limit},
-    }
+BOUNDS = {
+    "width": "max_image_side",
+    "height": "max_image_side",
+    "num_inference_steps": "max_inference_steps",
+    "num_frames": "max_num_frames",
+    "n": "max_images_per_request",
+    "timeout_s": "max_timeout_s",
+}
+"""Numeric field -> the setting it may not exceed, in the order their errors are reported."""
+SIZE_FIELDS = frozenset({"width", "height", "num_frames", "n"})
+"""The fields of the pixel budget: one over its own bound is not reported again by the budget."""
 
 
-def _too_large(loc: Loc, value: float, limit: float, setting: str) -> ErrorDict:
-    return {
-        "type": "less_than_equal",
-        "loc": loc,
-        "msg": f"Input should be less than or equal to {limit} (this server's {setting})",
-        "input": value,
-        "ctx": {"le": limit},
-    }
+def _exceeded(loc: Loc, value: str | float, setting: str, limit: float) -> ErrorDict:
+    """Pydantic's error for ``value`` past this server's ``setting``: a string's length, or a number."""
+    if isinstance(value, str):
+        kind, msg, ctx = "string_too_long", f"String should have at most {limit} characters", "max_length"
+    else:
+        kind, msg, ctx = "less_than_equal", f"Input should be less than or equal to {limit}", "le"
+    return {"type": kind, "loc": loc, "msg": f"{msg} (this server's {setting})", "input": value, "ctx": {ctx: limit}}
 
 
 def limit_errors(request: GenerateRequest, settings: Settings, loc: Loc = ("body",)) -> list[ErrorDict]:
@@ -43,32 +45,14 @@ def limit_errors(request: GenerateRequest, settings: Settings, loc: Loc = ("body
     for field in ("prompt", "negative_prompt"):
         text: str | None = getattr(request, field)
         if text is not None and len(text) > max_chars:
-            errors.append(_too_long((*loc, field), text, max_chars, "max_prompt_chars"))
+            errors.append(_exceeded((*loc, field), text, "max_prompt_chars", max_chars))
     sizes_ok = True
-    for field in ("width", "height"):
-        side: int = getattr(request, field)
-        if side > settings.max_image_side:
-            errors.append(_too_large((*loc, field), side, settings.max_image_side, "max_image_side"))
-            sizes_ok = False
-    if request.num_inference_steps > settings.max_inference_steps:
-        errors.append(
-            _too_large(
-                (*loc, "num_inference_steps"),
-                request.num_inference_steps,
-                settings.max_inference_steps,
-                "max_inference_steps",
-            )
-        )
-    if request.num_frames is not None and request.num_frames > settings.max_num_frames:
-        errors.append(
-            _too_large((*loc, "num_frames"), request.num_frames, settings.max_num_frames, "max_num_frames")
-        )
-        sizes_ok = False
-    if request.n > settings.max_images_per_request:
-        errors.append(_too_large((*loc, "n"), request.n, settings.max_images_per_request, "max_images_per_request"))
-        sizes_ok = False
-    if request.timeout_s is not None and request.timeout_s > settings.max_timeout_s:
-        errors.append(_too_large((*loc, "timeout_s"), request.timeout_s, settings.max_timeout_s, "max_timeout_s"))
+    for field, setting in BOUNDS.items():
+        value: float | None = getattr(request, field)
+        limit: float = getattr(settings, setting)
+        if value is not None and value > limit:
+            errors.append(_exceeded((*loc, field), value, setting, limit))
+            sizes_ok = sizes_ok and field not in SIZE_FIELDS
     if sizes_ok:  # the budget is about the combination; an oversized field is reported once, by its own limit
         errors += _pixel_budget_errors(request, settings, loc)
     if request.lora is not None:

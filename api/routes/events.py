@@ -27,7 +27,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Receive, Scope, Send
 
 from api.auth import OwnerDep
-from api.deps import SettingsDep
+from api.deps import SettingsDep, app_state
 from api.events import format_positions, parse_position, parse_positions, unique_ids
 from api.events_feed import EventFeed, FeedEvent
 from api.outage import RETRY_AFTER_DOC, StoreUnavailable, retry_after_headers
@@ -46,16 +46,8 @@ POSITIONS_PATTERN = r"^[\d,\-\s]*$"
 LAST_EVENT_ID = "Last-Event-ID"
 
 
-async def get_feed(request: Request) -> EventFeed:
-    feed: EventFeed = request.app.state.events
-    return feed
-
-
-async def get_slots(request: Request) -> StreamSlots:
-    slots: StreamSlots = request.app.state.event_slots
-    return slots
-
-
+get_feed = app_state("events", EventFeed)
+get_slots = app_state("event_slots", StreamSlots)
 FeedDep = Annotated[EventFeed, Depends(get_feed)]
 SlotsDep = Annotated[StreamSlots, Depends(get_slots)]
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Request, status
+from fastapi import APIRouter, Depends, HTTPException, status
 
+from api.deps import app_state
 from api.fleet_view import FleetView, fleet_view
 from api.outage import REQUEST_STORE, retry_after_headers
 from api.responses import UNAVAILABLE
@@ -19,11 +20,7 @@ from shared.fleet_state import FleetReader
 router = APIRouter(tags=["fleet"])
 
 
-async def get_fleet_reader(request: Request) -> FleetReader:
-    reader: FleetReader = request.app.state.fleet
-    return reader
-
-
+get_fleet_reader = app_state("fleet", FleetReader)
 FleetReaderDep = Annotated[FleetReader, Depends(get_fleet_reader)]
 
 
