@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.conftest import Fleet, running_fleet
+from tests.support import prometheus
 from tests.support.processes import REPO_ROOT, wait_for
 from tests.support.redis_server import RedisServer
 from tests.support.runners import EXPLODE_MARKER
@@ -32,12 +32,7 @@ def fleet(
 def scrape(fleet: Fleet) -> dict[str, float]:
     response = fleet.http.get("/metrics")
     assert response.status_code == 200, response.text
-    samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            labels = ",".join(f"{key}={value}" for key, value in sorted(sample.labels.items()))
-            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return samples
+    return prometheus.samples(response.text)
 
 
 @pytest.fixture(scope="module")

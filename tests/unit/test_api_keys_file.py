@@ -208,11 +208,6 @@ def test_keys_new_refuses_a_bad_name_or_limit(argv: list[str], says: str) -> Non
 # --- the Lua scripts on fakeredis ------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def client() -> fakeredis.FakeRedis:
-    return fakeredis.FakeRedis(decode_responses=True)
-
-
 def take(client: fakeredis.FakeRedis, name: str, rate: float, burst: int, cost: int = 1) -> int:
     """``rate_limit.lua``: 0 when taken, else the ms to wait."""
     bucket = k.RedisKeys("t").api_key_bucket(name)
@@ -272,4 +267,3 @@ def test_submit_without_a_max_queued_keeps_no_count(client: fakeredis.FakeRedis)
     assert submit(client, "n1") == 1
     assert client.hget(keys.request("n1"), "key") is None
     assert not client.keys("t:apikey:*")
-

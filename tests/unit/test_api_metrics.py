@@ -6,8 +6,8 @@ import asyncio
 import time
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support import prometheus
 from tests.support.api import Api
 
 pytestmark = pytest.mark.anyio
@@ -18,12 +18,7 @@ async def _scrape(api: Api) -> dict[str, float]:
     response = await api.http.get("/metrics")
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/plain")
-    samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            labels = ",".join(f"{key}={value}" for key, value in sorted(sample.labels.items()))
-            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return samples
+    return prometheus.samples(response.text)
 
 
 async def test_an_idle_fleet(api: Api) -> None:

@@ -55,6 +55,7 @@ from shared.settings import Settings
 from shared.wire import GenerateRequest, RequestView
 from tests.support.api import fake_results, finish_like_worker
 from tests.support.redis_server import free_port
+from tests.support.scripted import scripted
 
 pytestmark = pytest.mark.anyio
 
@@ -534,30 +535,20 @@ def test_sync_generate_submits_in_order_and_isolates_failures(settings: Settings
 
 
 # --- retries and unexpected answers (a scripted transport) ----------------------------------------------------------
-def _scripted(answers: list[httpx.Response]) -> tuple[httpx.MockTransport, list[httpx.Request]]:
-    seen: list[httpx.Request] = []
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return answers.pop(0) if len(answers) > 1 else answers[0]
-
-    return httpx.MockTransport(handle), seen
-
-
 def _queue_full(retry_after: str = "7") -> httpx.Response:
     detail = {"detail": "the request queue is full; retry later"}
     return httpx.Response(503, json=detail, headers={"Retry-After": retry_after})
 
 
 def test_submit_retries_503_after_retry_after() -> None:
-    transport, seen = _scripted([_queue_full("0"), _queue_full("0"), httpx.Response(202, json={"id": "r1"})])
+    transport, seen = scripted([_queue_full("0"), _queue_full("0"), httpx.Response(202, json={"id": "r1"})])
     with Client("http://api", transport=transport, submit_retries=3) as client:
         assert client.submit("a cat") == "r1"
     assert len(seen) == 3
 
 
 def test_submit_retries_are_bounded() -> None:
-    transport, seen = _scripted([_queue_full("7")])
+    transport, seen = scripted([_queue_full("7")])
     with Client("http://api", transport=transport, submit_retries=2, max_retry_wait_s=0.01) as client:
         started = time.monotonic()
         with pytest.raises(QueueFull) as caught:
@@ -575,11 +566,11 @@ async def test_async_submit_retries_503() -> None:
 
 
 def test_unexpected_answers_are_api_errors() -> None:
-    transport, _ = _scripted([httpx.Response(502, text="bad gateway")])
+    transport, _ = scripted([httpx.Response(502, text="bad gateway")])
     with Client("http://api", transport=transport) as client, pytest.raises(ApiError) as caught:
         client.get("r1")
     assert caught.value.status_code == 502 and "bad gateway" in str(caught.value)
-    transport, _ = _scripted([httpx.Response(200, json={"not": "a view"})])
+    transport, _ = scripted([httpx.Response(200, json={"not": "a view"})])
     with Client("http://api", transport=transport) as client, pytest.raises(ApiError, match="unexpected answer"):
         client.get("r1")
 

@@ -18,11 +18,12 @@ import pytest
 
 from fusefleet.client import ApiUnreachable, AsyncClient, Client, NotFound, Unavailable
 from fusefleet.client_cli import describe_event
-from shared.contracts import RequestSpec
 from shared.settings import Settings
 from shared.state import parse_state
 from shared.wire import RequestView
 from tests.support.api import Api, api_harness, unit_settings
+from tests.support.scripted import scripted
+from tests.support.specs import demo_spec
 
 pytestmark = pytest.mark.anyio
 RID = "r1"
@@ -35,31 +36,11 @@ def _sse(*events: tuple[str, str, dict[str, object]]) -> httpx.Response:
 
 def _view(status: str) -> dict[str, object]:
     """The api's view of request ``RID`` in ``status`` (succeeded: one image), as a terminal event carries it."""
-    spec = RequestSpec(
-        id=RID,
-        model="demo",
-        prompt="a fox",
-        seed=1,
-        width=64,
-        height=64,
-        num_inference_steps=4,
-        guidance_scale=5.0,
-        created_at=0.0,
-    )
+    spec = demo_spec(RID, 4, side=64, prompt="a fox")
     results = "r1/c1/0.png" if status == "succeeded" else ""
     state = parse_state({"spec": spec.model_dump_json(), "status": status, "results": results})
     view: dict[str, object] = RequestView.from_state(state).model_dump(mode="json")
     return view
-
-
-def _scripted(answers: list[httpx.Response]) -> tuple[httpx.MockTransport, list[httpx.Request]]:
-    seen: list[httpx.Request] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return answers.pop(0) if len(answers) > 1 else answers[0]
-
-    return httpx.MockTransport(answer), seen
 
 
 def _dropping_then_503_then_the_rest() -> list[httpx.Response]:
@@ -83,7 +64,7 @@ def _check_resumed(events: list[object], seen: list[httpx.Request]) -> None:
 
 
 def test_a_dropped_stream_is_resumed_after_the_last_event() -> None:
-    transport, seen = _scripted(_dropping_then_503_then_the_rest())
+    transport, seen = scripted(_dropping_then_503_then_the_rest())
     with Client("http://api", transport=transport) as client:
         events = list(client.events(RID))
     _check_resumed(events, seen)
@@ -95,7 +76,7 @@ def test_a_dropped_stream_is_resumed_after_the_last_event() -> None:
 
 
 async def test_the_async_client_resumes_too() -> None:
-    transport, seen = _scripted(_dropping_then_503_then_the_rest())
+    transport, seen = scripted(_dropping_then_503_then_the_rest())
     async with AsyncClient("http://api", transport=transport) as client:
         events = [event async for event in client.events(RID)]
     _check_resumed(events, seen)
@@ -109,7 +90,7 @@ async def test_the_async_client_resumes_too() -> None:
     ],
 )
 def test_reconnecting_gives_up_after_reconnect_s(answer: Callable[[], httpx.Response], error: type) -> None:
-    transport, seen = _scripted([answer()])
+    transport, seen = scripted([answer()])
     with Client("http://api", transport=transport) as client, pytest.raises(error):
         started = time.monotonic()
         for _ in client.events(RID, reconnect_s=0.5):
@@ -118,7 +99,7 @@ def test_reconnecting_gives_up_after_reconnect_s(answer: Callable[[], httpx.Resp
 
 
 def test_an_unknown_request_is_not_retried() -> None:
-    transport, seen = _scripted([httpx.Response(404, json={"detail": "no request 'r1'"})])
+    transport, seen = scripted([httpx.Response(404, json={"detail": "no request 'r1'"})])
     with Client("http://api", transport=transport) as client, pytest.raises(NotFound):
         list(client.events(RID))
     assert len(seen) == 1

@@ -34,11 +34,6 @@ def settings() -> Settings:
     return Settings(key_prefix="t", max_batch_attempts=3, batch_lock_ttl_s=5, result_ttl_s=60)
 
 
-@pytest.fixture
-def client() -> fakeredis.FakeRedis:
-    return fakeredis.FakeRedis(decode_responses=True)
-
-
 class GatedStore(FilesystemResultStore):
     """A filesystem result store whose writes wait until the test opens the gate."""
 
@@ -274,9 +269,7 @@ def test_slot_frees_when_the_forward_ends_and_the_batch_stays_in_flight_until_st
     assert scheduler.free_slots() == 1
 
 
-def test_a_worker_that_dies_while_storing_frees_nothing_twice(
-    client: fakeredis.FakeRedis, settings: Settings
-) -> None:
+def test_a_worker_that_dies_while_storing_frees_nothing_twice(client: fakeredis.FakeRedis, settings: Settings) -> None:
     """A storing batch whose run died (its lock lapsed) leaves the storing set at the reaper's next pass and is
     published again: its rerun occupies a slot like any batch in flight."""
     store = WorkerStore(client, settings)
@@ -338,4 +331,3 @@ def test_heartbeat_renews_every_held_batch_until_its_limit(client: fakeredis.Fak
         assert client.get(store.keys.batch_lock("B1")) is None
     finally:
         beat.stop()
-

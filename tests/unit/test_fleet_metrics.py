@@ -12,7 +12,6 @@ import fakeredis
 import pytest
 import redis
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -34,6 +33,7 @@ from shared.metrics import (
     recent_images,
 )
 from shared.settings import Settings
+from tests.support import prometheus
 from tests.unit.test_scripts import submit
 
 pytestmark = pytest.mark.anyio
@@ -77,17 +77,12 @@ def scrape(snap: FleetSnapshot) -> dict[str, float]:
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Once())
-    samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(generate_latest(registry).decode()):
-        for sample in family.samples:
-            labels = ",".join(f"{key}={value}" for key, value in sorted(sample.labels.items()))
-            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return samples
+    return prometheus.samples(generate_latest(registry).decode())
 
 
 def abort(client: fakeredis.FakeRedis, keys: k.RedisKeys, rid: str) -> str:
     script = client.register_script(k.ABORT)
-    return str(script(keys=[keys.request(rid), keys.requests], args=[time.time(), 60, keys.finished, rid]))
+    return str(script(keys=k.abort_keys(keys, rid), args=[time.time(), 60, keys.finished, rid]))
 
 
 def test_pow2_buckets_and_cumulative_histograms() -> None:

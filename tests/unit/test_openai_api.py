@@ -93,13 +93,10 @@ async def finish(api: Api, request_id: str, outcome: str = "succeeded", error: t
     await api.finish(request_id, outcome, images, error)
 
 
-async def call_while_finishing(
-    api: Api,
-    send: Callable[[], Awaitable[T]],
-    outcome: str = "succeeded",
-    error: tuple[str, str] = ("", ""),
-) -> T:
-    """``send()`` while a fake worker ends the request it queues."""
+async def call_while(
+    api: Api, send: Callable[[], Awaitable[T]], act: Callable[[str], Awaitable[object]]
+) -> tuple[T, str]:
+    """``send()`` while ``act(request_id)`` does something to the request it queues: its answer, and that id."""
     result: list[T] = []
 
     async def call() -> None:
@@ -108,8 +105,19 @@ async def call_while_finishing(
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(call)
         (request_id,) = await wait_queued(api)
-        await finish(api, request_id, outcome, error)
-    return result[0]
+        await act(request_id)
+    return result[0], request_id
+
+
+async def call_while_finishing(
+    api: Api,
+    send: Callable[[], Awaitable[T]],
+    outcome: str = "succeeded",
+    error: tuple[str, str] = ("", ""),
+) -> T:
+    """``send()`` while a fake worker ends the request it queues."""
+    response, _ = await call_while(api, send, lambda request_id: finish(api, request_id, outcome, error))
+    return response
 
 
 async def generate(api: Api, **body: Any) -> httpx.Response:
@@ -457,18 +465,13 @@ async def test_request_failed_by_its_input_is_400(api: Api) -> None:
 
 
 async def test_request_aborted_elsewhere_is_409(api: Api) -> None:
-    result: list[httpx.Response] = []
-
-    async def call() -> None:
-        result.append(await api.http.post(GENERATIONS, json={"prompt": "a cat"}))
-
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(call)
-        (request_id,) = await wait_queued(api)
+    async def abort(request_id: str) -> None:
         assert (await api.http.post(f"/v1/requests/{request_id}/abort")).json()["status"] == "aborted"
-    error = openai_error(result[0], 409)
+
+    response, request_id = await call_while(api, lambda: api.http.post(GENERATIONS, json={"prompt": "a cat"}), abort)
+    error = openai_error(response, 409)
     assert error["code"] == "request_aborted"
-    assert result[0].headers["x-request-id"] == request_id
+    assert response.headers["x-request-id"] == request_id
 
 
 async def test_each_call_is_its_own_request(api: Api) -> None:
@@ -498,17 +501,13 @@ async def test_wait_limit_aborts_the_request_and_answers_504(api: Api, monkeypat
 
 async def test_a_lost_wake_up_costs_only_the_recheck(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(generation, "RECHECK_S", 0.05)
-    result: list[httpx.Response] = []
 
-    async def call() -> None:
-        result.append(await api.http.post(GENERATIONS, json={"prompt": "a cat"}))
-
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(call)
-        (request_id,) = await wait_queued(api)
+    async def end_unannounced(request_id: str) -> None:
         # ended without the PUBLISH of FINISH: only a read of the state can see it
         await api.redis.hset(api.keys.request(request_id), mapping={"status": "failed", "error_type": "E"})
-    assert openai_error(result[0], 500)["code"] == "generation_failed"
+
+    response, _ = await call_while(api, lambda: api.http.post(GENERATIONS, json={"prompt": "a cat"}), end_unannounced)
+    assert openai_error(response, 500)["code"] == "generation_failed"
 
 
 def _app(api: Api) -> ASGIApp:
@@ -546,6 +545,7 @@ async def test_client_disconnect_aborts_the_request(api: Api) -> None:
         "client": ("127.0.0.1", 50000),
         "server": ("api", 80),
     }
+
     async def serve() -> None:
         await _app(api)(scope, receive, send)
 
