@@ -55,7 +55,7 @@ def scheduler(log_level: Annotated[str, typer.Option(help="Log level.")] = "info
     """Run the batching scheduler (one is active; further ones stand by), the result sweeper and the webhook
     dispatcher (one is active)."""
     from scheduler.lease import Lease
-    from scheduler.service import SchedulerService
+    from scheduler.step_service import service_for
     from scheduler.store import SchedulerStore
     from scheduler.sweeper import ResultSweeper
     from scheduler.webhooks import WebhookDispatcher
@@ -68,7 +68,7 @@ def scheduler(log_level: Annotated[str, typer.Option(help="Log level.")] = "info
     client = sync_client(settings)
     store = SchedulerStore(client, settings)
     lease = Lease(client, store.keys.scheduler_lease, settings.scheduler_lease_ms)
-    service = SchedulerService(settings, store, lease, make_celery(settings))
+    service = service_for(settings)(settings, store, lease, make_celery(settings))
     results = build_result_store(settings, sync_client(settings, binary=True))
     sweeper = ResultSweeper(ResultJournal(client, store.keys), results, interval_s=settings.result_sweep_interval_s)
     stop = threading.Event()

@@ -9,16 +9,9 @@ the policy, and for each ``Dispatch`` move the requests into a batch atomically 
 Celery task, and only then acknowledge their stream entries. A window of the head that held aborted requests is
 looked at again without them (never a blocking wait while live requests are behind them).
 
-With ``step_mode`` (``docs/step_mode.md``) requests are bucketed by their step key (``shared.compat.step_key``), and
-before a new batch is decided the head's batch may join a worker's open running set of its key with room
-(``scheduler.policy.place``, over the sets read from Redis and cached like the free-slot count): the batch is
-scheduled as any other and sent to the worker's inbox (``step_join.lua``); when the set closed, was sealed or filled
-meanwhile, it is published to Celery as a normal batch instead (it starts a set on a free worker). With the
-``priority`` scheduling policy, a head that can neither join a set nor start one (no free slot) may **preempt** a
-request of a lower level running in a full set of its key (``scheduler.policy.preempt`` over the sets' members,
-``P:step:levels:{worker}``, read only then): the worker evicts it at its next step boundary and requeues it
-(``step_evict.lua``, ``requeue.lua``); its new stream entry puts it at the front of its level, and the freed room
-goes to the head through ``place``. One eviction at a time per key: the next waits until the last is done.
+This is the request-level service; with ``step_mode`` the subclass of ``scheduler.step_service`` runs instead (its
+hooks: the requests' key, and the running sets a batch may join rather than take a slot). ``service_for`` there
+chooses.
 
 Exactly one scheduler is active (a lease in Redis); others stand by and take over when it lapses. A new leader
 first replays the pending (read, unacknowledged) entries page by page: queued requests wait again, requests that
@@ -41,18 +34,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Hashable, Sequence
-from functools import lru_cache
 
 from celery import Celery
 
 from scheduler.deadlines import overdue
 from scheduler.lease import LeaderLoop, Lease
-from scheduler.policy import Dispatch, Join, Member, OpenSet, PolicyConfig, WaitingRequest, decide, place, preempt
+from scheduler.policy import Dispatch, PolicyConfig, WaitingRequest, decide
 from scheduler.queue import QUEUES, QueuedRequest
 from scheduler.store import LeaseLost, RunningSet, SchedulerStore, StreamEntry
 from shared.celery_config import RUN_BATCH_TASK
-from shared.compat import StepKey, compat_key, pixel_cost, step_key
-from shared.contracts import BatchMessage, RequestStatus
+from shared.compat import compat_key, pixel_cost
+from shared.contracts import BatchMessage, RequestSpec, RequestStatus
 from shared.logging_setup import ids as ids_of
 from shared.settings import Settings
 
@@ -64,14 +56,9 @@ HEALTHY_LEAD_S = 10.0  # a lead that lasted this long before failing resets the 
 CAPACITY_TTL_S = 0.25  # a known free-slot count is trusted this long unless a worker event says it changed
 
 
-@lru_cache(maxsize=1024)
-def _digest(key: StepKey) -> str:
-    """``key.digest``, computed once per key (the step keys in use are few)."""
-    return key.digest
-
-
 class SchedulerService:
-    """Leader election, stream reading and batch publishing around the policy."""
+    """Leader election, stream reading and batch publishing around the policy (request-level; step mode's
+    subclass is ``scheduler.step_service.StepSchedulerService``)."""
 
     def __init__(
         self,
@@ -95,12 +82,6 @@ class SchedulerService:
         self._fresh: set[str] = set()  # admitted this round: certainly still queued unless aborted just now
         self._free: int | None = None  # free worker slots as last counted (minus our dispatches since)
         self._free_at = 0.0
-        self._sets: list[RunningSet] | None = None  # step mode: running sets as last read (plus our joins since)
-        self._sets_at = 0.0
-        # step-mode preemption (priority levels only: under fcfs every request is level 0)
-        self._preemption = settings.step_mode and settings.scheduling_policy == "priority"
-        self._evicting: dict[str, str] = {}  # worker -> the request we asked its set to evict, until it is gone
-        self._members_at: float | None = None  # when the sets' members were last read (None: read when needed)
 
     # --- leadership ------------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -109,12 +90,7 @@ class SchedulerService:
         self._leader.run(stop)
 
     def _lead(self, stop: threading.Event) -> None:
-        self._queue.clear()
-        self._fresh.clear()
-        self._free = None
-        self._sets = None
-        self._evicting.clear()
-        self._members_at = None
+        self._new_lead()
         self._store.ensure_groups()
         try:
             self._recover()
@@ -138,14 +114,38 @@ class SchedulerService:
                 self._fresh.clear()
                 read = self._store.read_new(block_ms, room=self._settings.max_queue_len - len(self._queue))
                 if read.woken:
-                    self._free = None  # a batch finished, a set closed or a worker joined
-                    self._sets = None
-                    self._members_at = None
+                    self._forget_capacity()  # a batch finished, a set closed or a worker joined
                 self._admit(read.entries)
                 self._forget(read.aborted)  # after admitting: an id read in this round is dropped too
                 deadline = self._dispatch_ready()
         except LeaseLost:
             log.warning("scheduler lease taken over; standing by")
+
+    # --- hooks (``scheduler.step_service`` overrides them) -------------------------------------------------------
+    def _key(self, spec: RequestSpec) -> Hashable:
+        """What a batch's requests share: the compatibility key."""
+        return compat_key(spec)
+
+    def _new_lead(self) -> None:
+        """Forget what an earlier lead held: Redis is the only state that counts."""
+        self._queue.clear()
+        self._fresh.clear()
+        self._forget_capacity()
+
+    def _forget_capacity(self) -> None:
+        """Count the free slots again when next asked (a worker event said they changed)."""
+        self._free = None
+
+    def _room(self) -> Sequence[RunningSet]:
+        """Where a batch may go besides a free slot: none here."""
+        return ()
+
+    def _join_head(self, head: list[WaitingRequest], room: Sequence[RunningSet]) -> bool:
+        """Send the head's batch into ``room``; whether it went (then the loop looks at the queue again)."""
+        return False
+
+    def _when_full(self, head: list[WaitingRequest], room: Sequence[RunningSet], free: int) -> None:
+        """No batch was dispatched and no slot is free (``free`` <= 0) while ``room`` exists."""
 
     # --- reading ---------------------------------------------------------------------------------------------
     def _recover(self) -> None:
@@ -181,7 +181,7 @@ class SchedulerService:
                 QueuedRequest(
                     id=entry.request_id,
                     entry_id=entry.entry_id,
-                    key=step_key(spec) if self._settings.step_mode else compat_key(spec),
+                    key=self._key(spec),
                     arrived_at=now,
                     cost=pixel_cost(spec),
                     priority=spec.priority,
@@ -240,11 +240,9 @@ class SchedulerService:
         until: float | None = None
         while self._queue:
             free = self._free_slots()
-            sets = self._open_sets()
-            head = self._head_window(check=free > 0 or bool(sets))
-            if sets and (join := place(head, self._placeable(sets, head), self._config)) is not None:
-                self._forget(join.dropped_ids)
-                self._join(join, head)
+            room = self._room()
+            head = self._head_window(check=free > 0 or bool(room))
+            if room and self._join_head(head, room):
                 continue
             decision = decide(head, free, self._clock(), self._config)
             self._forget(decision.dropped_ids)
@@ -252,8 +250,8 @@ class SchedulerService:
                 if decision.dropped_ids:  # aborted requests left the window: look at the requests behind them
                     continue
                 until = decision.until
-                if free <= 0 and sets:
-                    self._preempt(head, sets, free)
+                if free <= 0 and room:
+                    self._when_full(head, room, free)
                 break
             self._dispatch(decision)
             self._free = free - 1
@@ -278,77 +276,6 @@ class SchedulerService:
             self._free, self._free_at = self._store.free_slots(), now
         return self._free
 
-    def _open_sets(self) -> list[RunningSet]:
-        """Step mode: the running sets that take joins (not sealed), read from Redis when unknown or stale, else as
-        last read plus our joins since. Empty in request-level mode."""
-        if not self._settings.step_mode:
-            return []
-        now = self._clock()
-        if self._sets is None or now - self._sets_at > CAPACITY_TTL_S:
-            self._sets, self._sets_at = self._store.running_sets(), now
-        return [s for s in self._sets if not s.sealed]
-
-    @staticmethod
-    def _placeable(sets: Sequence[RunningSet], head: Sequence[WaitingRequest]) -> list[OpenSet]:
-        """``sets`` for the policy: each keyed by the step key of the waiting requests with its digest (a set no
-        waiting request matches keeps its digest, which equals no step key)."""
-        keys: dict[str, Hashable] = {}
-        for request in head:
-            if isinstance(request.key, StepKey):
-                keys.setdefault(_digest(request.key), request.key)
-        return [OpenSet(s.worker, keys.get(s.digest, s.digest), s.rows, s.sealed) for s in sets]
-
-    def _preempt(self, head: list[WaitingRequest], sets: Sequence[RunningSet], free: int) -> None:
-        """Step mode, priority levels: when the head can neither join a set nor start one, ask a set of its key to
-        evict a request of a lower level (``scheduler.policy.preempt``). The sets' members are read (one round trip)
-        at most once per ``CAPACITY_TTL_S`` unless an event woke the loop."""
-        first = next((r for r in head if not r.aborted), None)
-        if not self._preemption or first is None or not isinstance(first.key, StepKey):
-            return
-        now = self._clock()
-        if self._members_at is not None and now - self._members_at < CAPACITY_TTL_S:
-            return
-        placeable = self._placeable(sets, head)
-        open_workers = {s.worker for s in placeable}  # a set closed or sealed since: its eviction is moot
-        self._evicting = {w: rid for w, rid in self._evicting.items() if w in open_workers}
-        workers = [s.worker for s in placeable if s.key == first.key and not s.sealed]
-        if not workers:
-            return
-        self._members_at = now
-        members = self._store.step_levels(workers)
-        for worker in workers:  # an eviction is done once its request left the set's levels (requeued or ended)
-            if worker in self._evicting and self._evicting[worker] not in {m.request_id for m in members[worker]}:
-                del self._evicting[worker]
-        candidates = [
-            OpenSet(
-                s.worker,
-                s.key,
-                s.rows,
-                s.sealed,
-                members=tuple(Member(m.request_id, m.priority, m.joined_ms) for m in members.get(s.worker, [])),
-                evicting=s.worker in self._evicting,
-            )
-            for s in placeable
-            if s.worker in members
-        ]
-        decision = preempt(head, candidates, free, self._config)
-        if decision is None:
-            return
-        fields = ids_of(worker=decision.worker, request_id=decision.request_id)
-        if self._store.step_evict(decision.worker, _digest(first.key), decision.request_id):
-            self._evicting[decision.worker] = decision.request_id
-            log.info(
-                "request %s (level %d) preempts %s in %s's running set",
-                first.id,
-                first.level,
-                decision.request_id,
-                decision.worker,
-                extra=fields,
-            )
-        else:
-            self._members_at = None  # the set closed, was sealed or the request ended: look again
-            self._sets = None
-
     def _head_window(self, check: bool) -> list[WaitingRequest]:
         window = self._queue.head(self._window)
         ids = [request.id for request in window]
@@ -367,51 +294,18 @@ class SchedulerService:
         ]
 
     def _dispatch(self, decision: Dispatch) -> None:
-        batch_id = uuid.uuid4().hex
-        ids = list(decision.request_ids)
-        deadlines = [request.deadline if (request := self._queue.get(rid)) else None for rid in ids]
-        joined = self._store.schedule(self._lease.key, self._lease.token, batch_id, ids, deadlines)
+        batch_id, joined = self._schedule(decision.request_ids)
         if joined:
             self._publish(batch_id, joined)
-        self._forget(ids)
+        self._forget(decision.request_ids)
 
-    def _join(self, join: Join, head: Sequence[WaitingRequest]) -> None:
-        """Schedule ``join``'s requests into a batch and send it to the worker's running set; publish it to Celery
-        instead when the set refuses it (closed, sealed or full meanwhile)."""
+    def _schedule(self, request_ids: Sequence[str]) -> tuple[str, list[str]]:
+        """Move these requests into a new batch (``SCHEDULE``, fenced by the lease): its id, and the requests it
+        took (those still queued and not aborted). Their entries are acknowledged by ``_forget`` after a publish."""
         batch_id = uuid.uuid4().hex
-        ids = list(join.request_ids)
-        first = next(r for r in head if r.id == ids[0])
-        assert isinstance(first.key, StepKey)
+        ids = list(request_ids)
         deadlines = [request.deadline if (request := self._queue.get(rid)) else None for rid in ids]
-        joined = self._store.schedule(self._lease.key, self._lease.token, batch_id, ids, deadlines)
-        if joined:
-            message = self._message(batch_id, joined)
-            cap = self._config.cap(first)
-            fields = ids_of(batch_id=batch_id, worker=join.worker, request_ids=joined)
-            if self._store.step_join(
-                join.worker, _digest(first.key), message.model_dump_json(), batch_id, len(joined), cap
-            ):
-                log.info(
-                    "joined batch %s (%d requests) to %s's running set",
-                    batch_id,
-                    len(joined),
-                    join.worker,
-                    extra=fields,
-                )
-                self._count_join(join.worker, len(joined))
-            else:
-                log.info("%s's running set refused batch %s; publishing it", join.worker, batch_id, extra=fields)
-                self._sets = None  # it closed, was sealed or filled: read the sets again
-                self._free = None  # the batch takes a slot of its own now
-                self._publish(batch_id, joined)
-        self._forget(ids)
-
-    def _count_join(self, worker: str, count: int) -> None:
-        """Count ``count`` requests just sent to ``worker``'s set against its room in the cached sets."""
-        if self._sets is not None:
-            self._sets = [
-                RunningSet(s.worker, s.digest, s.rows + count) if s.worker == worker else s for s in self._sets
-            ]
+        return batch_id, self._store.schedule(self._lease.key, self._lease.token, batch_id, ids, deadlines)
 
     @staticmethod
     def _message(batch_id: str, request_ids: list[str]) -> BatchMessage:
@@ -428,7 +322,7 @@ class SchedulerService:
         fields = ids_of(batch_id=batch_id, request_ids=request_ids)
         log.info("published batch %s with %d requests", batch_id, len(request_ids), extra=fields)
 
-    def _forget(self, request_ids: tuple[str, ...] | list[str]) -> None:
+    def _forget(self, request_ids: Sequence[str]) -> None:
         """Drop requests from the queue and acknowledge their entries (after any publish)."""
         entries = [request.entry_id for rid in request_ids if (request := self._queue.remove(rid))]
         self._store.ack(entries)

@@ -18,6 +18,7 @@ import redis
 
 from scheduler.lease import Lease
 from scheduler.service import SchedulerService
+from scheduler.step_service import service_for
 from scheduler.store import SchedulerStore
 from shared.settings import Settings
 from tests.support.redis_server import free_port
@@ -62,7 +63,7 @@ def wait_until(predicate: Any, timeout: float) -> bool:
 def scheduler(client: redis.Redis, settings: Settings, celery: PublishedBatches) -> SchedulerService:
     store = SchedulerStore(client, settings)
     lease = Lease(client, store.keys.scheduler_lease, settings.scheduler_lease_ms)
-    return SchedulerService(settings, store, lease, celery)  # type: ignore[arg-type]
+    return service_for(settings)(settings, store, lease, celery)  # type: ignore[arg-type]
 
 
 def worker_up(client: redis.Redis, store: SchedulerStore, event: str = "worker_up") -> None:

@@ -13,7 +13,7 @@ import fakeredis
 import pytest
 
 from scheduler.lease import Lease
-from scheduler.service import SchedulerService
+from scheduler.step_service import StepSchedulerService
 from scheduler.store import SchedulerStore
 from shared.compat import step_key
 from shared.contracts import BatchMessage, RequestSpec
@@ -130,7 +130,7 @@ def test_a_set_sealed_after_it_was_read_refuses_the_join_and_the_batch_goes_to_c
     settings, client, store, celery = scene(digest(), 0, idle=(), queued={})
     frozen: Callable[[], float] = lambda: 100.0  # noqa: E731 - the cached sets never go stale
     lease = Lease(client, store.keys.scheduler_lease, settings.scheduler_lease_ms)
-    service = SchedulerService(settings, store, lease, celery, clock=frozen)
+    service = StepSchedulerService(settings, store, lease, celery, clock=frozen)
     with running(service):
         submit(client, store.keys, "a")
         assert wait_until(lambda: client.llen(store.keys.step_inbox("w1")) == 1, 5)
