@@ -27,7 +27,7 @@ import re
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,28 +55,42 @@ BENTOML_MAX_LATENCY_MS = 3_600_000
 
 
 @dataclass(frozen=True)
-class SimConfig:
-    """One simcompare run. The defaults are the documented run (about 11 minutes on the 2-core machine)."""
+class SweepConfig:
+    """What a sweep of simulated systems takes (simcompare's and ``bench.stepmode``'s): the cost model, the max batch
+    and admission wait of every system, the load points, each point's Poisson arrivals window, where results go."""
 
     cost: CostModel = GPU_SHAPED
     batch: int = 8
     wait_ms: float = 20.0
     loads: tuple[float, ...] = LOADS
-    seconds: float = 20.0  # Poisson arrivals window of each load point
+    seconds: float = 20.0
+    out_dir: Path = Path("bench-results")
+
+
+@dataclass(frozen=True)
+class SimConfig(SweepConfig):
+    """One simcompare run. The defaults are the documented run (about 11 minutes on the 2-core machine)."""
+
     peers: bool = True
     scale_workers: tuple[int, ...] = (1, 2, 4, 8)
     scale_forwards: int = 10  # full forwards per worker in each closed-loop scale-out run
-    out_dir: Path = Path("bench-results")
     docs_dir: Path = Path("docs")
     workloads: tuple[Workload, ...] = ("homog", "mixed")
 
     def __post_init__(self) -> None:
-        if not self.loads or min(self.loads) <= 0:
-            raise ValueError("loads must be positive fractions of the capacity")
-        if self.seconds <= 0 or self.batch < 1 or self.scale_forwards < 1:
-            raise ValueError("seconds, batch and scale_forwards must be positive")
+        check_sweep(self.loads, seconds=self.seconds, batch=self.batch, scale_forwards=self.scale_forwards)
         if self.scale_workers[:1] != (1,):
             raise ValueError("scale_workers must start with 1 (the baseline of P5 and P1sim)")
+
+
+def check_sweep(loads: Sequence[float], *, seconds: float, **counts: int) -> None:
+    """A sweep's bounds (``ValueError`` naming what is off): positive loads, positive ``seconds`` and counts (each
+    at least 1), e.g. ``batch``."""
+    if not loads or min(loads) <= 0:
+        raise ValueError("loads must be positive fractions of the capacity")
+    if seconds <= 0 or min(counts.values(), default=1) < 1:
+        *rest, last = ["seconds", *counts]
+        raise ValueError(f"{', '.join(rest)} and {last} must be positive")
 
 
 # --- pure: load points, figures, tables --------------------------------------------------------------------------
@@ -234,7 +248,8 @@ def cpu_busy(before: Sequence[int], after: Sequence[int]) -> float:
     return 1.0 - (delta[3] + delta[4]) / total if total else 0.0
 
 
-def _cpu_sample() -> list[int]:
+def cpu_sample() -> list[int]:
+    """The 'cpu' line of ``/proc/stat`` (zeros off Linux), for ``cpu_busy``."""
     try:
         with open("/proc/stat", encoding="ascii") as stat:
             return [int(v) for v in stat.readline().split()[1:9]]
@@ -264,13 +279,13 @@ def _servers(cfg: SimConfig, logs: Path) -> Iterator[dict[str, Target]]:
                 1,
                 logs / f"{name}.log",
                 max_latency_ms=BENTOML_MAX_LATENCY_MS,
-                extra_env={"BENCH_RUNNER": "simulated", **cfg.cost.env(), TRACE_ENV: str(_trace(logs, name))},
+                extra_env={"BENCH_RUNNER": "simulated", **cfg.cost.env(), TRACE_ENV: str(trace_path(logs, name))},
             )
             stack.callback(stop_peer, proc)
             booting[name] = (proc, f"http://127.0.0.1:{port}")
         targets: dict[str, Target] = {
             name: FusefleetTarget(
-                stack.enter_context(_fleet(cfg, logs / name, order, trace=_trace(logs, name))),
+                stack.enter_context(_fleet(cfg, logs / name, order, trace=trace_path(logs, name))),
                 name,
                 fetch_images=True,
             )
@@ -282,7 +297,7 @@ def _servers(cfg: SimConfig, logs: Path) -> Iterator[dict[str, Target]]:
         yield targets
 
 
-def _trace(logs: Path, name: str) -> Path:
+def trace_path(logs: Path, name: str) -> Path:
     """System ``name``'s forwards trace (``simulated_gpu.record_forward``)."""
     return (logs / "traces" / f"{name}.jsonl").resolve()
 
@@ -300,7 +315,8 @@ def _fleet(cfg: SimConfig, logs: Path, order: str, workers: int = 1, trace: Path
     )
 
 
-def _traced(trace: Path) -> list[dict[str, float]]:
+def traced(trace: Path) -> list[dict[str, float]]:
+    """The lines of a forwards trace so far (none before the first forward)."""
     return [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
 
 
@@ -308,7 +324,7 @@ def _one_load(target: Target, spec: LoadSpec) -> dict[str, Any]:
     return summarize(asyncio.run(run_load(target, spec)))
 
 
-def _all_loads(targets: Mapping[str, Target], spec: LoadSpec) -> dict[str, dict[str, Any]]:
+def all_loads(targets: Mapping[str, Target], spec: LoadSpec) -> dict[str, dict[str, Any]]:
     """The same load against every target at once, from this one process."""
 
     async def together() -> list[Any]:
@@ -363,24 +379,19 @@ def _sweep(
     split = cfg.cost.split_capacity(SIDES[workload], cfg.batch)
     rates = [load * capacity for load in cfg.loads]
     warm = LoadSpec(pattern="closed", count=2 * cfg.batch, concurrency=cfg.batch, steps=STEPS, sides=SIDES[workload])
-    _all_loads(targets, warm)
-    points: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
-    busy: list[float] = []
-    for load, rate in zip(cfg.loads, rates, strict=True):
-        started, before = time.monotonic(), _cpu_sample()
+    all_loads(targets, warm)
+
+    def point(rate: float) -> dict[str, dict[str, Any]]:
         logged = {name: _log_size(path) for name, path in peer_logs.items()}
-        traced = {name: len(_traced(_trace(logs, name))) for name in targets}
-        for name, summary in _all_loads(targets, load_spec(workload, rate, cfg.seconds)).items():
+        seen = {name: len(traced(trace_path(logs, name))) for name in targets}
+        summaries = all_loads(targets, load_spec(workload, rate, cfg.seconds))
+        for name, summary in summaries.items():
             if name in peer_logs:
                 summary |= peer_batches(_log_since(peer_logs[name], logged[name]))
-            summary |= forward_stats(_traced(_trace(logs, name))[traced[name] :])
-            points[name].append(summary)
-        busy.append(cpu_busy(before, _cpu_sample()))
-        log(
-            f"{workload} {load:.0%} ({rate:.2f} req/s): "
-            + ", ".join(f"{name} {_cell(points[name][-1])}" for name in targets)
-            + f"; CPU {busy[-1]:.0%}; {time.monotonic() - started:.0f} s"
-        )
+            summary |= forward_stats(traced(trace_path(logs, name))[seen[name] :])
+        return summaries
+
+    points, busy = sweep_points(targets, workload, zip(cfg.loads, rates, strict=True), point, _cell, log)
     return {
         "capacity": capacity,
         "split_capacity": split,
@@ -389,6 +400,31 @@ def _sweep(
         "cpu_busy": busy,
         "points": points,
     }
+
+
+def sweep_points(
+    targets: Mapping[str, Target],
+    workload: str,
+    load_rates: Iterable[tuple[float, float]],
+    point: Callable[[float], dict[str, dict[str, Any]]],
+    cell: Callable[[Mapping[str, Any]], str],
+    log: Callable[[str], None],
+) -> tuple[dict[str, list[dict[str, Any]]], list[float]]:
+    """Each (load, rate) point in turn: ``point(rate)`` runs it against every target and gives each one's summary.
+    Returns the summaries by target, and how busy the CPU was over each point; logs a line per point (``cell``)."""
+    points: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
+    busy: list[float] = []
+    for load, rate in load_rates:
+        started, before = time.monotonic(), cpu_sample()
+        for name, summary in point(rate).items():
+            points[name].append(summary)
+        busy.append(cpu_busy(before, cpu_sample()))
+        log(
+            f"{workload} {load:.0%} ({rate:.2f} req/s): "
+            + ", ".join(f"{name} {cell(points[name][-1])}" for name in targets)
+            + f"; CPU {busy[-1]:.0%}; {time.monotonic() - started:.0f} s"
+        )
+    return points, busy
 
 
 def _saturated(target: Target, cfg: SimConfig, workers: int) -> dict[str, Any]:
@@ -467,9 +503,9 @@ def run_simcompare(cfg: SimConfig, log: Callable[[str], None] = print) -> dict[s
                 {name: list(zip(cfg.loads, points, strict=True)) for name, points in sweep["points"].items()},
                 sweep["capacity"],
             )
-        traced = len(_traced(_trace(logs, HEADLINE)))
+        seen = len(traced(trace_path(logs, HEADLINE)))
         one_worker = _saturated(targets[HEADLINE], cfg, 1)
-        steady = steady_images_per_s(_traced(_trace(logs, HEADLINE))[traced:])
+        steady = steady_images_per_s(traced(trace_path(logs, HEADLINE))[seen:])
         log(f"saturated, one worker: {one_worker['images_per_s']:.2f} img/s end to end, {steady:.2f} steady")
     p5 = _scaleout(cfg, one_worker, logs, log)
     p5["steady_images_per_s"] = steady

@@ -25,7 +25,6 @@ Figures (``docs/benchmarks.json``): ``step_p99_ratio_80`` = step p99 / strict p9
 
 from __future__ import annotations
 
-import asyncio
 import json
 import textwrap
 import time
@@ -36,10 +35,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bench.fleet import bench_fleet
-from bench.loadgen import LoadSpec, run_load
+from bench.loadgen import LoadSpec
 from bench.peers.simulated_gpu import GPU_SHAPED, REF_STEPS, TRACE_ENV, CostModel
-from bench.report import merge_figures, plot_sweep, summarize, write_json
-from bench.simcompare import _cpu_sample, cpu_busy, forward_stats
+from bench.report import merge_figures, plot_sweep, write_json
+from bench.simcompare import SweepConfig, all_loads, check_sweep, forward_stats, sweep_points, trace_path, traced
 from bench.targets import FusefleetTarget, Target
 
 StepWorkload = Literal["homog", "mixed"]
@@ -69,22 +68,16 @@ SECTION = "## Step mode against request-level batching (SIMULATED GPU)"
 
 
 @dataclass(frozen=True)
-class StepBenchConfig:
+class StepBenchConfig(SweepConfig):
     """One run; the defaults are the documented one."""
 
     cost: CostModel = STEP_COST
-    batch: int = 8
-    wait_ms: float = 20.0
     loads: tuple[float, ...] = LOADS
     seconds: float = SECONDS
     workloads: tuple[StepWorkload, ...] = ("homog", "mixed")
-    out_dir: Path = Path("bench-results")
 
     def __post_init__(self) -> None:
-        if not self.loads or min(self.loads) <= 0:
-            raise ValueError("loads must be positive fractions of the capacity")
-        if self.seconds <= 0 or self.batch < 1:
-            raise ValueError("seconds and batch must be positive")
+        check_sweep(self.loads, seconds=self.seconds, batch=self.batch)
         unknown = [w for w in self.workloads if w not in WORKLOADS]
         if unknown or not self.workloads:
             raise ValueError(f"workloads must be among {', '.join(WORKLOADS)}, got {', '.join(self.workloads)}")
@@ -297,14 +290,6 @@ def trace_stats(lines: Sequence[Mapping[str, float]]) -> dict[str, Any]:
 # --- I/O: the fleets and the run --------------------------------------------------------------------------------
 
 
-def _trace(logs: Path, name: str) -> Path:
-    return (logs / "traces" / f"{name}.jsonl").resolve()
-
-
-def _traced(trace: Path) -> list[dict[str, float]]:
-    return [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
-
-
 @contextmanager
 def _fleets(cfg: StepBenchConfig, logs: Path) -> Iterator[dict[str, Target]]:
     (logs / "traces").mkdir(parents=True, exist_ok=True)
@@ -318,20 +303,11 @@ def _fleets(cfg: StepBenchConfig, logs: Path) -> Iterator[dict[str, Target]]:
                     runner=RUNNER,
                     torch_threads=1,
                     log_dir=logs / name,
-                    extra_env={**cfg.cost.env(), **env, TRACE_ENV: str(_trace(logs, name))},
+                    extra_env={**cfg.cost.env(), **env, TRACE_ENV: str(trace_path(logs, name))},
                 )
             )
             targets[name] = FusefleetTarget(base, name, fetch_images=True)
         yield targets
-
-
-def _all_loads(targets: Mapping[str, Target], spec: LoadSpec) -> dict[str, dict[str, Any]]:
-    """The same load against every target at once, from this one process."""
-
-    async def together() -> list[Any]:
-        return await asyncio.gather(*(run_load(target, spec) for target in targets.values()))
-
-    return {name: summarize(records) for name, records in zip(targets, asyncio.run(together()), strict=True)}
 
 
 def _sweep(
@@ -342,20 +318,15 @@ def _sweep(
     logs: Path,
     log: Callable[[str], None],
 ) -> dict[str, Any]:
-    points: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
-    busy: list[float] = []
-    for load, rate in zip(cfg.loads, rates, strict=True):
-        started, before = time.monotonic(), _cpu_sample()
-        traced = {name: len(_traced(_trace(logs, name))) for name in targets}
-        for name, summary in _all_loads(targets, load_spec(workload, rate, cfg.seconds)).items():
-            summary |= trace_stats(_traced(_trace(logs, name))[traced[name] :])
-            points[name].append(summary)
-        busy.append(cpu_busy(before, _cpu_sample()))
-        log(
-            f"{workload} {load:.0%} ({rate:.2f} req/s): "
-            + ", ".join(f"{name} {_cell(points[name][-1])}" for name in targets)
-            + f"; CPU {busy[-1]:.0%}; {time.monotonic() - started:.0f} s"
-        )
+
+    def point(rate: float) -> dict[str, dict[str, Any]]:
+        seen = {name: len(traced(trace_path(logs, name))) for name in targets}
+        summaries = all_loads(targets, load_spec(workload, rate, cfg.seconds))
+        for name, summary in summaries.items():
+            summary |= trace_stats(traced(trace_path(logs, name))[seen[name] :])
+        return summaries
+
+    points, busy = sweep_points(targets, workload, zip(cfg.loads, rates, strict=True), point, _cell, log)
     steps, guidance = WORKLOADS[workload]
     return {
         "steps": list(steps),
@@ -397,7 +368,7 @@ def run_stepmode(
     with _fleets(cfg, logs) as targets:
         log(f"fleets up in {time.monotonic() - started:.0f} s: {', '.join(targets)}")
         warm = LoadSpec(pattern="closed", count=2 * cfg.batch, concurrency=cfg.batch, steps=20, sides=(SIDE,))
-        _all_loads(targets, warm)
+        all_loads(targets, warm)
         for workload in cfg.workloads:
             results["workloads"][workload] = _sweep(targets, workload, cfg, rates, logs, log)
     results["figures"] = figures_of(results["workloads"], cfg.loads)
