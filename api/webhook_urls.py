@@ -33,8 +33,7 @@ async def resolve(host: str, port: int, timeout_s: float) -> list[str]:
 async def _refusal(rules: HostRules, url: WebhookUrl, timeout_s: float) -> WebhookRefused | None:
     """Why ``url`` may not be called, or None when it may."""
     try:
-        rules.check_host(url)
-        if url.literal is None:
+        if rules.check_host(url) is None:  # a name: checked where it resolves to
             rules.check_addresses(url, await resolve(url.host, url.port, timeout_s))
     except WebhookRefused as exc:
         return exc

@@ -1,7 +1,8 @@
 """The webhook dispatcher's pure core: which outbox entries to deliver now, in which order, and when to retry.
 
-The outbox (``P:webhooks``, ``shared.webhooks``) holds the events of every request in the order the Lua scripts
-wrote them, so one request's entries are in the order of its events. ``DeliveryQueue`` keeps that order per request:
+The outbox (``P:webhooks``, its entries ``shared.webhooks.OutboxEntry``) holds the events of every request in the
+order the Lua scripts wrote them, so one request's entries are in the order of its events. ``DeliveryQueue`` keeps
+that order per request:
 
 * one request's deliveries go one at a time: its next event is not sent before the one in flight was delivered or
   dropped, so a receiver sees ``start`` before ``completed`` even when ``start`` needed a retry;
@@ -16,30 +17,9 @@ Times are the caller's monotonic clock, in seconds.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from shared.webhooks import retry_delay_s
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxEntry:
-    """One entry of the webhook outbox: ``event`` (a stream event) of ``request_id`` at ``event_id`` in its event
-    stream, with the event's own ``fields`` (``worker``; ``step``, ``total``)."""
-
-    outbox_id: str
-    request_id: str
-    event: str
-    event_id: str
-    fields: Mapping[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, outbox_id: str, raw: Mapping[str, str] | None) -> OutboxEntry | None:
-        """The entry as XREADGROUP returns it; None when it is not one (deleted meanwhile, or malformed)."""
-        if not raw or not raw.get("id") or not raw.get("event") or not raw.get("entry"):
-            return None
-        rest = {name: value for name, value in raw.items() if name not in ("id", "event", "entry")}
-        return cls(outbox_id, raw["id"], raw["event"], raw["entry"], rest)
+from shared.webhooks import OutboxEntry, retry_delay_s
 
 
 @dataclass(slots=True)

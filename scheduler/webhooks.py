@@ -40,7 +40,7 @@ import httpx
 import redis
 
 from scheduler.lease import LeaderLoop, Lease
-from scheduler.webhook_queue import DeliveryQueue, OutboxEntry, Pending
+from scheduler.webhook_queue import DeliveryQueue, Pending
 from shared.events import event_name, is_terminal, progress_data
 from shared.keys import WEBHOOK_CONSUMER, WEBHOOK_GROUP, WEBHOOK_OUTCOME, RedisKeys
 from shared.settings import Settings
@@ -51,7 +51,10 @@ from shared.webhooks import (
     ATTEMPT_FIELD,
     SIGNATURE_HEADER,
     URL_FIELD,
+    OutboxEntry,
+    attempt_record,
     envelope,
+    failed_attempts,
     signature_header,
     webhook_event,
 )
@@ -224,7 +227,7 @@ class WebhookDispatcher:
         if outcome.kind == "dropped":
             detail = outcome.problem
         elif outcome.kind == "failed":
-            detail = f"{entry.event_id} {outcome.failed_attempts}"
+            detail = attempt_record(entry.event_id, outcome.failed_attempts)
         self._outcome(
             keys=[self._keys.webhooks, self._keys.request(entry.request_id), self._keys.metrics],
             args=[WEBHOOK_GROUP, entry.outbox_id, outcome.kind, detail],
@@ -286,14 +289,14 @@ class WebhookDispatcher:
         what = f"{event} event {entry.event_id}"
         if URL_FIELD not in raw or "spec" not in raw:
             return Outcome("dropped", pending.failed, f"{what}: the request is gone")
-        failed = max(pending.failed, _attempts(raw.get(ATTEMPT_FIELD, ""), entry.event_id))
+        failed = max(pending.failed, failed_attempts(raw.get(ATTEMPT_FIELD, ""), entry.event_id))
         if self._secret is None or self._rules.off:
             return Outcome("dropped", failed, f"{what}: webhooks are off on this fleet (webhook_allowed_hosts)")
         try:
             url = parse_url(raw[URL_FIELD])
-            self._rules.check_host(url)
-            addresses = [url.host] if url.literal is not None else self._resolve(url.host, url.port)
-            address = self._rules.check_addresses(url, addresses)
+            address = self._rules.check_host(url)
+            if address is None:  # a name: checked where it resolves to, and connected to there
+                address = self._rules.check_addresses(url, self._resolve(url.host, url.port))
         except WebhookRefused as exc:
             return Outcome("dropped", failed, f"{what}: {exc}")
         except OSError as exc:  # the resolver failed: perhaps for now
@@ -313,11 +316,3 @@ class WebhookDispatcher:
         if 200 <= status < 300:
             return Outcome("delivered", failed)
         return Outcome("failed", failed + 1, f"HTTP {status}")
-
-
-def _attempts(recorded: str, event_id: str) -> int:
-    """The failed attempts ``webhook_attempt`` records for ``event_id`` (0 when it records another event's)."""
-    recorded_id, _, count = recorded.partition(" ")
-    if recorded_id != event_id or not count.isdigit():
-        return 0
-    return int(count)

@@ -165,18 +165,19 @@ class HostRules:
         """No entry: no webhook is allowed."""
         return not (self.any_host or self.names or self.suffixes or self.networks)
 
-    def check_host(self, url: WebhookUrl) -> None:
-        """``WebhookRefused`` unless an entry allows ``url``'s host (an IP literal's address is checked too)."""
+    def check_host(self, url: WebhookUrl) -> IpAddress | None:
+        """``WebhookRefused`` unless an entry allows ``url``'s host. An IP literal's address is checked too and
+        returned (the one to connect to); for a host name None: ``check_addresses`` then checks what it resolves to.
+        """
         if self.off:
             raise WebhookRefused("webhooks are off on this server (its webhook_allowed_hosts is empty)")
-        literal = url.literal
-        if literal is not None:
+        if url.literal is not None:
             if not (self.any_host or self._listed(_address(url.host))):
                 raise WebhookRefused(f"{url.host} is not in this server's webhook_allowed_hosts")
-            self.check_addresses(url, [url.host])
-            return
+            return self.check_addresses(url, [url.host])
         if not (self.any_host or url.host in self.names or url.host.endswith(self.suffixes)):
             raise WebhookRefused(f"host {url.host} is not allowed by this server's webhook_allowed_hosts")
+        return None
 
     def check_addresses(self, url: WebhookUrl, addresses: Sequence[str]) -> IpAddress:
         """The first of ``addresses`` (what ``url``'s host is or resolves to), when every one may be reached:

@@ -17,11 +17,12 @@ completed   succeeded, failed, aborted             the ``RequestView`` (``GET /v
 Request hash fields (``shared.keys``): ``webhook`` (the URL), ``webhook_on`` (the stream events subscribed to,
 space separated and space padded, so a script tests one with a plain ``string.find``), ``webhook_progress_ms``
 (Redis time of the last progress entry, ``progress.lua``'s throttle), ``webhook_attempt`` (``<event id> <failed
-attempts>`` of the event being retried: a new dispatcher resumes the count), ``webhook_error`` (why the last dropped
-delivery was dropped).
+attempts>`` of the event being retried, ``attempt_record``: a new dispatcher resumes the count, ``failed_attempts``),
+``webhook_error`` (why the last dropped delivery was dropped).
 
-Outbox entry fields: ``id`` (request id), ``event`` (the stream event), ``entry`` (its id in the request's event
-stream: the ``event_id`` the receiver sees), plus ``worker`` (running) or ``step`` and ``total`` (progress).
+Outbox entry fields (``OutboxEntry``): ``id`` (request id), ``event`` (the stream event), ``entry`` (its id in the
+request's event stream: the ``event_id`` the receiver sees), plus ``worker`` (running) or ``step`` and ``total``
+(progress).
 
 A delivery is ``POST <webhook>`` with a JSON body (``envelope``) and the header ``Fusefleet-Signature:
 t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>" keyed with webhook_secret>`` (``signature_header``,
@@ -35,6 +36,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from shared.contracts import TERMINAL_STATUSES
@@ -61,6 +63,40 @@ SIGNATURE_TOLERANCE_S = 300
 """How old a signature ``verify`` accepts by default (a receiver's replay window)."""
 MAX_RETRY_DELAY_S = 600.0
 """The longest wait between two attempts, however many failed."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEntry:
+    """One entry of the webhook outbox: ``event`` (a stream event) of ``request_id`` at ``event_id`` in its event
+    stream, with the event's own ``fields`` (``worker``; ``step``, ``total``)."""
+
+    outbox_id: str
+    request_id: str
+    event: str
+    event_id: str
+    fields: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, outbox_id: str, raw: Mapping[str, str] | None) -> OutboxEntry | None:
+        """The entry as XREADGROUP returns it; None when it is not one (deleted meanwhile, or malformed)."""
+        if not raw or not raw.get("id") or not raw.get("event") or not raw.get("entry"):
+            return None
+        rest = {name: value for name, value in raw.items() if name not in ("id", "event", "entry")}
+        return cls(outbox_id, raw["id"], raw["event"], raw["entry"], rest)
+
+
+def attempt_record(event_id: str, failed_attempts: int) -> str:
+    """The ``webhook_attempt`` field of a request whose event ``event_id`` failed ``failed_attempts`` times."""
+    return f"{event_id} {failed_attempts}"
+
+
+def failed_attempts(recorded: str, event_id: str) -> int:
+    """The failed attempts a ``webhook_attempt`` field (``recorded``) counts for ``event_id`` (0 when it records
+    another event's, or nothing readable)."""
+    recorded_id, _, count = recorded.partition(" ")
+    if recorded_id != event_id or not count.isdigit():
+        return 0
+    return int(count)
 
 
 def subscription(events: Iterable[WebhookEvent] | None) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import re
 import socket
@@ -22,7 +23,7 @@ import pytest
 from gpu_worker.store import WorkerStore
 from scheduler.lease import Lease
 from scheduler.store import SchedulerStore
-from scheduler.webhook_queue import DeliveryQueue, OutboxEntry
+from scheduler.webhook_queue import DeliveryQueue
 from scheduler.webhooks import WebhookDispatcher, resolve_host
 from shared.contracts import BatchMessage, RequestSpec
 from shared.keys import RedisKeys
@@ -32,7 +33,10 @@ from shared.webhook_hosts import HostRules, WebhookRefused, parse_url
 from shared.webhooks import (
     MAX_RETRY_DELAY_S,
     SIGNATURE_HEADER,
+    OutboxEntry,
+    attempt_record,
     envelope,
+    failed_attempts,
     retry_delay_s,
     signature_header,
     subscription,
@@ -76,6 +80,21 @@ def test_signature_is_hmac_sha256_of_timestamp_dot_body_and_verifies() -> None:
     assert not verify(SECRET, "v1=abc", body, now=1700000000)
 
 
+def test_the_attempt_record_counts_the_failed_attempts_of_its_own_event_only() -> None:
+    record = attempt_record("1700000000000-3", 2)
+    assert record == "1700000000000-3 2"  # what webhook_outcome.lua stores in webhook_attempt
+    assert failed_attempts(record, "1700000000000-3") == 2
+    assert failed_attempts(record, "1700000000000-4") == 0  # a later event starts again
+    assert failed_attempts("", "1700000000000-3") == failed_attempts("1700000000000-3 x", "1700000000000-3") == 0
+
+
+def test_an_outbox_entry_is_parsed_with_its_event_fields_or_not_at_all() -> None:
+    raw = {"id": "r1", "event": "progress", "entry": "5-0", "step": "3", "total": "8"}
+    assert OutboxEntry.parse("9-0", raw) == OutboxEntry("9-0", "r1", "progress", "5-0", {"step": "3", "total": "8"})
+    assert OutboxEntry.parse("9-0", None) is None  # deleted after it was read
+    assert OutboxEntry.parse("9-0", {"id": "r1", "event": "running"}) is None  # no entry id: not an outbox entry
+
+
 def test_retry_delays_double_from_the_initial_wait_up_to_a_cap() -> None:
     assert [retry_delay_s(failed, 2.0) for failed in range(1, 9)] == [2, 4, 8, 16, 32, 64, 128, 256]
     assert retry_delay_s(10, 2.0) == retry_delay_s(100, 2.0) == MAX_RETRY_DELAY_S
@@ -85,12 +104,19 @@ def test_retry_delays_double_from_the_initial_wait_up_to_a_cap() -> None:
 def _allowed(rules: HostRules, url: str, addresses: Sequence[str] = ()) -> bool:
     try:
         parsed = parse_url(url)
-        rules.check_host(parsed)
-        if parsed.literal is None:
+        if rules.check_host(parsed) is None:
             rules.check_addresses(parsed, addresses)
     except WebhookRefused:
         return False
     return True
+
+
+def test_an_ip_literal_is_checked_with_its_host_and_is_the_address_to_connect_to() -> None:
+    rules = HostRules.parse(["*"])
+    assert rules.check_host(parse_url("http://[::ffff:93.184.216.34]:8080/x")) == ipaddress.ip_address("93.184.216.34")
+    assert rules.check_host(parse_url("https://hooks.example.com/")) is None  # a name: its addresses come next
+    with pytest.raises(WebhookRefused, match="internal"):
+        rules.check_host(parse_url("http://10.0.0.1/"))
 
 
 def test_host_rules_names_subdomains_any_and_networks() -> None:
