@@ -15,7 +15,7 @@ from api.input_images import StoredInputs
 from api.outage import REDIS_FAILURES, StoreUnavailable
 from shared.contracts import RequestSpec, RequestState, RequestStatus, WorkerCapabilities
 from shared.fleet_state import parse_capabilities
-from shared.keys import ABORT, FORGET, RATE_LIMIT, SUBMIT, RedisKeys
+from shared.keys import ABORT, FORGET, RATE_LIMIT, SUBMIT, RedisKeys, abort_keys, submit_keys
 from shared.results import ResultStore, ResultStoreError
 from shared.state import STATE_FIELDS, parse_state
 
@@ -112,17 +112,17 @@ class RequestStore:
         """Queue all ``specs`` (with their input images, ``inputs[i]`` for ``specs[i]``, under ``submitter``'s key,
         with their webhooks, ``webhooks[i]``) in one atomic step, or nothing when the queue would overflow, the key
         exceed its max queued or the inputs the input budget."""
-        keys = [self._keys.requests, *(self._keys.request(spec.id) for spec in specs)]
-        name, unfinished, max_queued = "", "", 0  # no key; a key without a max queued: its name only
+        name, limited, max_queued = "", "", 0  # no key; a key without a max queued: its name only
         if submitter is not None:
             name = submitter.name
             if submitter.max_queued is not None:
-                unfinished, max_queued = self._keys.api_key_unfinished(name), submitter.max_queued
+                limited, max_queued = "1", submitter.max_queued
+        keys = submit_keys(self._keys, [spec.id for spec in specs], self._keys.api_key_unfinished(name))
         budget = "" if self._max_input_bytes is None else self._max_input_bytes
         args: list[str | bytes | int | float] = [
             self._max_queue_len,
             name,
-            unfinished,
+            limited,
             max_queued,
             self._result_ttl_s,
             budget,
@@ -173,7 +173,7 @@ class RequestStore:
         what cannot be deleted now). A request that has not finished is left alone: its status is returned.
         None when unknown."""
         reply = await self._bounded(
-            self._forget(keys=[self._keys.request(request_id), self._keys.results_journal], args=[])
+            self._forget(keys=[self._keys.results_journal, *self._keys.request_keys(request_id)], args=[])
         )
         if not reply:
             return None
@@ -188,9 +188,8 @@ class RequestStore:
 
     async def abort(self, request_id: str, now: float) -> RequestStatus | None:
         """Abort a request; the status after the call (see ``shared.keys.ABORT``), or None when unknown."""
-        key = self._keys.request(request_id)
         args: list[str | int] = [repr(now), self._result_ttl_s, self._keys.finished, request_id, self._max_queue_len]
-        status = await self._bounded(self._abort(keys=[key, self._keys.requests], args=args))
+        status = await self._bounded(self._abort(keys=abort_keys(self._keys, request_id), args=args))
         return RequestStatus(status) if status else None
 
     async def fleet_capabilities(self) -> list[WorkerCapabilities]:

@@ -88,8 +88,12 @@ class WorkerStore:
         ids = list(batch.request_ids)
         s = self._settings
         reply = self._claim(
-            keys=[self.keys.batch_lock(batch.batch_id), self.keys.batch(batch.batch_id)]
-            + [self.keys.request(rid) for rid in ids],
+            keys=[
+                *self.keys.end_keys,
+                self.keys.batch_lock(batch.batch_id),
+                self.keys.batch(batch.batch_id),
+                *self.keys.request_strides(ids),
+            ],
             args=[
                 token,
                 int(s.batch_lock_ttl_s * 1000),
@@ -116,7 +120,8 @@ class WorkerStore:
 
     def progress(self, request_ids: Sequence[str], step: int, total: int, token: str) -> list[RowSignal]:
         """Record step ``step`` of ``total`` for the requests this claim runs; what each row should do next."""
-        flags = self._progress(keys=[self.keys.request(rid) for rid in request_ids], args=[step, total, token])
+        keys = [self.keys.webhooks, *self.keys.request_strides(request_ids)]
+        flags = self._progress(keys=keys, args=[step, total, token, *request_ids])
         return [RowSignal(int(flag)) for flag in flags]
 
     def record_results(self, result_keys: Sequence[str]) -> None:
@@ -172,7 +177,7 @@ class WorkerStore:
             token,
             *keys,
         ]
-        return [self.keys.request(request_id), self.keys.results_journal], args
+        return k.finish_keys(self.keys, request_id), args
 
     def input_images(self, request_ids: Sequence[str]) -> dict[str, tuple[bytes | None, bytes | None]]:
         """The stored (input image, input mask) bytes of each request (None where absent), one round trip: the
@@ -186,18 +191,22 @@ class WorkerStore:
 
     def batch_done(self, batch_id: str, token: str) -> bool:
         """Release this run's hold on the batch; True when the batch left flight (nothing of it unfinished)."""
-        return bool(
-            self._batch_done(
-                keys=[
-                    self.keys.batch_lock(batch_id),
-                    self.keys.inflight,
-                    self.keys.events,
-                    self.keys.batch(batch_id),
-                    self.keys.storing,
-                ],
-                args=[token, batch_id, k.EVENTS_MAXLEN, self.keys.prefix, self._settings.result_ttl_s],
-            )
-        )
+        ids = self._batch_ids(batch_id)
+        keys = [
+            self.keys.batch_lock(batch_id),
+            self.keys.inflight,
+            self.keys.events,
+            self.keys.batch(batch_id),
+            self.keys.storing,
+            *self.keys.request_strides(ids),
+        ]
+        args: list[str | int] = [token, batch_id, k.EVENTS_MAXLEN, self._settings.result_ttl_s, *ids]
+        return bool(self._batch_done(keys=keys, args=args))
+
+    def _batch_ids(self, batch_id: str) -> list[str]:
+        """The requests of a batch (its ``ids``, written once by ``schedule.lua``), for a script that needs their
+        keys."""
+        return str(self._redis.hget(self.keys.batch(batch_id), "ids") or "").split()
 
     def forward_done(self, batch_id: str, token: str) -> bool:
         """This run's forward is over and its outputs are being stored: free the worker's slot for the next batch
@@ -214,8 +223,9 @@ class WorkerStore:
         ``token``, its requests lose their claim and the lock goes, so the reaper publishes it again at its next pass
         and the next claim runs them as they were; with None (a message this worker took but did not claim), the
         batch falls due for the reaper. The requests handed back, or -1 when the token no longer held the lock."""
-        keys = [self.keys.batch_lock(batch_id), self.keys.batch(batch_id)]
-        return int(self._give_back(keys=keys, args=[token or "", self.keys.prefix]))
+        ids = self._batch_ids(batch_id) if token else []
+        keys = [self.keys.batch_lock(batch_id), self.keys.batch(batch_id), *self.keys.request_strides(ids)]
+        return int(self._give_back(keys=keys, args=[token or "", *ids]))
 
     def quarantine(self, worker: str, reason: str) -> None:
         """Take ``worker``'s slot away for ``worker_quarantine_s``: its heartbeats announce nothing until then
@@ -310,11 +320,12 @@ class WorkerStore:
         of its level, its progress restarted (``requeue.lua``): 1 when requeued (the set's count and levels hash
         updated with it), 2 when it is flagged aborted (end it so), 0 when this claim no longer runs it."""
         keys = [
-            self.keys.request(request_id),
             self.keys.requests,
             self.keys.step_rows,
             self.keys.step_levels(worker),
             self.keys.events,
+            self.keys.metrics,
+            *self.keys.request_keys(request_id),
         ]
         return int(self._requeue(keys=keys, args=[token, worker, request_id, k.EVENTS_MAXLEN]))
 

@@ -296,8 +296,13 @@ class SchedulerStore:
         ``deadlines[i]`` (None = none) is recorded with request i for the in-flight deadline sweep."""
         marks = ["" if deadline is None else repr(deadline) for deadline in deadlines]
         reply = self._schedule(
-            keys=[lease_key, self.keys.batch(batch_id), self.keys.inflight]
-            + [self.keys.request(rid) for rid in request_ids],
+            keys=[
+                lease_key,
+                self.keys.batch(batch_id),
+                self.keys.inflight,
+                self.keys.metrics,
+                *self.keys.request_strides(request_ids),
+            ],
             args=[token, batch_id, time.time(), *request_ids, *marks],
         )
         if reply == -1:
@@ -305,11 +310,19 @@ class SchedulerStore:
         return cast(list[str], list(reply))
 
     def reap(self) -> Reaped:
-        """One pass of the reaper over the batches in flight (see ``reap.lua``)."""
-        pairs, removed = self._reap(
-            keys=[self.keys.inflight, self._settings.queue_name, self.keys.storing],
-            args=[self.keys.prefix, int(self._settings.batch_claim_timeout_s * 1000), self._settings.result_ttl_s],
-        )
+        """One pass of the reaper over the batches in flight (see ``reap.lua``): it reads them and their requests
+        first (a batch's ``ids`` are written once), then decides in one script."""
+        batch_ids = cast(list[str], self._redis.zrange(self.keys.inflight, 0, -1))
+        pipe = self._redis.pipeline(transaction=False)
+        for batch_id in batch_ids:
+            pipe.hget(self.keys.batch(batch_id), "ids")
+        keys = [self.keys.inflight, self._settings.queue_name, self.keys.storing]
+        args: list[str | int] = [int(self._settings.batch_claim_timeout_s * 1000), self._settings.result_ttl_s]
+        for batch_id, members in zip(batch_ids, pipe.execute() if batch_ids else [], strict=True):
+            request_ids = str(members or "").split()
+            keys += [self.keys.batch(batch_id), self.keys.batch_lock(batch_id), *self.keys.request_strides(request_ids)]
+            args += [batch_id, len(request_ids), *request_ids]
+        pairs, removed = self._reap(keys=keys, args=args)
         ids = {str(pairs[i]): str(pairs[i + 1]).split() for i in range(0, len(pairs), 2)}
         return Reaped(republish=list(ids), removed=int(removed), request_ids=ids)
 
@@ -321,7 +334,7 @@ class SchedulerStore:
         for start in range(0, len(request_ids), EXPIRE_PAGE):  # one short script per page, however many are due
             page = request_ids[start : start + EXPIRE_PAGE]
             args: list[str | float] = [time.time(), ttl, channel, TIMEOUT_ERROR, NOT_STARTED, RAN_PAST, *page]
-            reply = self._expire(keys=[self.keys.request(rid) for rid in page], args=args)
+            reply = self._expire(keys=[*self.keys.end_keys, *self.keys.request_strides(page)], args=args)
             statuses += [str(status) for status in reply]
         return statuses
 
@@ -359,4 +372,4 @@ class SchedulerStore:
         if request_id:
             ttl, channel = self._settings.result_ttl_s, self.keys.finished
             args: list[str | float] = [time.time(), ttl, channel, "InvalidRequest", reason, request_id]
-            self._fail(keys=[self.keys.request(request_id)], args=args)
+            self._fail(keys=[*self.keys.end_keys, *self.keys.request_keys(request_id)], args=args)

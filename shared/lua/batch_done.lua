@@ -5,19 +5,31 @@
 -- zset, whether this run's lock was still there or had lapsed (a run that lost its lock must not leave a member that
 -- frees a slot for no run), but for a batch published again since its last claim (it may wait in a step-mode set's
 -- inbox, step_join.lua: there it is the set that holds the slot), which leaves it once taken out of flight.
--- KEYS[1] batch lock, KEYS[2] inflight, KEYS[3] events, KEYS[4] batch hash, KEYS[5] storing zset.
--- ARGV[1] claim token, ARGV[2] batch id, ARGV[3] events maxlen, ARGV[4] key prefix, ARGV[5] ttl (s).
+-- The caller passes the requests of the batch (its ``ids``, written once by schedule.lua); one of them it did not
+-- pass counts as unfinished (the batch stays in flight for the reaper).
+-- KEYS[1] batch lock, KEYS[2] inflight zset, KEYS[3] events stream, KEYS[4] batch hash, KEYS[5] storing zset, then
+-- one stride per request of the batch (``request_keys``).
+-- ARGV[1] claim token, ARGV[2] batch id, ARGV[3] events maxlen, ARGV[4] ttl (s), ARGV[5..] the request ids (KEYS
+-- order).
 -- Returns 1 when the batch left flight, 0 when it stays.
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-local st = redis.call('HMGET', KEYS[4], 'ids', 'claimed_seq', 'published_seq')
-if tonumber(st[2] or '0') >= tonumber(st[3] or '0') then redis.call('ZREM', KEYS[5], ARGV[2]) end
+local lock, inflight, wake_ups, batch, storing = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local FIXED = 5
+local token, batch_id, events_maxlen, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local given = {}
+for j = 1, request_count(FIXED) do given[ARGV[4 + j]] = request_at(FIXED, j) end
+
+if redis.call('GET', lock) == token then redis.call('DEL', lock) end
+if redis.call('EXISTS', lock) == 1 then return 0 end
+local st = redis.call('HMGET', batch, 'ids', 'claimed_seq', 'published_seq')
+if tonumber(st[2] or '0') >= tonumber(st[3] or '0') then redis.call('ZREM', storing, batch_id) end
 for id in string.gmatch(st[1] or '', '%S+') do
-  local req = redis.call('HMGET', ARGV[4] .. ':req:' .. id, 'status', 'batch_id')
-  if (req[1] == 'scheduled' or req[1] == 'running') and req[2] == ARGV[2] then return 0 end
+  local request = given[id]
+  if not request then return 0 end
+  local req = redis.call('HMGET', request.hash, 'status', 'batch_id')
+  if (req[1] == STATUS.scheduled or req[1] == STATUS.running) and req[2] == batch_id then return 0 end
 end
-redis.call('ZREM', KEYS[2], ARGV[2])
-redis.call('ZREM', KEYS[5], ARGV[2])
-redis.call('EXPIRE', KEYS[4], ARGV[5])
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'type', 'batch_done', 'batch_id', ARGV[2])
+redis.call('ZREM', inflight, batch_id)
+redis.call('ZREM', storing, batch_id)
+redis.call('EXPIRE', batch, ttl)
+redis.call('XADD', wake_ups, 'MAXLEN', '~', events_maxlen, '*', 'type', 'batch_done', 'batch_id', batch_id)
 return 1

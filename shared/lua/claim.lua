@@ -12,84 +12,93 @@
 -- Only a claim that runs something counts an attempt (``attempts``, the claims that ran something).
 -- A call whose token already holds the lock is a replay (the reply of the first call was lost and the worker
 -- retried): it changes nothing, renews the lock and answers what the first call did.
--- Every status change appends its event (``running`` with the worker, or the terminal status) to the request's
--- event stream (its hash key .. ':events'), which expires with the hash once terminal.
--- A request whose webhook subscribed to the event also gets an entry in the webhook outbox (shared/webhooks.py).
--- KEYS[1] batch lock, KEYS[2] batch hash, KEYS[3..] request hashes.
+-- Every status change appends its event (``running`` with the worker, or the terminal status, by ``end_request``,
+-- lib_end_request.lua) to the request's event stream, and, when the request's webhook subscribed to it, to the
+-- webhook outbox (shared/webhooks.py).
+-- KEYS[1..3] ``end_keys`` (metrics, webhooks, inputs), KEYS[4] batch lock, KEYS[5] batch hash, then one stride per
+-- request (``request_keys``).
 -- ARGV[1] claim token, ARGV[2] lock ttl (ms), ARGV[3] batch id, ARGV[4] now (s), ARGV[5] worker name,
 -- ARGV[6] max attempts, ARGV[7] result ttl (s), ARGV[8] finished channel, then the request ids (KEYS order).
 -- Returns {-1, pttl} when another run holds the lock, else {attempts, id1, status1, spec1, id2, ...} with the
 -- status each request has after the claim and, for those this claim runs, the spec.
-local replay = redis.call('GET', KEYS[1]) == ARGV[1]
+local ending, lock, batch = end_keys(1), KEYS[4], KEYS[5]
+local FIXED = 5
+local token, lock_ttl_ms, batch_id, now, worker = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local max_attempts, ttl, channel = tonumber(ARGV[6]), ARGV[7], ARGV[8]
+local n = request_count(FIXED)
+local function request_id(j) return ARGV[8 + j] end
+
+local replay = redis.call('GET', lock) == token
 if replay then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-elseif not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {-1, redis.call('PTTL', KEYS[1])}
+  redis.call('PEXPIRE', lock, lock_ttl_ms)
+elseif not redis.call('SET', lock, token, 'NX', 'PX', lock_ttl_ms) then
+  return {-1, redis.call('PTTL', lock)}
 end
-local function finish(key, id, status)  -- only a request flagged while running reaches a claim aborted
-  end_request(key, id, status, 'running', ARGV[4], ARGV[7], ARGV[8])  -- lib_end_request.lua
+local function finish(j, status)  -- only a request flagged while running reaches a claim aborted
+  end_request(request_at(FIXED, j), ending, request_id(j), status, STATUS.running, now, ttl, channel)
 end
-local statuses, specs, stored, keys, rows = {}, {}, {}, {}, {}
-for i = 3, #KEYS do
-  local st = redis.call('HMGET', KEYS[i], 'status', 'batch_id', 'abort', 'spec', 'claim')
+local statuses, specs, stored, rows_of, rows = {}, {}, {}, {}, {}
+for j = 1, n do
+  local hash = request_at(FIXED, j).hash
+  local st = redis.call('HMGET', hash, 'status', 'batch_id', 'abort', 'spec', 'claim')
   local status = st[1] or 'missing'
   if replay then
-    if status == 'running' and st[5] == ARGV[1] then specs[i] = st[4] end
-  elseif (status == 'scheduled' or status == 'running') and st[2] == ARGV[3] then
+    if status == STATUS.running and st[5] == token then specs[j] = st[4] end
+  elseif (status == STATUS.scheduled or status == STATUS.running) and st[2] == batch_id then
     if st[3] then
-      status = 'aborted'
-      finish(KEYS[i], ARGV[i + 6], status)
+      status = STATUS.aborted
+      finish(j, status)
     else
-      local count = redis.call('HMGET', KEYS[2], 'lost:' .. ARGV[i + 6], 'lost_alone:' .. ARGV[i + 6])
-      stored[i] = st[4]
-      table.insert(keys, i)
-      table.insert(rows, {lost = status == 'running' and st[5] ~= false and st[5] ~= '',
+      local count = redis.call('HMGET', batch, 'lost:' .. request_id(j), 'lost_alone:' .. request_id(j))
+      stored[j] = st[4]
+      table.insert(rows_of, j)
+      table.insert(rows, {lost = status == STATUS.running and st[5] ~= false and st[5] ~= '',
                           count = tonumber(count[1] or '0'), alone = tonumber(count[2] or '0')})
     end
   end
-  statuses[i] = status
+  statuses[j] = status
 end
-local attempts = tonumber(redis.call('HGET', KEYS[2], 'attempts') or '0')
+local attempts = tonumber(redis.call('HGET', batch, 'attempts') or '0')
 if not replay then
-  local plan = split_plan(rows, tonumber(ARGV[6]), tonumber(redis.call('HGET', KEYS[2], 'ran') or nil))
+  local plan = split_plan(rows, max_attempts, tonumber(redis.call('HGET', batch, 'ran') or nil))
   for r, count in pairs(plan.counts) do
-    redis.call('HSET', KEYS[2], 'lost:' .. ARGV[keys[r] + 6], count)
-    redis.call('HDEL', KEYS[keys[r]], 'claim')  -- put aside unless run below: the lost run can finish nothing
+    redis.call('HSET', batch, 'lost:' .. request_id(rows_of[r]), count)
+    redis.call('HDEL', request_at(FIXED, rows_of[r]).hash, 'claim')  -- put aside unless run below
   end
-  for r, count in pairs(plan.alone) do redis.call('HSET', KEYS[2], 'lost_alone:' .. ARGV[keys[r] + 6], count) end
+  for r, count in pairs(plan.alone) do redis.call('HSET', batch, 'lost_alone:' .. request_id(rows_of[r]), count) end
   for _, r in ipairs(plan.fail) do
-    local i = keys[r]
-    statuses[i] = 'failed'
-    redis.call('HSET', KEYS[i], 'error_type', 'WorkerLost', 'error_message',
+    local j = rows_of[r]
+    statuses[j] = STATUS.failed
+    redis.call('HSET', request_at(FIXED, j).hash, 'error_type', 'WorkerLost', 'error_message',
                'its run killed the worker ' .. plan.alone[r] .. ' times running alone '
                .. '(or its worker was killed at the time limit, or lost Redis, each time)')
-    finish(KEYS[i], ARGV[i + 6], 'failed')
+    finish(j, STATUS.failed)
   end
   if #plan.run > 0 then
-    attempts = redis.call('HINCRBY', KEYS[2], 'attempts', 1)
-    redis.call('HSET', KEYS[2], 'claimed_seq', redis.call('HINCRBY', KEYS[2], 'seq', 1), 'ran', #plan.run)
+    attempts = redis.call('HINCRBY', batch, 'attempts', 1)
+    redis.call('HSET', batch, 'claimed_seq', redis.call('HINCRBY', batch, 'seq', 1), 'ran', #plan.run)
   end
   for _, r in ipairs(plan.run) do
-    local i = keys[r]
-    statuses[i] = 'running'
-    specs[i] = stored[i]
-    redis.call('HSET', KEYS[i], 'status', 'running', 'started_at', ARGV[4], 'worker', ARGV[5], 'step', 0,
-               'claim', ARGV[1])
-    redis.call('HDEL', KEYS[i], 'evicted_at')  -- a mark of an earlier run's objects (redis_result_put.lua)
-    local event = redis.call('XADD', KEYS[i] .. ':events', '*', 'event', 'running', 'worker', ARGV[5])
+    local j = rows_of[r]
+    local request = request_at(FIXED, j)
+    statuses[j] = STATUS.running
+    specs[j] = stored[j]
+    redis.call('HSET', request.hash, 'status', STATUS.running, 'started_at', now, 'worker', worker, 'step', 0,
+               'claim', token)
+    redis.call('HDEL', request.hash, 'evicted_at')  -- a mark of an earlier run's objects (redis_result_put.lua)
+    local event = redis.call('XADD', request.events, '*', 'event', STATUS.running, 'worker', worker)
     -- webhook outbox (shared/webhooks.py): this event, when the request's webhook subscribed to it
-    local hook = redis.call('HGET', KEYS[i], 'webhook_on')
-    if hook and string.find(hook, ' running ', 1, true) then
-      local prefix, request = string.match(KEYS[i], '^(.*):req:(.*)$')
-      redis.call('XADD', prefix .. ':webhooks', '*', 'id', request, 'event', 'running', 'entry', event,
-                 'worker', ARGV[5])
+    local hook = redis.call('HGET', request.hash, 'webhook_on')
+    if hook and string.find(hook, ' ' .. STATUS.running .. ' ', 1, true) then
+      redis.call('XADD', ending.webhooks, '*', 'id', request_id(j), 'event', STATUS.running, 'entry', event,
+                 'worker', worker)
     end
   end
 end
 local out = {attempts}
-for i = 3, #KEYS do
-  table.insert(out, ARGV[i + 6])
-  table.insert(out, statuses[i])
-  table.insert(out, specs[i] or '')
+for j = 1, n do
+  table.insert(out, request_id(j))
+  table.insert(out, statuses[j])
+  table.insert(out, specs[j] or '')
 end
 return out

@@ -4,36 +4,41 @@
 -- request fails with ResultLost. Kept keys become due for deletion with the request (now + ttl); an abort flag wins
 -- over success, and then the keys become due at once. What ending it does besides (input images dropped, the event,
 -- the webhook outbox, the wake-up, the metrics) is ``end_request``'s (lib_end_request.lua, prepended).
--- KEYS[1] request hash, KEYS[2] results journal. ARGV[1] outcome (succeeded|failed), ARGV[2] now (s),
--- ARGV[3] ttl (s), ARGV[4] error type, ARGV[5] error message, ARGV[6] finished channel, ARGV[7] request id,
--- ARGV[8] claim token, ARGV[9..] result keys of its images (in image order).
+-- KEYS[1..3] ``end_keys`` (metrics, webhooks, inputs), KEYS[4] results journal, KEYS[5..7] the request's stride
+-- (``request_keys``).
+-- ARGV[1] outcome (succeeded|failed), ARGV[2] now (s), ARGV[3] ttl (s), ARGV[4] error type, ARGV[5] error message,
+-- ARGV[6] finished channel, ARGV[7] request id, ARGV[8] claim token, ARGV[9..] result keys of its images (in
+-- image order).
 -- Returns the status after the call (unchanged when the request is not running under this claim).
-local st = redis.call('HMGET', KEYS[1], 'status', 'abort', 'claim')
-if st[1] ~= 'running' or st[3] ~= ARGV[8] then return st[1] or 'missing' end
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local status, error_type, error_message = ARGV[1], ARGV[4], ARGV[5]
+local ending, journal, request = end_keys(1), KEYS[4], request_at(4, 1)
+local outcome, now, ttl, error_type, error_message = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local channel, request_id, token = ARGV[6], ARGV[7], ARGV[8]
 local results = {}
 for i = 9, #ARGV do table.insert(results, ARGV[i]) end
-if st[2] then status = 'aborted' end
-if status == 'succeeded' then
+
+local st = redis.call('HMGET', request.hash, 'status', 'abort', 'claim')
+if st[1] ~= STATUS.running or st[3] ~= token then return st[1] or 'missing' end
+local now_in_ms = now_ms()  -- lib_time.lua
+local status = outcome
+if st[2] then status = STATUS.aborted end
+if status == STATUS.succeeded then
   for _, key in ipairs(results) do
-    if not redis.call('ZSCORE', KEYS[2], key) then
-      status, error_type = 'failed', 'ResultLost'
+    if not redis.call('ZSCORE', journal, key) then
+      status, error_type = STATUS.failed, 'ResultLost'
       error_message = 'its image ' .. key .. ' was swept from the result store before the run finished '
         .. '(the run outlasted result_orphan_grace_s)'
       break
     end
   end
 end
-if status == 'succeeded' then
-  for _, key in ipairs(results) do redis.call('ZADD', KEYS[2], 'XX', now_ms + tonumber(ARGV[3]) * 1000, key) end
-  redis.call('HSET', KEYS[1], 'images', #results, 'results', table.concat(results, ' '))
+if status == STATUS.succeeded then
+  for _, key in ipairs(results) do redis.call('ZADD', journal, 'XX', now_in_ms + tonumber(ttl) * 1000, key) end
+  redis.call('HSET', request.hash, 'images', #results, 'results', table.concat(results, ' '))
 else
-  for _, key in ipairs(results) do redis.call('ZADD', KEYS[2], 'XX', now_ms, key) end
-  if status == 'failed' then
-    redis.call('HSET', KEYS[1], 'error_type', error_type, 'error_message', error_message)
+  for _, key in ipairs(results) do redis.call('ZADD', journal, 'XX', now_in_ms, key) end
+  if status == STATUS.failed then
+    redis.call('HSET', request.hash, 'error_type', error_type, 'error_message', error_message)
   end
 end
-end_request(KEYS[1], ARGV[7], status, 'running', ARGV[2], ARGV[3], ARGV[6])  -- lib_end_request.lua
+end_request(request, ending, request_id, status, STATUS.running, now, ttl, channel)  -- lib_end_request.lua
 return status

@@ -5,15 +5,19 @@
 -- KEYS[1] workers zset, KEYS[2] inflight zset, KEYS[3] capabilities hash, KEYS[4] storing zset,
 -- KEYS[5] step sets hash, KEYS[6] step rows hash.
 -- ARGV[1] worker ttl (ms).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local cutoff = now - tonumber(ARGV[1])
-local stale = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', cutoff)
+-- Returns the number of free slots (negative when more is busy than live).
+local workers, inflight, capabilities, storing, step_sets, step_rows = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
+  KEYS[6]
+local worker_ttl_ms = tonumber(ARGV[1])
+
+local cutoff = now_ms() - worker_ttl_ms  -- lib_time.lua
+local stale = redis.call('ZRANGEBYSCORE', workers, '-inf', cutoff)
 if #stale > 0 then
-  redis.call('HDEL', KEYS[3], unpack(stale))
-  redis.call('HDEL', KEYS[5], unpack(stale))
-  redis.call('HDEL', KEYS[6], unpack(stale))
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', cutoff)
+  redis.call('HDEL', capabilities, unpack(stale))
+  redis.call('HDEL', step_sets, unpack(stale))
+  redis.call('HDEL', step_rows, unpack(stale))
+  redis.call('ZREMRANGEBYSCORE', workers, '-inf', cutoff)
 end
-local busy = redis.call('ZCARD', KEYS[2]) - redis.call('ZINTERCARD', 2, KEYS[2], KEYS[4]) + redis.call('HLEN', KEYS[5])
-return redis.call('ZCARD', KEYS[1]) - busy
+local busy = redis.call('ZCARD', inflight) - redis.call('ZINTERCARD', 2, inflight, storing)
+  + redis.call('HLEN', step_sets)
+return redis.call('ZCARD', workers) - busy

@@ -6,22 +6,31 @@
 -- token (a message taken but not claimed: a quarantined worker) the batch is only made due: its publication time
 -- goes to 0, so the reaper publishes it again at its next pass unless a copy waits in the broker queue or a run
 -- holds it.
--- KEYS[1] batch lock, KEYS[2] batch hash (its ``ids`` name the requests, as reap.lua reads them).
--- ARGV[1] claim token ('' = none), ARGV[2] key prefix.
+-- The caller passes the requests of the batch (its ``ids``, as reap.lua reads them); only those are handed back.
+-- KEYS[1] batch lock, KEYS[2] batch hash, then one stride per request of the batch (``request_keys``).
+-- ARGV[1] claim token ('' = none), ARGV[2..] the request ids (KEYS order).
 -- Returns the number of requests handed back, or -1 when the token no longer holds the lock (nothing changed).
-local given = 0
-if ARGV[1] ~= '' then
-  if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-  for id in string.gmatch(redis.call('HGET', KEYS[2], 'ids') or '', '%S+') do
-    local key = ARGV[2] .. ':req:' .. id
-    local st = redis.call('HMGET', key, 'status', 'claim')
-    if st[1] == 'running' and st[2] == ARGV[1] then
-      redis.call('HDEL', key, 'claim')
-      given = given + 1
+local lock, batch = KEYS[1], KEYS[2]
+local FIXED = 2
+local token = ARGV[1]
+local given = {}
+for j = 1, request_count(FIXED) do given[ARGV[1 + j]] = request_at(FIXED, j) end
+
+local handed = 0
+if token ~= '' then
+  if redis.call('GET', lock) ~= token then return -1 end
+  for id in string.gmatch(redis.call('HGET', batch, 'ids') or '', '%S+') do
+    local request = given[id]
+    if request then
+      local st = redis.call('HMGET', request.hash, 'status', 'claim')
+      if st[1] == STATUS.running and st[2] == token then
+        redis.call('HDEL', request.hash, 'claim')
+        handed = handed + 1
+      end
     end
   end
-  redis.call('DEL', KEYS[1])
-elseif redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('HSET', KEYS[2], 'published_ms', 0)
+  redis.call('DEL', lock)
+elseif redis.call('EXISTS', batch) == 1 then
+  redis.call('HSET', batch, 'published_ms', 0)
 end
-return given
+return handed

@@ -5,11 +5,13 @@
 -- ARGV[1] worker name, ARGV[2] 1 = also wake the scheduler (the first beat), ARGV[3] events maxlen,
 -- ARGV[4] capabilities JSON.
 -- Returns 1 when announced, 0 when quarantined (nothing written).
-if redis.call('EXISTS', KEYS[4]) == 1 then return 0 end
-local t = redis.call('TIME')
-redis.call('ZADD', KEYS[1], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), ARGV[1])
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[4])
-if ARGV[2] == '1' then
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'type', 'worker_up', 'worker', ARGV[1])
+local workers, wake_ups, capabilities, quarantine = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local worker, first, events_maxlen, announced = ARGV[1], ARGV[2] == '1', ARGV[3], ARGV[4]
+
+if redis.call('EXISTS', quarantine) == 1 then return 0 end
+redis.call('ZADD', workers, now_ms(), worker)  -- lib_time.lua
+redis.call('HSET', capabilities, worker, announced)
+if first then
+  redis.call('XADD', wake_ups, 'MAXLEN', '~', events_maxlen, '*', 'type', 'worker_up', 'worker', worker)
 end
 return 1

@@ -10,54 +10,71 @@
 -- A batch no run holds stores behind no forward: it leaves the storing zset (its worker died while storing), but for
 -- one never claimed (sent to a step-mode set by step_join.lua, waiting in its inbox: the set holds the slot), which
 -- leaves it only when it is taken out of flight or published again.
--- KEYS[1] inflight zset, KEYS[2] broker queue (list of Celery messages), KEYS[3] storing zset.
--- ARGV[1] key prefix, ARGV[2] claim timeout (ms), ARGV[3] ttl of a finished batch hash (s).
+-- The caller names the batches (those it read in flight, in score order) and their requests (each batch's ``ids``,
+-- written once by schedule.lua); a batch no longer in flight is passed over, a request of a batch it did not name
+-- counts as unfinished.
+-- KEYS[1] inflight zset, KEYS[2] broker queue (list of Celery messages), KEYS[3] storing zset; then per batch: its
+-- hash, its lock, and one stride per request of it (``request_keys``).
+-- ARGV[1] claim timeout (ms), ARGV[2] ttl of a finished batch hash (s); then per batch: its id, its number of
+-- requests, their ids (KEYS order).
 -- Returns {{batch id, its request ids (space separated), ...} to publish again, number taken out of flight}.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local inflight, broker_queue, storing = KEYS[1], KEYS[2], KEYS[3]
+local claim_timeout_ms, ttl = tonumber(ARGV[1]), ARGV[2]
+local batches = {}  -- {id, hash, lock, requests = {request id -> its keys}}, in the caller's order
+local key_at, arg_at = 4, 3
+while arg_at <= #ARGV do
+  local b = {id = ARGV[arg_at], hash = KEYS[key_at], lock = KEYS[key_at + 1], requests = {}}
+  local count = tonumber(ARGV[arg_at + 1])
+  for j = 1, count do b.requests[ARGV[arg_at + 1 + j]] = request_at(key_at + 1, j) end
+  table.insert(batches, b)
+  key_at, arg_at = key_at + 2 + count * REQUEST_STRIDE, arg_at + 2 + count
+end
+
+local now = now_ms()  -- lib_time.lua
 local republish, overdue, members = {}, {}, {}
 local removed = 0
-for _, batch_id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  local batch = ARGV[1] .. ':batch:' .. batch_id
-  if redis.call('EXISTS', batch .. ':lock') == 0 then
-    local st = redis.call('HMGET', batch, 'ids', 'claimed_seq', 'published_seq', 'published_ms')
-    if st[2] then redis.call('ZREM', KEYS[3], batch_id) end
+for _, b in ipairs(batches) do
+  local batch_id = b.id
+  if redis.call('ZSCORE', inflight, batch_id) and redis.call('EXISTS', b.lock) == 0 then
+    local st = redis.call('HMGET', b.hash, 'ids', 'claimed_seq', 'published_seq', 'published_ms')
+    if st[2] then redis.call('ZREM', storing, batch_id) end
     members[batch_id] = st[1] or ''
     local live = false
     for id in string.gmatch(st[1] or '', '%S+') do
-      local req = redis.call('HMGET', ARGV[1] .. ':req:' .. id, 'status', 'batch_id')
-      if (req[1] == 'scheduled' or req[1] == 'running') and req[2] == batch_id then live = true break end
+      local request = b.requests[id]
+      if not request then live = true break end
+      local req = redis.call('HMGET', request.hash, 'status', 'batch_id')
+      if (req[1] == STATUS.scheduled or req[1] == STATUS.running) and req[2] == batch_id then live = true break end
     end
     if not live then
-      redis.call('ZREM', KEYS[1], batch_id)
-      redis.call('ZREM', KEYS[3], batch_id)
-      redis.call('EXPIRE', batch, ARGV[3])
+      redis.call('ZREM', inflight, batch_id)
+      redis.call('ZREM', storing, batch_id)
+      redis.call('EXPIRE', b.hash, ttl)
       removed = removed + 1
     else
       if tonumber(st[2] or '0') > tonumber(st[3] or '0') then
-        table.insert(republish, batch_id)
-      elseif now - tonumber(st[4] or '0') > tonumber(ARGV[2]) then
-        table.insert(overdue, batch_id)
+        table.insert(republish, b)
+      elseif now - tonumber(st[4] or '0') > claim_timeout_ms then
+        table.insert(overdue, b)
       end
     end
   end
 end
 if #overdue > 0 then
-  local queued = redis.call('LRANGE', KEYS[2], 0, -1)
-  for _, batch_id in ipairs(overdue) do
+  local queued = redis.call('LRANGE', broker_queue, 0, -1)
+  for _, b in ipairs(overdue) do
     local waiting = false
     for _, message in ipairs(queued) do
-      if string.find(message, batch_id, 1, true) then waiting = true break end
+      if string.find(message, b.id, 1, true) then waiting = true break end
     end
-    if not waiting then table.insert(republish, batch_id) end
+    if not waiting then table.insert(republish, b) end
   end
 end
 local out = {}
-for _, batch_id in ipairs(republish) do
-  local batch = ARGV[1] .. ':batch:' .. batch_id
-  redis.call('HSET', batch, 'published_ms', now, 'published_seq', redis.call('HINCRBY', batch, 'seq', 1))
-  redis.call('ZREM', KEYS[3], batch_id)
-  table.insert(out, batch_id)
-  table.insert(out, members[batch_id])
+for _, b in ipairs(republish) do
+  redis.call('HSET', b.hash, 'published_ms', now, 'published_seq', redis.call('HINCRBY', b.hash, 'seq', 1))
+  redis.call('ZREM', storing, b.id)
+  table.insert(out, b.id)
+  table.insert(out, members[b.id])
 end
 return {out, removed}

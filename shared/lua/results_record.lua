@@ -2,7 +2,9 @@
 -- period. finish.lua pushes the due time of a succeeded request's keys to its expiry; keys of a run that never
 -- finished (killed after writing, or fenced off as a late writer) fall due and the sweeper deletes their objects.
 -- KEYS[1] results journal (zset: key -> due time, Redis server ms). ARGV[1] grace (ms), ARGV[2..] result keys.
-local t = redis.call('TIME')
-local due = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
-for i = 2, #ARGV do redis.call('ZADD', KEYS[1], due, ARGV[i]) end
+-- Returns the number of keys recorded.
+local journal, grace_ms = KEYS[1], tonumber(ARGV[1])
+
+local due = now_ms() + grace_ms  -- lib_time.lua
+for i = 2, #ARGV do redis.call('ZADD', journal, due, ARGV[i]) end
 return #ARGV - 1

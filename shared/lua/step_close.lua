@@ -3,8 +3,11 @@
 -- KEYS[1] step sets hash, KEYS[2] step rows hash, KEYS[3] the worker's inbox list, KEYS[4] events stream.
 -- ARGV[1] worker, ARGV[2] events maxlen.
 -- Returns 1 when closed, 0 when the inbox holds batches.
-if redis.call('LLEN', KEYS[3]) > 0 then return 0 end
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], '*', 'type', 'slot_free', 'worker', ARGV[1])
+local step_sets, step_rows, inbox, wake_ups = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local worker, events_maxlen = ARGV[1], ARGV[2]
+
+if redis.call('LLEN', inbox) > 0 then return 0 end
+redis.call('HDEL', step_sets, worker)
+redis.call('HDEL', step_rows, worker)
+redis.call('XADD', wake_ups, 'MAXLEN', '~', events_maxlen, '*', 'type', 'slot_free', 'worker', worker)
 return 1

@@ -7,8 +7,11 @@
 -- KEYS[1] step sets hash, KEYS[2] the worker's step levels hash, KEYS[3] the worker's inbox list.
 -- ARGV[1] worker, ARGV[2] step key digest, ARGV[3] request id, ARGV[4] eviction message (JSON), ARGV[5] inbox ttl (ms).
 -- Returns 1 when sent, 0 when refused.
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
-if redis.call('HEXISTS', KEYS[2], ARGV[3]) == 0 then return 0 end
-redis.call('RPUSH', KEYS[3], ARGV[4])
-redis.call('PEXPIRE', KEYS[3], ARGV[5])
+local step_sets, levels, inbox = KEYS[1], KEYS[2], KEYS[3]
+local worker, digest, request_id, message, inbox_ttl_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+
+if redis.call('HGET', step_sets, worker) ~= digest then return 0 end
+if redis.call('HEXISTS', levels, request_id) == 0 then return 0 end
+redis.call('RPUSH', inbox, message)
+redis.call('PEXPIRE', inbox, inbox_ttl_ms)
 return 1

@@ -9,15 +9,18 @@
 -- ARGV[1] worker, ARGV[2] step key digest, ARGV[3] batch message (JSON), ARGV[4] batch id, ARGV[5] requests in the
 -- batch, ARGV[6] most requests in a set, ARGV[7] worker ttl (ms), ARGV[8] inbox ttl (ms).
 -- Returns 1 when sent, 0 when refused (the caller publishes the batch to the queue instead).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local beat = redis.call('ZSCORE', KEYS[4], ARGV[1])
-if not beat or tonumber(beat) < now - tonumber(ARGV[7]) then return 0 end
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
-local rows = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
-if rows + tonumber(ARGV[5]) > tonumber(ARGV[6]) then return 0 end
-redis.call('HINCRBY', KEYS[2], ARGV[1], ARGV[5])
-redis.call('RPUSH', KEYS[3], ARGV[3])
-redis.call('PEXPIRE', KEYS[3], ARGV[8])
-redis.call('ZADD', KEYS[5], now, ARGV[4])
+local step_sets, step_rows, inbox, workers, storing = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local worker, digest, message, batch_id = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local requests, most, worker_ttl_ms, inbox_ttl_ms = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
+
+local now = now_ms()  -- lib_time.lua
+local beat = redis.call('ZSCORE', workers, worker)
+if not beat or tonumber(beat) < now - worker_ttl_ms then return 0 end
+if redis.call('HGET', step_sets, worker) ~= digest then return 0 end
+local rows = tonumber(redis.call('HGET', step_rows, worker) or '0')
+if rows + requests > most then return 0 end
+redis.call('HINCRBY', step_rows, worker, requests)
+redis.call('RPUSH', inbox, message)
+redis.call('PEXPIRE', inbox, inbox_ttl_ms)
+redis.call('ZADD', storing, now, batch_id)
 return 1

@@ -10,10 +10,14 @@
 -- ARGV[1] worker, ARGV[2] requests that left, ARGV[3] events maxlen, ARGV[4] this count-out's token,
 -- ARGV[5] the token's ttl (s), then the ids of those that ran in the set.
 -- Returns 1 when counted (or already counted), 0 when the worker has no registered set.
-if redis.call('GET', KEYS[5]) == ARGV[4] then return 1 end
-if #ARGV > 5 then redis.call('HDEL', KEYS[4], unpack(ARGV, 6)) end
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('HINCRBY', KEYS[2], ARGV[1], -tonumber(ARGV[2]))
-redis.call('SET', KEYS[5], ARGV[4], 'EX', ARGV[5])
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'type', 'room_free', 'worker', ARGV[1])
+local step_sets, step_rows, wake_ups, levels, last_token = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local worker, left, events_maxlen, token, token_ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
+local FIXED_ARGS = 5
+
+if redis.call('GET', last_token) == token then return 1 end
+if #ARGV > FIXED_ARGS then redis.call('HDEL', levels, unpack(ARGV, FIXED_ARGS + 1)) end
+if redis.call('HEXISTS', step_sets, worker) == 0 then return 0 end
+redis.call('HINCRBY', step_rows, worker, -left)
+redis.call('SET', last_token, token, 'EX', token_ttl)
+redis.call('XADD', wake_ups, 'MAXLEN', '~', events_maxlen, '*', 'type', 'room_free', 'worker', worker)
 return 1

@@ -2,6 +2,8 @@
 -- Only while the set is registered (a swept or dropped set is not recreated).
 -- KEYS[1] step sets hash. ARGV[1] worker, ARGV[2] the sealed value (shared.keys.STEP_SEALED).
 -- Returns 1 when sealed, 0 when the worker has no registered set.
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+local step_sets, worker, sealed = KEYS[1], ARGV[1], ARGV[2]
+
+if redis.call('HEXISTS', step_sets, worker) == 0 then return 0 end
+redis.call('HSET', step_sets, worker, sealed)
 return 1

@@ -62,7 +62,7 @@ def abort_in_bulk(fleet: Fleet, ids: list[str], page: int = 1000) -> None:
     for start in range(0, len(ids), page):
         pipe = fleet.redis.pipeline(transaction=False)
         for rid in ids[start : start + page]:
-            keys = [fleet.keys.request(rid), fleet.keys.requests]
+            keys = k.abort_keys(fleet.keys, rid)
             args = [repr(time.time()), RESULT_TTL_S, fleet.keys.finished, rid, MAX_QUEUE_LEN]
             script(keys=keys, args=args, client=pipe)
         assert set(pipe.execute()) == {"aborted"}

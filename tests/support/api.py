@@ -66,7 +66,7 @@ async def finish_like_worker(
     for result, data in zip(result_keys, images, strict=True):
         await anyio.to_thread.run_sync(results.put, result, data)
     args: list[Any] = [outcome, time.time(), 60, *error, keys.finished, request_id, token, *result_keys]
-    return str(await redis.register_script(k.FINISH)(keys=[key, keys.results_journal], args=args))
+    return str(await redis.register_script(k.FINISH)(keys=k.finish_keys(keys, request_id), args=args))
 
 
 async def api_harness(settings: Settings) -> AsyncIterator[Api]:

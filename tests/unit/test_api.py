@@ -474,7 +474,7 @@ async def test_long_poll_answers_when_the_request_finishes(api: Api) -> None:
         await api.redis.hset(api.keys.request(rid), mapping={"status": "running", "claim": "c1"})
         finish = api.redis.register_script(k.FINISH)
         args: list[str | float] = ["failed", 1.0, 60, "E", "boom", api.keys.finished, rid, "c1"]
-        await finish(keys=[api.keys.request(rid)], args=args)
+        await finish(keys=k.finish_keys(api.keys, rid), args=args)
 
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(finish_soon)

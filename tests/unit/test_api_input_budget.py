@@ -27,7 +27,7 @@ from gpu_worker.store import Claimed, WorkerStore
 from scheduler.lease import Lease
 from scheduler.store import SchedulerStore
 from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus, Task
-from shared.keys import ABORT
+from shared.keys import ABORT, abort_keys
 from tests.support.api import Api, api_harness, unit_settings
 from tests.unit.test_api_metrics import _scrape
 
@@ -185,7 +185,7 @@ def _run(api: Api, client: fakeredis.FakeRedis, rid: str) -> WorkerStore:
 def abort_script(api: Api, client: fakeredis.FakeRedis, rid: str) -> str:
     """``abort.lua`` as ``POST /v1/requests/{id}/abort`` runs it; the status after it."""
     args = [time.time(), 60, api.keys.finished, rid]
-    return str(client.register_script(ABORT)(keys=[api.keys.request(rid), api.keys.requests], args=args))
+    return str(client.register_script(ABORT)(keys=abort_keys(api.keys, rid), args=args))
 
 
 def aborted_queued(api: Api, client: fakeredis.FakeRedis, rid: str) -> None:

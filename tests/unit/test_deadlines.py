@@ -46,7 +46,7 @@ def submit(client: fakeredis.FakeRedis, keys: k.RedisKeys, *specs: RequestSpec) 
     for one in specs:
         args += [one.id, one.model_dump_json(), repr(one.created_at), "", ""]
     script = client.register_script(k.SUBMIT)
-    assert script(keys=[keys.requests, *(keys.request(s.id) for s in specs)], args=args) == 1
+    assert script(keys=k.submit_keys(keys, [s.id for s in specs], keys.api_key_unfinished("")), args=args) == 1
 
 
 def state(client: fakeredis.FakeRedis, keys: k.RedisKeys, rid: str) -> Any:

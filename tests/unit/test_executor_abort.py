@@ -130,7 +130,7 @@ def reference_images(settings: Settings, runner: DiffusersRunner, tmp_path: Path
 
 def abort(client: fakeredis.FakeRedis, store: WorkerStore, rid: str) -> None:
     script = client.register_script(k.ABORT)
-    assert script(keys=[store.keys.request(rid)], args=[time.time(), 60, store.keys.finished, rid]) == "running"
+    assert script(keys=k.abort_keys(store.keys, rid), args=[time.time(), 60, store.keys.finished, rid]) == "running"
 
 
 def test_an_aborted_request_ends_at_once_and_its_peers_finish_unchanged(

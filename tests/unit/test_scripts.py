@@ -39,15 +39,14 @@ def submit(
     """``submit.lua`` for requests whose ids are also their prompts; under API key ``key`` ('' = none), with its
     ``max_queued`` (0 = the key has none); ``spec_fields`` replace the defaults of their specs (64x64, 4 steps,
     guidance 5)."""
-    unfinished = keys.api_key_unfinished(key) if max_queued else ""
-    args: list[object] = [max_len, key, unfinished, max_queued, 60, ""]  # '': no input budget
+    args: list[object] = [max_len, key, "1" if max_queued else "", max_queued, 60, ""]  # '': no input budget
     for rid in ids:
         defaults: dict[str, object] = {"width": 64, "height": 64, "num_inference_steps": 4, "guidance_scale": 5.0}
         fields = {"id": rid, "model": "demo", "prompt": rid, "seed": 1, "created_at": time.time()}
         spec = RequestSpec.model_validate(fields | defaults | spec_fields)
         args += [rid, spec.model_dump_json(), spec.created_at, "", ""]
     script = client.register_script(k.SUBMIT)
-    return int(script(keys=[keys.requests, *(keys.request(r) for r in ids)], args=args))
+    return int(script(keys=k.submit_keys(keys, ids, keys.api_key_unfinished(key)), args=args))
 
 
 def status(client: fakeredis.FakeRedis, keys: k.RedisKeys, rid: str) -> str:
@@ -74,7 +73,7 @@ def test_submit_refuses_a_full_queue_as_a_whole(client: fakeredis.FakeRedis) -> 
 def test_schedule_moves_only_queued_unaborted_requests(client: fakeredis.FakeRedis, settings: Settings) -> None:
     store = SchedulerStore(client, settings)
     submit(client, store.keys, "a", "b", "c")
-    client.register_script(k.ABORT)(keys=[store.keys.request("b")], args=[time.time(), 60, "ch", "b"])
+    client.register_script(k.ABORT)(keys=k.abort_keys(store.keys, "b"), args=[time.time(), 60, "ch", "b"])
     lease = Lease(client, store.keys.scheduler_lease, 5000)
     assert lease.try_acquire()
     assert store.schedule(lease.key, lease.token, "B1", ["a", "b", "c"]) == ["a", "c"]
@@ -235,14 +234,14 @@ def test_a_request_put_aside_by_the_split_is_aborted_at_once(client: fakeredis.F
     abort = client.register_script(k.ABORT)
     with client.pubsub() as sub:
         sub.subscribe(keys.finished)
-        assert abort(keys=[keys.request("c"), keys.requests], args=[time.time(), 60, keys.finished, "c"]) == "aborted"
+        assert abort(keys=k.abort_keys(keys, "c"), args=[time.time(), 60, keys.finished, "c"]) == "aborted"
         woken = [m["data"] for m in iter(lambda: sub.get_message(timeout=0.1), None) if m["type"] == "message"]
     assert woken == ["c"]
     assert status(client, keys, "c") == "aborted" and 0 < client.ttl(keys.request("c")) <= 60
     assert [e["event"] for _, e in client.xrange(keys.request_events("c"))][-1] == "aborted"
     assert [e["event"] for _, e in client.xrange(keys.webhooks)] == ["aborted"]
     assert client.hget(keys.metrics, "aborted:running") == "1"
-    assert abort(keys=[keys.request("a"), keys.requests], args=[time.time(), 60, keys.finished, "a"]) == "running"
+    assert abort(keys=k.abort_keys(keys, "a"), args=[time.time(), 60, keys.finished, "a"]) == "running"
     assert worker.finish_many({"c": []}, {}, "t1") == {"c": RequestStatus.ABORTED}  # the lost run's late writer
     aborted, succeeded = RequestStatus.ABORTED, RequestStatus.SUCCEEDED
     assert worker.finish_many({"a": [], "b": []}, {}, "t2") == {"a": aborted, "b": succeeded}
@@ -277,7 +276,7 @@ def test_abort_flag_wins_over_success_and_status_never_moves_back(
     worker = WorkerStore(client, settings)
     worker.claim(BatchMessage(batch_id="B1", request_ids=("a", "b"), created_at=0.0), "tok", "w")
     abort = client.register_script(k.ABORT)
-    assert abort(keys=[worker.keys.request("a")], args=[time.time(), 60, "ch", "a"]) == "running"
+    assert abort(keys=k.abort_keys(worker.keys, "a"), args=[time.time(), 60, "ch", "a"]) == "running"
     assert worker.progress(["a", "b"], 1, 4, "tok") == [RowSignal.ABORTED, RowSignal.GO_ON]
     assert client.hget(worker.keys.request("b"), "step") == "1"
     worker.record_results(["a/tok/0.png", "b/tok/0.png"])
@@ -288,8 +287,8 @@ def test_abort_flag_wins_over_success_and_status_never_moves_back(
     assert worker.finish_many({"b": ["b/tok/0.png"]}, {}, "tok") == {"b": RequestStatus.SUCCEEDED}
     late = worker.finish_many({}, {"b": ErrorInfo(type="X", message="late")}, "tok")
     assert late == {"b": RequestStatus.SUCCEEDED}
-    assert abort(keys=[worker.keys.request("b")], args=[time.time(), 60, "ch", "b"]) == "succeeded"
-    assert abort(keys=[worker.keys.request("missing")], args=[time.time(), 60, "ch", "missing"]) is None
+    assert abort(keys=k.abort_keys(worker.keys, "b"), args=[time.time(), 60, "ch", "b"]) == "succeeded"
+    assert abort(keys=k.abort_keys(worker.keys, "missing"), args=[time.time(), 60, "ch", "missing"]) is None
     assert client.zscore(journal, "b/tok/0.png") > (time.time() + 50) * 1000  # kept with the request (ttl 60 s)
 
 

@@ -283,7 +283,7 @@ def test_an_aborted_request_ends_aborted_while_its_peer_succeeds(worker: Worker,
 
     def flag() -> None:
         args = [time.time(), 60, worker.keys.finished, "victim"]
-        assert abort(keys=[worker.keys.request("victim")], args=args) == "running"
+        assert abort(keys=k.abort_keys(worker.keys, "victim"), args=args) == "running"
 
     hooked.hooks[2] = flag
     outcome = worker.loop.run(batch)

@@ -64,11 +64,11 @@ def test_an_abort_stops_the_forward_once_every_row_is_aborted(settings: Settings
     store = claimed(client, settings, ["a", "b"])
     reporter = StepReporter(store, ["a", "b"], "tok")
     abort = client.register_script(k.ABORT)
-    assert abort(keys=[store.keys.request("a")], args=[time.time(), 60, "ch", "a"]) == "running"
+    assert abort(keys=k.abort_keys(store.keys, "a"), args=[time.time(), 60, "ch", "a"]) == "running"
     reporter.on_step(1, 10)
     wait_for(lambda: reporter.signals == [RowSignal.ABORTED, RowSignal.GO_ON], 5, "the abort to come back")
     assert reporter.on_step(2, 10) is False  # b still runs
-    abort(keys=[store.keys.request("b")], args=[time.time(), 60, "ch", "b"])
+    abort(keys=k.abort_keys(store.keys, "b"), args=[time.time(), 60, "ch", "b"])
     reporter.on_step(3, 10)
     wait_for(lambda: reporter.on_step(4, 10), 5, "the forward to be told to stop")
     reporter.close()
@@ -113,7 +113,7 @@ def test_aborted_rows_are_handed_over_once_from_the_reporter_thread(settings: Se
 
     reporter = StepReporter(store, ["a", "b", "c"], "tok", on_aborted=on_aborted)
     abort = client.register_script(k.ABORT)
-    abort(keys=[store.keys.request("b")], args=[time.time(), 60, "ch", "b"])
+    abort(keys=k.abort_keys(store.keys, "b"), args=[time.time(), 60, "ch", "b"])
     step = 0
 
     def handed(count: int) -> bool:
@@ -123,7 +123,7 @@ def test_aborted_rows_are_handed_over_once_from_the_reporter_thread(settings: Se
         return len(calls) >= count
 
     wait_for(lambda: handed(2), 5, "the abort to be handed over again after the outage")
-    abort(keys=[store.keys.request("c")], args=[time.time(), 60, "ch", "c"])
+    abort(keys=k.abort_keys(store.keys, "c"), args=[time.time(), 60, "ch", "c"])
     wait_for(lambda: handed(3), 5, "the second abort to be handed over")
     for _ in range(5):
         reporter.on_step(step + 1, 100)
