@@ -37,8 +37,6 @@ import gc
 import math
 import os
 import platform
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -53,8 +51,6 @@ from bench.targets import FusefleetTarget
 
 DEFAULT_BUDGET_S = 480.0
 SD15_DIRNAME = "sd15-arch-random-fp16"
-_MARKER = "model_index.json"
-_SEED = 0
 _GIB = 1024**3
 FLEET_START_ALLOWANCE_S = 30.0
 """What a fleet start (processes, the worker loading the model) is expected to take at most, for the budget."""
@@ -143,15 +139,15 @@ class Budget:
 
 def build_sd15_random_pipeline() -> Any:
     """A StableDiffusionPipeline with SD1.5's architecture and seeded random weights (fp32, on the CPU, not saved)."""
-    import torch
     from diffusers import AutoencoderKL, StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from gpu_worker.demo_model import sd_scheduler
-    from gpu_worker.tiny_models.tokenizers import clip_tokenizer
+    from demo_models.components import seeded
+    from demo_models.stable_diffusion import sd_scheduler
+    from demo_models.tokenizers import clip_tokenizer
 
-    torch.manual_seed(_SEED)
-    unet = UNet2DConditionModel(  # type: ignore[no-untyped-call]  # runwayml/stable-diffusion-v1-5 unet/config.json
+    unet = seeded(  # runwayml/stable-diffusion-v1-5 unet/config.json
+        UNet2DConditionModel,
         sample_size=64,
         in_channels=4,
         out_channels=4,
@@ -170,8 +166,8 @@ def build_sd15_random_pipeline() -> Any:
         freq_shift=0,
         mid_block_scale_factor=1,
     )
-    torch.manual_seed(_SEED)
-    vae = AutoencoderKL(  # type: ignore[no-untyped-call]  # SD's vae/config.json
+    vae = seeded(  # SD's vae/config.json
+        AutoencoderKL,
         in_channels=3,
         out_channels=3,
         down_block_types=["DownEncoderBlock2D"] * 4,
@@ -183,8 +179,8 @@ def build_sd15_random_pipeline() -> Any:
         act_fn="silu",
         sample_size=512,
     )
-    torch.manual_seed(_SEED)
-    text_encoder = CLIPTextModel(  # openai/clip-vit-large-patch14's text config; ids of the tiny tokenizer
+    text_encoder = seeded(  # openai/clip-vit-large-patch14's text config; ids of the tiny tokenizer
+        CLIPTextModel,
         CLIPTextConfig(
             vocab_size=49408,
             hidden_size=768,
@@ -214,38 +210,26 @@ def build_sd15_random_pipeline() -> Any:
 
 def ensure_sd15_model(cache_dir: Path) -> tuple[Path, bool]:
     """The folder of the fp16 SD1.5-architecture random pipeline under ``cache_dir``, built and saved there first
-    when missing (into a temporary sibling, then renamed: a half-written folder is never used). Returns (folder,
-    whether it was built now)."""
+    when missing (``demo_models.catalog.save_once``). Returns (folder, whether it was built now)."""
     import torch
 
+    from demo_models.catalog import save_once
+
     target = Path(cache_dir) / SD15_DIRNAME
-    if (target / _MARKER).is_file():
-        return target, False
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{SD15_DIRNAME}-", dir=target.parent))
-    try:
-        tmp.chmod(0o755)
-        pipe = build_sd15_random_pipeline()
-        pipe.to(torch.float16)
-        pipe.save_pretrained(tmp, safe_serialization=True)
-        del pipe
-        gc.collect()
-        if not (target / _MARKER).is_file():
-            shutil.rmtree(target, ignore_errors=True)
-            os.rename(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target, True
+    built = save_once(target, lambda: build_sd15_random_pipeline().to(torch.float16))
+    gc.collect()
+    return target, built
 
 
 def model_section(cfg: GpuRunConfig) -> dict[str, Any]:
     """Build (or find) the model; what it is, where it is, how long that took, its parameter counts."""
-    from gpu_worker.demo_model import ensure_demo_model
+    from demo_models import DEFAULT_DEMO_FAMILY, demo_builder, demo_model_dir
+    from demo_models.catalog import save_once
 
     started = time.perf_counter()
     if cfg.tiny:
-        cached = (Path(cfg.cache_dir) / "demo-sd-v1" / _MARKER).is_file()
-        path, built = ensure_demo_model(cfg.cache_dir), not cached
+        path = demo_model_dir(cfg.cache_dir)
+        built = save_once(path, demo_builder(DEFAULT_DEMO_FAMILY))
     else:
         path, built = ensure_sd15_model(cfg.cache_dir)
     return {

@@ -9,6 +9,7 @@ COPY pyproject.toml README.md ./
 COPY api ./api
 COPY scheduler ./scheduler
 COPY gpu_worker ./gpu_worker
+COPY demo_models ./demo_models
 COPY shared ./shared
 COPY fusefleet ./fusefleet
 # torch comes with the base image; the worker extra adds diffusers, transformers, peft, ...; s3 adds boto3

@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from gpu_worker.demo_model import ensure_demo_model
 from gpu_worker.families import family_of
 from gpu_worker.lora import LoraActivator, LoraMixingError
 from gpu_worker.runner import InputImages, Runner, StepCallback, StepSet, Video
@@ -88,6 +87,8 @@ class DiffusersRunner(Runner):
         self.dtype = resolve_dtype(settings.torch_dtype, self.device)
         source = settings.model
         if not source:  # unset or empty (compose passes FUSEFLEET_MODEL through, empty by default)
+            from demo_models import ensure_demo_model  # the demo only: a production worker never needs it
+
             source = str(ensure_demo_model(settings.model_cache_dir, settings.demo_family))
             log.warning(
                 "serving the %s DEMO model: tiny, random weights, its images are noise (set FUSEFLEET_MODEL to a "

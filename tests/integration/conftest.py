@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_worker.demo_model import ensure_demo_model
+from demo_models import ensure_demo_model
 from gpu_worker.diffusers_runner import DiffusersRunner
 from tests.support import fleet as support_fleet
 from tests.support.fleet import TERMINAL, Fleet

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gpu_worker.demo_model import DEMO_MODEL_NAME, ensure_demo_model
+from demo_models import DEMO_MODEL_NAME, ensure_demo_model
 from gpu_worker.diffusers_runner import DiffusersRunner
 from gpu_worker.lora import LoraActivator
 from gpu_worker.torch_env import make_generators

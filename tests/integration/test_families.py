@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpu_worker.demo_model import DEMO_FAMILIES, ensure_demo_model
+from demo_models import DEMO_FAMILIES, ensure_demo_model
 from gpu_worker.diffusers_runner import DiffusersRunner, check_batch
 from gpu_worker.families import FAMILIES
 from gpu_worker.runner import Video

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gpu_worker.demo_model import DEMO_MODEL_NAME
+from demo_models import DEMO_MODEL_NAME
 from gpu_worker.diffusers_runner import DiffusersRunner
 from gpu_worker.runner import InputImages
 from shared.contracts import RequestSpec, Task

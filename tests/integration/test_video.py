@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from demo_models import ensure_demo_model
 from fusefleet.client import Client
-from gpu_worker.demo_model import ensure_demo_model
 from gpu_worker.video import decode_mp4
 from tests.integration.conftest import running_fleet
 from tests.support.redis_server import RedisServer

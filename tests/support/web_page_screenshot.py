@@ -17,7 +17,7 @@ from pathlib import Path
 from PIL import Image
 from playwright.sync_api import Page, ViewportSize, expect, sync_playwright
 
-from gpu_worker.demo_model import ensure_demo_model
+from demo_models import ensure_demo_model
 from tests.integration.test_web_page import chromium_path
 from tests.support.fleet import running_fleet
 from tests.support.redis_server import RedisServer

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("peft")
 
-from gpu_worker.demo_model import ensure_demo_model  # noqa: E402
+from demo_models import ensure_demo_model  # noqa: E402
 from gpu_worker.diffusers_runner import DiffusersRunner  # noqa: E402
 from gpu_worker.lora import BASE_ADAPTER, LoraMixingError, lora_layers, rows_for_batch  # noqa: E402
 from shared.compat import compat_key  # noqa: E402

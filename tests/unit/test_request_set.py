@@ -15,7 +15,7 @@ import torch
 
 diffusers = pytest.importorskip("diffusers")
 
-from gpu_worker.demo_model import ensure_demo_model  # noqa: E402
+from demo_models import ensure_demo_model  # noqa: E402
 from gpu_worker.diffusers_runner import absent_components  # noqa: E402
 from gpu_worker.runner import StepSet  # noqa: E402
 from gpu_worker.step_engine import StepEngine, step_key  # noqa: E402

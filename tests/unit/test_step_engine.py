@@ -25,7 +25,9 @@ import torch
 
 diffusers = pytest.importorskip("diffusers")
 
-from gpu_worker.demo_model import ensure_demo_model  # noqa: E402
+from bench.step_engine import measure  # noqa: E402
+from demo_models import ensure_demo_model, sd3  # noqa: E402
+from demo_models.components import eval_modules  # noqa: E402
 from gpu_worker.diffusers_runner import absent_components  # noqa: E402
 from gpu_worker.step_engine import (  # noqa: E402
     PER_ROW,
@@ -38,9 +40,6 @@ from gpu_worker.step_engine import (  # noqa: E402
     step_key,
     supports,
 )
-from gpu_worker.step_engine.bench import measure  # noqa: E402
-from gpu_worker.tiny_models import sd3  # noqa: E402
-from gpu_worker.tiny_models.components import eval_modules  # noqa: E402
 from gpu_worker.torch_env import make_generators  # noqa: E402
 from shared.compat import STEP_ONLY, CompatKey  # noqa: E402
 from shared.contracts import LoraRef, RequestSpec, Task  # noqa: E402

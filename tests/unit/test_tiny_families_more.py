@@ -1,4 +1,4 @@
-"""The tiny SDXL, Sana and Qwen-Image pipelines (gpu_worker/tiny_models): they save and load through
+"""The tiny SDXL, Sana and Qwen-Image pipelines (demo_models): they save and load through
 ``DiffusionPipeline.from_pretrained``, a fused call equals its solo calls, and the call-surface facts the serving
 layer's capability adapters rely on (size multiple, negative prompt / guidance knobs, sequence length, resolution
 binning, step callbacks and interrupts, img2img / inpaint siblings, one generator per image).
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_worker.tiny_models import qwen_image, sana, sdxl
+from demo_models import qwen_image, sana, sdxl
 
 SIZE = 32
 PROMPTS = ["a cat", "a photo of a red fox in the forest at night, painting style", "Blue sky!"]

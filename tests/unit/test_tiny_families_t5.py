@@ -1,4 +1,4 @@
-"""The tiny SD3 / Flux / PixArt-Sigma pipelines of ``gpu_worker.tiny_models``: save/load round trip, fused == solo,
+"""The tiny SD3 / Flux / PixArt-Sigma pipelines of ``demo_models``: save/load round trip, fused == solo,
 and the per-family facts the serving layer's capability adapters rely on (diffusers 0.42).
 
 Every pipeline here is loaded back from ``save_pretrained`` output, once per module (module-scoped fixtures).
@@ -19,7 +19,7 @@ import torch
 
 diffusers = pytest.importorskip("diffusers")
 
-from gpu_worker.tiny_models import flux, pixart, sd3  # noqa: E402
+from demo_models import flux, pixart, sd3  # noqa: E402
 
 BUILDERS: dict[str, Callable[[], Any]] = {
     "sd3": lambda: sd3.build(with_t5=False),

@@ -1,4 +1,4 @@
-"""The tiny LTX-Video pipeline (gpu_worker/tiny_models/video.py) and MP4 encoding (gpu_worker/video.py).
+"""The tiny LTX-Video pipeline (demo_models/video.py) and MP4 encoding (gpu_worker/video.py).
 
 Loaded back through ``save_pretrained``/``from_pretrained`` as a worker would; asserts the facts the fleet's
 batching relies on: the frame-count and size rules, the call's parameters, fused == solo with one generator per
@@ -22,8 +22,8 @@ av = pytest.importorskip("av")
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
+from demo_models import video as tiny_video  # noqa: E402
 from gpu_worker import video  # noqa: E402
-from gpu_worker.tiny_models import video as tiny_video  # noqa: E402
 
 SIZE = 32  # the smallest valid height and width (multiples of 32)
 FRAMES = 9  # the smallest video frame count of the 8k + 1 rule (1 is a still)

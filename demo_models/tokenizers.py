@@ -8,20 +8,58 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_worker.demo_model import _bytes_to_unicode, build_demo_tokenizer_data
-
-WORDS = (
+CLIP_WORDS = (
     "a photo of the cat dog red blue green sky sea tree house car portrait painting mountain forest city "
-    "night day sun moon flower bird fish river in on with and style art fox whale lighthouse"
+    "night day sun moon flower bird fish river in on with and style art"
 ).split()
+"""The words :func:`clip_tokenizer` has whole (a longer list would change its vocabulary, so every CLIP text
+encoder's weights: the tiny pipelines' weights are pinned)."""
+WORDS = [*CLIP_WORDS, "fox", "whale", "lighthouse"]
+"""The words the other tokenizers have whole."""
 LETTERS = "abcdefghijklmnopqrstuvwxyz0123456789"
+CLIP_VOCAB_SIZE = 1000
+"""The Stable Diffusion demo's text-encoder rows (diffusers' test size); :func:`clip_tokenizer`'s vocabulary fits."""
+_CLIP_SPECIAL_TOKENS = ("<|startoftext|>", "<|endoftext|>")  # ids 0 (bos) and 1 (eos = pad)
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map (the byte-level alphabet of CLIP's and Qwen's BPE)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return dict(zip(printable, (chr(c) for c in chars), strict=True))
+
+
+def clip_vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Vocab and merges of a tiny byte-level CLIP BPE: specials, 2x256 byte chars, pieces of :data:`CLIP_WORDS`."""
+    alphabet = list(bytes_to_unicode().values())
+    tokens = [*_CLIP_SPECIAL_TOKENS, *alphabet, *(c + "</w>" for c in alphabet)]
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    merges: list[tuple[str, str]] = []
+    for word in CLIP_WORDS:
+        symbols = [*word[:-1], word[-1] + "</w>"]
+        piece = symbols[0]
+        for sym in symbols[1:]:
+            merged = piece + sym
+            if merged not in vocab:
+                merges.append((piece, sym))
+                vocab[merged] = len(vocab)
+            piece = merged
+    assert len(vocab) <= CLIP_VOCAB_SIZE, "the CLIP tokenizer's vocab must fit the SD text encoder's embedding table"
+    return vocab, merges
 
 
 def clip_tokenizer(model_max_length: int = 77) -> Any:
-    """CLIP's byte-level BPE (the demo model's): ids 0 = bos, 1 = eos = pad."""
+    """CLIP's byte-level BPE: ids 0 = bos, 1 = eos = pad."""
     from transformers import CLIPTokenizer
 
-    vocab, merges = build_demo_tokenizer_data()
+    vocab, merges = clip_vocab_and_merges()
     return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=model_max_length)  # type: ignore[arg-type]
 
 
@@ -87,7 +125,7 @@ def qwen2_tokenizer(model_max_length: int = 32768) -> Any:
     of Qwen-Image's prompt template, so its dropped prefix is 34 tokens as with the real tokenizer). Pads right."""
     from transformers import Qwen2Tokenizer
 
-    alphabet = list(_bytes_to_unicode().values())
+    alphabet = list(bytes_to_unicode().values())
     words = [*_QWEN_TEMPLATE_WORDS, *WORDS, *("Ġ" + word for word in WORDS)]
     merges = _learn_bpe(words)
     vocab = {tok: i for i, tok in enumerate([*QWEN_SPECIAL_TOKENS, *alphabet])}

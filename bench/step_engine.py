@@ -1,5 +1,5 @@
 """Measurements of the step engine on the tiny demo pipelines (CPU or GPU, float32):
-``python -m gpu_worker.step_engine.bench speed`` and ``python -m gpu_worker.step_engine.bench equality``.
+``python -m bench.step_engine speed`` and ``python -m bench.step_engine equality`` (docs/step_mode.md).
 
 * ``speed``: for each row count R, *fused* is one engine stepping R guided rows (one denoiser call of 2R rows per
   step); *serial* is R engines of one row each, stepped one after another (R calls of 2 rows). Both report the
@@ -161,8 +161,8 @@ def equality(pipe: Any, side: int) -> dict[str, tuple[float, int]]:
 
 
 def _load(family: str, device: str) -> Any:
-    from gpu_worker.demo_model import demo_builder
-    from gpu_worker.tiny_models.components import eval_modules
+    from demo_models import demo_builder
+    from demo_models.components import eval_modules
 
     pipe = eval_modules(demo_builder(family)()).to(device)
     pipe.set_progress_bar_config(disable=True)

@@ -1,1 +1,0 @@
-"""Tiny random-weight pipelines of every supported family, built offline (demo models and tests)."""
