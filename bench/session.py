@@ -119,7 +119,7 @@ def _peer(name: str, model_dir: Path, logs: Path) -> Iterator[PeerTarget]:
 def p4(results: dict[str, Any], logs: Path, docs: Path, with_peers: bool) -> dict[str, float]:
     """All systems stay up (idle while another is measured); at each offered load they run back to back in a
     rotating order, so the machine's slow and fast phases are shared."""
-    from gpu_worker.demo_model import ensure_demo_model
+    from demo_models import ensure_demo_model
 
     model_dir = ensure_demo_model(Settings().model_cache_dir)
     figures: dict[str, float] = {}
