@@ -6,8 +6,6 @@ the flags here are the few a process supervisor typically sets on the command li
 
 from __future__ import annotations
 
-import signal
-import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -54,30 +52,11 @@ def api(
 def scheduler(log_level: Annotated[str, typer.Option(help="Log level.")] = "info") -> None:
     """Run the batching scheduler (one is active; further ones stand by), the result sweeper and the webhook
     dispatcher (one is active)."""
-    from scheduler.lease import Lease
-    from scheduler.step_service import service_for
-    from scheduler.store import SchedulerStore
-    from scheduler.sweeper import ResultSweeper
-    from scheduler.webhooks import WebhookDispatcher
-    from shared.celery_config import make_celery
-    from shared.redis_conn import sync_client
-    from shared.results import ResultJournal, build_result_store
+    from scheduler.app import run_scheduler
 
     settings = Settings()
     _logging(log_level, settings, "scheduler")
-    client = sync_client(settings)
-    store = SchedulerStore(client, settings)
-    lease = Lease(client, store.keys.scheduler_lease, settings.scheduler_lease_ms)
-    service = service_for(settings)(settings, store, lease, make_celery(settings))
-    results = build_result_store(settings, sync_client(settings, binary=True))
-    sweeper = ResultSweeper(ResultJournal(client, store.keys), results, interval_s=settings.result_sweep_interval_s)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    sweeper.start(stop)
-    webhooks = WebhookDispatcher(sync_client(settings), settings).start(stop)
-    service.run(stop)
-    webhooks.join(timeout=5)  # it gives its lease up (within scheduler_block_ms); else the lease lapses
+    run_scheduler(settings)
 
 
 @cli.command()
