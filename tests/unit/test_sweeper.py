@@ -27,11 +27,6 @@ PNG = b"\x89PNG\r\n\x1a\n" + b"image"
 
 
 @pytest.fixture
-def client() -> fakeredis.FakeRedis:
-    return fakeredis.FakeRedis(decode_responses=True)
-
-
-@pytest.fixture
 def keys() -> k.RedisKeys:
     return k.RedisKeys("t")
 
@@ -127,7 +122,7 @@ def test_a_finished_requests_images_are_kept_until_it_expires(
     for key in every:
         results.put(key, PNG)
     abort = client.register_script(k.ABORT)
-    assert abort(keys=[keys.request("b"), keys.requests], args=[time.time(), 1, keys.finished, "b"]) == "running"
+    assert abort(keys=k.abort_keys(keys, "b"), args=[time.time(), 1, keys.finished, "b"]) == "running"
     finished = worker.finish_many({"a": images["a"], "b": images["b"]}, {}, "tok")  # b: aborted, due at once
     assert finished == {"a": RequestStatus.SUCCEEDED, "b": RequestStatus.ABORTED}
     sweeper = ResultSweeper(journal, results, interval_s=1)
@@ -170,11 +165,7 @@ def test_a_failed_deletion_is_retried_after_retry_s(
 
 
 def test_run_outlives_a_failing_round_and_stops_when_told(
-    monkeypatch: pytest.MonkeyPatch,
-    client: fakeredis.FakeRedis,
-    keys: k.RedisKeys,
-    journal: ResultJournal,
-    results: FilesystemResultStore,
+    monkeypatch: pytest.MonkeyPatch, journal: ResultJournal, results: FilesystemResultStore
 ) -> None:
     monkeypatch.setattr(sweeper_module, "RETRY_S", 0.05)
     flaky = FlakyStore(results)
@@ -217,33 +208,25 @@ def test_run_stops_promptly_while_waiting(journal: ResultJournal, results: Files
     assert flaky.calls == []  # stopped before any round
 
 
-def test_more_due_keys_than_a_page_are_all_deleted_in_one_sweep(
+@pytest.mark.parametrize(
+    ("count", "pages"),
+    [(10, [3, 3, 3, 1]), (6, [3, 3])],  # exactly two pages: an empty take ends the round, no empty delete call
+    ids=["more-than-a-page", "exactly-two-pages"],
+)
+def test_every_due_key_is_deleted_in_one_sweep_a_page_at_a_time(
     monkeypatch: pytest.MonkeyPatch,
-    client: fakeredis.FakeRedis,
-    keys: k.RedisKeys,
     journal: ResultJournal,
     results: FilesystemResultStore,
+    count: int,
+    pages: list[int],
 ) -> None:
     monkeypatch.setattr(sweeper_module, "PAGE", 3)
     spy = FlakyStore(results)
     spy.failing = False
-    due = [f"req{index}/tok/0.png" for index in range(10)]
+    due = [f"req{index}/tok/0.png" for index in range(count)]
     store_images(journal, results, due, 0)
-    assert ResultSweeper(journal, spy, interval_s=1).sweep() == 10
-    assert [len(page) for page in spy.calls] == [3, 3, 3, 1]
+    assert ResultSweeper(journal, spy, interval_s=1).sweep() == count
+    assert [len(page) for page in spy.calls] == pages
     assert sorted(key for page in spy.calls for key in page) == sorted(due)
     assert stored(results, due) == []
     assert journal.pending() == 0 and sorted(results.root.iterdir()) == []
-
-
-def test_exactly_a_page_of_due_keys_ends_with_an_empty_take(
-    monkeypatch: pytest.MonkeyPatch, journal: ResultJournal, results: FilesystemResultStore
-) -> None:
-    monkeypatch.setattr(sweeper_module, "PAGE", 3)
-    spy = FlakyStore(results)
-    spy.failing = False
-    due = [f"req{index}/tok/0.png" for index in range(6)]
-    store_images(journal, results, due, 0)
-    assert ResultSweeper(journal, spy, interval_s=1).sweep() == 6
-    assert [len(page) for page in spy.calls] == [3, 3]  # an empty take ends the round: no empty delete call
-    assert stored(results, due) == [] and journal.pending() == 0
