@@ -9,6 +9,10 @@ traits, and the worker says so at start.
 Every family here takes a list of prompts (and of negative prompts) and one ``torch.Generator`` per output; the
 runner passes one row per output, so a fused row equals its solo run (tests/integration/test_families.py proves
 it per family).
+
+A new family is one entry of ``FAMILIES`` (its name, pipeline classes, traits and call arguments) and its tiny
+pipeline in ``demo_models.catalog.DEMO_FAMILIES``; the batch keys need nothing from it (every parameter a fused
+call needs one value of is in them, ``shared.contracts.BatchKey``).
 """
 
 from __future__ import annotations
@@ -72,6 +76,13 @@ def _family(name: str, classes: set[str], **traits: Any) -> tuple[str, PipelineF
     return name, family
 
 
+TRUE_CFG: Mapping[str, Any] = MappingProxyType(
+    {"negative_prompt": False, "guidance_rescale": False, "true_cfg_scale": True}
+)
+"""The traits of a guidance-distilled family with true classifier-free guidance (Flux, Qwen-Image): a negative
+prompt only with ``true_cfg_scale`` > 1, no guidance rescale."""
+
+
 FAMILIES: Mapping[str, PipelineFamily] = MappingProxyType(
     dict(
         [
@@ -84,15 +95,7 @@ FAMILIES: Mapping[str, PipelineFamily] = MappingProxyType(
                 guidance_rescale=False,
                 max_sequence_length=512,
             ),
-            _family(
-                "flux",
-                {"FluxPipeline"},
-                size_multiple=16,
-                negative_prompt=False,
-                guidance_rescale=False,
-                true_cfg_scale=True,
-                max_sequence_length=512,
-            ),
+            _family("flux", {"FluxPipeline"}, size_multiple=16, max_sequence_length=512, **TRUE_CFG),
             _family(
                 "pixart",
                 {"PixArtAlphaPipeline", "PixArtSigmaPipeline"},
@@ -109,15 +112,7 @@ FAMILIES: Mapping[str, PipelineFamily] = MappingProxyType(
                 max_sequence_length=300,
                 fixed_kwargs={"use_resolution_binning": False},
             ),
-            _family(
-                "qwen-image",
-                {"QwenImagePipeline"},
-                size_multiple=16,
-                negative_prompt=False,
-                guidance_rescale=False,
-                true_cfg_scale=True,
-                max_sequence_length=1024,
-            ),
+            _family("qwen-image", {"QwenImagePipeline"}, size_multiple=16, max_sequence_length=1024, **TRUE_CFG),
             _family(
                 "ltx-video",
                 {"LTXPipeline"},

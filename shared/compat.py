@@ -9,54 +9,97 @@ and may differ inside a batch (the api resizes every input image to the request'
 batch have one size). The worker applies each row's own adapter in the one fused forward (``gpu_worker.lora``:
 peft's per-row ``adapter_names``); a pipeline that cannot mix adapters runs the batch's rows grouped by adapter
 inside the worker. The step key keeps the adapter (the step engine runs one adapter per running set).
+
+Both keys are derived: their fields are the ``RequestSpec`` fields marked ``BatchKey`` (``shared.contracts``), in
+field order, so a new batch-wide parameter is one marked field there and nothing here.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import Field, dataclass, fields
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from shared.contracts import LoraRef, RequestSpec, Task
+from shared.contracts import BatchKey, RequestSpec
 
 
 @dataclass(frozen=True, slots=True)
-class CompatKey:
-    """Hashable batching bucket of a request."""
+class KeyField:
+    """One field of a batch key: a ``BatchKey``-marked ``RequestSpec`` field (``field``), its presence, or one
+    attribute of its value (``part``; None when the field is unset)."""
 
-    model: str
-    width: int
-    height: int
-    num_frames: int | None
-    num_inference_steps: int
-    guidance_scale: float
-    guidance_rescale: float
-    true_cfg_scale: float | None
-    max_sequence_length: int | None
-    fps: int | None
-    n: int
-    has_negative_prompt: bool
-    task: Task
-    strength: float | None
+    name: str
+    field: str
+    presence: bool = False
+    part: str | None = None
+
+    def value(self, spec: RequestSpec) -> Any:
+        value = getattr(spec, self.field)
+        if self.presence:
+            return value is not None
+        if self.part is not None:
+            return None if value is None else getattr(value, self.part)
+        return value
+
+
+def _key_fields(marker: BatchKey, field: str) -> list[KeyField]:
+    if marker.presence:
+        return [KeyField(f"has_{field}", field, presence=True)]
+    if marker.parts:
+        return [KeyField(f"{field}_{part}", field, part=part) for part in marker.parts]
+    return [KeyField(field, field)]
+
+
+def _marked(keep: Callable[[BatchKey], bool]) -> tuple[KeyField, ...]:
+    """The key fields of every ``RequestSpec`` field with a ``BatchKey`` that ``keep`` accepts, in field order."""
+    return tuple(
+        key_field
+        for name, info in RequestSpec.model_fields.items()
+        for marker in info.metadata
+        if isinstance(marker, BatchKey) and keep(marker)
+        for key_field in _key_fields(marker, name)
+    )
+
+
+COMPAT_FIELDS = _marked(lambda marker: marker.forward)
+"""The compatibility key's fields: the ``BatchKey(forward=True)`` fields of ``RequestSpec``."""
+STEP_FIELDS = _marked(lambda marker: marker.step)
+"""The step key's fields: the ``BatchKey(step=True)`` fields of ``RequestSpec``."""
+
+
+class _Key:
+    """Base of the batch keys: frozen dataclasses whose fields are the marked ones, as named by ``KeyField``."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:  # the fields are generated from the markers
+        __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+        def __getattr__(self, name: str) -> Any: ...
+
+
+_K = TypeVar("_K", bound=_Key)
+
+
+def _key_class(key_fields: tuple[KeyField, ...]) -> Callable[[type[_K]], type[_K]]:
+    """A class decorator: the class as a frozen, slotted dataclass with one field per key field, in order."""
+
+    def build(cls: type[_K]) -> type[_K]:
+        cls.__annotations__ = {key_field.name: Any for key_field in key_fields}
+        return dataclass(frozen=True, slots=True)(cls)
+
+    return build
+
+
+@_key_class(COMPAT_FIELDS)
+class CompatKey(_Key):
+    """Hashable batching bucket of a request (``compat_key``)."""
 
 
 def compat_key(spec: RequestSpec) -> CompatKey:
     """The batching bucket of ``spec`` (its LoRA adapter is per row: not in the key)."""
-    return CompatKey(
-        model=spec.model,
-        width=spec.width,
-        height=spec.height,
-        num_frames=spec.num_frames,
-        num_inference_steps=spec.num_inference_steps,
-        guidance_scale=spec.guidance_scale,
-        guidance_rescale=spec.guidance_rescale,
-        true_cfg_scale=spec.true_cfg_scale,
-        max_sequence_length=spec.max_sequence_length,
-        fps=spec.fps,
-        n=spec.n,
-        has_negative_prompt=spec.negative_prompt is not None,
-        task=spec.task,
-        strength=spec.strength,
-    )
+    return CompatKey(*(key_field.value(spec) for key_field in COMPAT_FIELDS))
 
 
 def output_pixels(n: int, width: int, height: int, num_frames: int | None = None) -> int:
@@ -75,37 +118,25 @@ def pixel_cost(spec: RequestSpec) -> int:
 
 # --- step mode -------------------------------------------------------------------------------------------------
 
-PER_ROW: frozenset[str] = frozenset(
-    {"num_inference_steps", "guidance_scale", "guidance_rescale", "n", "has_negative_prompt"}
-)
+_COMPAT_NAMES = frozenset(key_field.name for key_field in COMPAT_FIELDS)
+_STEP_NAMES = frozenset(key_field.name for key_field in STEP_FIELDS)
+PER_ROW: frozenset[str] = _COMPAT_NAMES - _STEP_NAMES
 """The compatibility-key fields a row of the step engine carries itself (its own scheduler and step count, its own
 guidance, a request is ``n`` rows, a guided row without a negative prompt is guided by the empty prompt), so they
-do not split a running set."""
+do not split a running set: ``BatchKey(step=False)``."""
 
-STEP_ONLY: frozenset[str] = frozenset({"lora_name", "lora_scale"})
+STEP_ONLY: frozenset[str] = _STEP_NAMES - _COMPAT_NAMES
 """The step-key fields that are not compatibility-key fields: the LoRA adapter and scale, per row in a request-level
 forward but one per running set (the step engine's denoiser and prompt-encoder calls run the adapter active on the
-pipeline). :class:`StepKey`'s fields are exactly the :class:`CompatKey` fields less :data:`PER_ROW`, plus these."""
+pipeline): ``BatchKey(forward=False)``. :class:`StepKey`'s fields are exactly the :class:`CompatKey` fields less
+:data:`PER_ROW`, plus these."""
 
 
-@dataclass(frozen=True, slots=True)
-class StepKey:
-    """Step-mode bucket of a request: the :class:`CompatKey` fields not in :data:`PER_ROW`, plus the LoRA adapter
-    and scale (:data:`STEP_ONLY`): what one running set's fused denoiser calls cannot mix (size, frames, prompt
+@_key_class(STEP_FIELDS)
+class StepKey(_Key):
+    """Step-mode bucket of a request: what one running set's fused denoiser calls cannot mix (size, frames, prompt
     sequence length, LoRA, task and strength, the model). Requests with equal step keys may share one running set
-    (``docs/step_mode.md``). The digest of a key is unchanged by the LoRA's move out of the compatibility key."""
-
-    model: str
-    width: int
-    height: int
-    num_frames: int | None
-    true_cfg_scale: float | None
-    max_sequence_length: int | None
-    fps: int | None
-    lora_name: str | None
-    lora_scale: float | None
-    task: Task
-    strength: float | None
+    (``docs/step_mode.md``)."""
 
     @property
     def digest(self) -> str:
@@ -116,10 +147,4 @@ class StepKey:
 
 def step_key(spec: RequestSpec) -> StepKey:
     """The step-mode bucket of ``spec``: its compatibility key without the per-row fields, with its LoRA."""
-    return step_key_of(compat_key(spec), spec.lora)
-
-
-def step_key_of(key: CompatKey, lora: LoraRef | None = None) -> StepKey:
-    """``key`` less its :data:`PER_ROW` fields, with the adapter ``lora`` (None: the base model)."""
-    shared = {name: getattr(key, name) for name in (field.name for field in fields(StepKey)) if name not in STEP_ONLY}
-    return StepKey(**shared, lora_name=lora.name if lora else None, lora_scale=lora.scale if lora else None)
+    return StepKey(*(key_field.value(spec) for key_field in STEP_FIELDS))

@@ -7,9 +7,11 @@ fields, so a message produced by one version and read by another fails loudly in
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import Annotated, Any, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 MAX_SEED = 2**63 - 1
 PRIORITY_MIN = -2
@@ -82,41 +84,138 @@ class LoraRef(Frozen):
     scale: float = Field(1.0, ge=-10.0, le=10.0, strict=True)
 
 
-class RequestSpec(Frozen):
+DEFAULT_SIDE = 64  # the built-in demo model's native size
+DEFAULT_STEPS = 4  # enough for the demo model; real models usually want 20-50
+DEFAULT_STRENGTH = 0.8
+"""An image task's ``strength`` when its request sets none."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchKey:
+    """Field marker, ``Annotated[..., BatchKey()]``: the field is part of the batch keys (``shared.compat``).
+
+    ``forward``: in the compatibility key (one value for a whole fused pipeline call); ``step``: in the step key
+    (one value for a whole running set; a step-engine row carries its steps, guidance and outputs itself).
+    ``presence``: the keys hold only whether it is set (``has_<name>``); ``parts``: they hold these attributes of
+    its value (``<name>_<part>``, None when unset) instead of the value.
+    """
+
+    forward: bool = True
+    step: bool = True
+    presence: bool = False
+    parts: tuple[str, ...] = ()
+
+
+Integer = Annotated[int, Field(strict=True)]
+Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Seed = Annotated[Integer, Field(ge=0, le=MAX_SEED)]
+Priority = Annotated[Integer, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)]
+Strength = Annotated[Number, Field(gt=0.0, le=1.0)]
+
+
+def _is_integer(annotation: Any) -> bool:
+    """Whether ``annotation`` is ``int``, or a union or ``Annotated`` of it (``int | None``, ``Seed``)."""
+    if get_origin(annotation) is Annotated:
+        return _is_integer(get_args(annotation)[0])
+    return annotation is int or any(_is_integer(arg) for arg in get_args(annotation))
+
+
+class SamplingParams(Frozen):
+    """What a request asks the pipeline for: every sampling parameter, declared once with its fixed bounds.
+
+    The HTTP request (``shared.wire.GenerateRequest``) is this model plus its inputs and webhook; the parameters
+    a request runs with (``RunParams``, echoed as ``shared.wire.Params``) are it as the api resolved it, and the
+    stored ``RequestSpec`` adds the request's id. Bounds that depend on the fleet's settings are ``api.limits``'s.
+    A field marked ``BatchKey`` is in the batch keys, which ``shared.compat`` derives from the markers.
+    """
+
+    prompt: str = Field(min_length=1, description="The text prompt (one string; one prompt per request).")
+    negative_prompt: Annotated[str | None, BatchKey(step=False, presence=True)] = Field(
+        None, description="What the image should not show."
+    )
+    width: Annotated[Integer, BatchKey()] = Field(
+        DEFAULT_SIDE, ge=8, multiple_of=8, description="Pixels, multiple of 8."
+    )
+    height: Annotated[Integer, BatchKey()] = Field(
+        DEFAULT_SIDE, ge=8, multiple_of=8, description="Pixels, multiple of 8."
+    )
+    num_frames: Annotated[Integer | None, BatchKey()] = Field(None, ge=1, description="Video models: frames per video.")
+    num_inference_steps: Annotated[Integer, BatchKey(step=False)] = Field(
+        DEFAULT_STEPS,
+        ge=1,
+        description=f"Denoising steps (default {DEFAULT_STEPS} suits the demo model; real ones want 20-50).",
+    )
+    guidance_scale: Annotated[Number, BatchKey(step=False)] = Field(5.0, ge=0.0, le=50.0)
+    guidance_rescale: Annotated[Number, BatchKey(step=False)] = Field(0.0, ge=0.0, le=1.0)
+    true_cfg_scale: Annotated[Number | None, BatchKey()] = Field(
+        None,
+        ge=1.0,
+        le=50.0,
+        description="Models with true classifier-free guidance: above 1 the negative prompt is used too.",
+    )
+    max_sequence_length: Annotated[Integer | None, BatchKey()] = Field(
+        None, ge=1, description="Models with a T5-style text encoder: prompt tokens the encoder reads."
+    )
+    fps: Annotated[Integer | None, BatchKey()] = Field(
+        None, ge=1, le=120, description="Video models: frames per second."
+    )
+    seed: Seed | None = Field(None, description="Unset: the server picks one and reports it.")
+    n: Annotated[Integer, BatchKey(step=False)] = Field(1, ge=1, description="Images generated for this prompt.")
+    lora: Annotated[LoraRef | None, BatchKey(forward=False, parts=("name", "scale"))] = Field(
+        None, description="A LoRA adapter of the fleet's LoRA folder, by name."
+    )
+    output_format: OutputFormat = Field(OutputFormat.PNG, description="Encoding of the images: png, jpeg or webp.")
+    output_compression: Integer | None = Field(
+        None, ge=0, le=100, description="jpeg and webp: quality, 0-100 (default 90); not for png."
+    )
+    priority: Priority | None = Field(
+        None,
+        description=f"Scheduling priority, {PRIORITY_MIN} (lowest) to {PRIORITY_MAX} (highest): higher levels are "
+        "served first, in arrival order within a level. Unset: the fleet's default_priority (0).",
+    )
+    timeout_s: Number | None = Field(
+        None,
+        gt=0,
+        description="Seconds from submission: not started by then, it fails with error Timeout; still running then, "
+        "it is aborted (error Timeout). At most the fleet's max_timeout_s. Unset: no deadline.",
+    )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _integral_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """A JSON number with no fraction (``512.0``) is an integer (as JSON Schema has it) for every integer field;
+        strings, booleans and fractions are still refused by the strict integers."""
+        if isinstance(value, float) and value.is_integer() and info.field_name is not None:
+            if _is_integer(cls.model_fields[info.field_name].annotation):
+                return int(value)
+        return value
+
+
+class ServedModel(Frozen):
+    """Which model a request is for. A base of ``RunParams`` so that it is their first field: the batch keys
+    list their fields in field order, and a step key's digest (a Redis name) is of that list."""
+
+    model: Annotated[str, BatchKey()] = Field(
+        description="Model the request is for (the fleet's FUSEFLEET_MODEL, or 'demo')."
+    )
+
+
+class RunParams(SamplingParams, ServedModel):
+    """The parameters a request runs with: its ``SamplingParams`` with what the api resolved (the seed, the task
+    its inputs ask for, the strength and priority it runs at)."""
+
+    seed: Seed = Field(description="The seed it runs with: the request's, or the one the server picked.")
+    priority: Priority = Field(0, description="The scheduling priority it waits at (the fleet's default when unset).")
+    task: Annotated[Task, BatchKey()] = Task.TEXT_TO_IMAGE
+    strength: Annotated[Strength | None, BatchKey()] = Field(
+        None, description="Image tasks: how much of the input image is replaced (0 < strength <= 1)."
+    )
+
+
+class RequestSpec(RunParams):
     """Everything a worker needs to run one request: written once by the API, never changed afterwards."""
 
     id: str
-    model: str = Field(description="Model the request is for (the fleet's FUSEFLEET_MODEL, or 'demo').")
-    prompt: str
-    negative_prompt: str | None = None
-    seed: int = Field(ge=0, le=MAX_SEED)
-    width: int
-    height: int
-    num_inference_steps: int
-    guidance_scale: float
-    guidance_rescale: float = 0.0
-    true_cfg_scale: float | None = Field(
-        None, description="True classifier-free guidance (Flux, Qwen-Image): > 1 runs the negative prompt too."
-    )
-    max_sequence_length: int | None = Field(None, description="Prompt tokens the T5-style encoder reads.")
-    num_frames: int | None = Field(None, description="Video models: frames per video.")
-    fps: int | None = Field(None, description="Video models: frames per second of the video.")
-    n: int = 1
-    lora: LoraRef | None = None
-    task: Task = Task.TEXT_TO_IMAGE
-    strength: float | None = Field(
-        None, description="Image tasks: how much of the input image is replaced (0 < strength <= 1)."
-    )
-    output_format: OutputFormat = OutputFormat.PNG
-    output_compression: int | None = Field(
-        None, ge=0, le=100, description="JPEG/WebP quality, 0-100 (unset = the encoder's default)."
-    )
-    priority: int = Field(
-        0, ge=PRIORITY_MIN, le=PRIORITY_MAX, description="Scheduling level: higher first, FIFO within a level."
-    )
-    timeout_s: float | None = Field(
-        None, gt=0, description="Seconds after created_at by which it must have started (None: no deadline)."
-    )
     created_at: float
 
     @property

@@ -1,9 +1,11 @@
 """The HTTP api's request and response models: the api validates and answers with them, ``fusefleet.client``
 and the webhook dispatcher (``scheduler.webhooks``) speak them. Pydantic only: importing this never loads the api.
 
-The bounds declared here are the fixed ones (shape multiples, guidance ranges, seed range). Bounds that
-depend on the fleet's ``Settings`` (prompt length, image side, steps, images per request, known LoRA
-adapters) are checked per request by ``api.limits`` and answered with the same 422 ``detail`` format.
+The request is ``shared.contracts.SamplingParams`` (each sampling parameter declared once, with its fixed bounds:
+shape multiples, guidance ranges, seed range) plus its inputs and webhook; ``Params`` echoes the parameters it
+runs with (``RunParams``). Bounds that depend on the fleet's ``Settings`` (prompt length, image side, steps,
+images per request, known LoRA adapters) are checked per request by ``api.limits`` and answered with the same 422
+``detail`` format.
 """
 
 from __future__ import annotations
@@ -15,21 +17,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic_core import PydanticCustomError
 
 from shared.contracts import (
-    MAX_SEED,
-    PRIORITY_MAX,
-    PRIORITY_MIN,
-    LoraRef,
-    OutputFormat,
+    DEFAULT_STRENGTH,
     RequestSpec,
     RequestState,
     RequestStatus,
+    RunParams,
+    SamplingParams,
+    Strength,
     Task,
 )
 from shared.webhook_hosts import MAX_URL_CHARS, WebhookRefused, parse_url
 from shared.webhooks import WebhookEvent
 
-DEFAULT_SIDE = 64  # the built-in demo model's native size
-DEFAULT_STEPS = 4  # enough for the demo model; real models usually want 20-50
 MAX_BATCH_ITEMS = 256
 
 PROMPT_NOT_STRING = (
@@ -42,7 +41,6 @@ BODY_NOT_OBJECT = (
 )
 
 
-DEFAULT_STRENGTH = 0.8
 IMAGE_FIELD_NEEDS_IMAGE = "{field} needs an input image: set image (base64 PNG, JPEG or WebP, or a data: URL)"
 IMAGE_OPTIONS = ("mask_image", "strength")
 WEBHOOK_EVENTS_NEED_WEBHOOK = "webhook_events needs a webhook: set webhook (the URL the events are POSTed to)"
@@ -73,7 +71,7 @@ def _needs_image(field: str) -> dict[str, Any]:
     }
 
 
-class GenerateRequest(BaseModel):
+class GenerateRequest(SamplingParams):
     """One request: ``n`` images for one prompt, from text alone or conditioned on an input image (and a mask).
 
     The task follows from the inputs: no ``image`` = text-to-image; ``image`` = image-to-image; ``image`` and
@@ -81,40 +79,9 @@ class GenerateRequest(BaseModel):
     """
 
     model_config = ConfigDict(
-        extra="forbid",
         json_schema_extra={"allOf": [*(_needs_image(f) for f in IMAGE_OPTIONS), LOSSY_ONLY, EVENTS_NEED_WEBHOOK]},
     )
 
-    prompt: str = Field(min_length=1, description="The text prompt (one string; one prompt per request).")
-    negative_prompt: str | None = Field(None, description="What the image should not show.")
-    width: int = Field(DEFAULT_SIDE, ge=8, multiple_of=8, strict=True, description="Pixels, multiple of 8.")
-    height: int = Field(DEFAULT_SIDE, ge=8, multiple_of=8, strict=True, description="Pixels, multiple of 8.")
-    num_inference_steps: int = Field(
-        DEFAULT_STEPS,
-        ge=1,
-        strict=True,
-        description=f"Denoising steps (default {DEFAULT_STEPS} suits the demo model; real ones want 20-50).",
-    )
-    guidance_scale: float = Field(5.0, ge=0.0, le=50.0, allow_inf_nan=False, strict=True)
-    guidance_rescale: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False, strict=True)
-    true_cfg_scale: float | None = Field(
-        None,
-        ge=1.0,
-        le=50.0,
-        allow_inf_nan=False,
-        strict=True,
-        description="Flux, Qwen-Image: true classifier-free guidance; above 1 the negative prompt is used too.",
-    )
-    max_sequence_length: int | None = Field(
-        None, ge=1, strict=True, description="SD3, Flux, PixArt, Sana, Qwen-Image: prompt tokens the encoder reads."
-    )
-    num_frames: int | None = Field(None, ge=1, strict=True, description="Video models: frames per video.")
-    fps: int | None = Field(None, ge=1, le=120, strict=True, description="Video models: frames per second.")
-    seed: int | None = Field(
-        None, ge=0, le=MAX_SEED, strict=True, description="Unset: the server picks one and reports it."
-    )
-    n: int = Field(1, ge=1, strict=True, description="Images generated for this prompt.")
-    lora: LoraRef | None = Field(None, description="A LoRA adapter of the fleet's LoRA folder, by name.")
     image: str | None = Field(
         None,
         description="Input image (image-to-image, inpainting): base64 PNG, JPEG or WebP, or a data: URL. It is "
@@ -123,37 +90,9 @@ class GenerateRequest(BaseModel):
     mask_image: str | None = Field(
         None, description="Inpainting mask, same encodings (white = repaint, black = keep); needs image."
     )
-    strength: float | None = Field(
+    strength: Strength | None = Field(
         None,
-        gt=0.0,
-        le=1.0,
-        allow_inf_nan=False,
-        strict=True,
         description=f"Image tasks: how much of the input image is replaced (default {DEFAULT_STRENGTH}); needs image.",
-    )
-    output_format: OutputFormat = Field(OutputFormat.PNG, description="Encoding of the images: png, jpeg or webp.")
-    output_compression: int | None = Field(
-        None,
-        ge=0,
-        le=100,
-        strict=True,
-        description="jpeg and webp: quality, 0-100 (default 90); not for png.",
-    )
-    priority: int | None = Field(
-        None,
-        ge=PRIORITY_MIN,
-        le=PRIORITY_MAX,
-        strict=True,
-        description=f"Scheduling priority, {PRIORITY_MIN} (lowest) to {PRIORITY_MAX} (highest): higher levels are "
-        "served first, in arrival order within a level. Unset: the fleet's default_priority (0).",
-    )
-    timeout_s: float | None = Field(
-        None,
-        gt=0,
-        allow_inf_nan=False,
-        strict=True,
-        description="Seconds from submission: not started by then, it fails with error Timeout; still running then, "
-        "it is aborted (error Timeout). At most the fleet's max_timeout_s. Unset: no deadline.",
     )
     webhook: str | None = Field(
         None,
@@ -176,27 +115,6 @@ class GenerateRequest(BaseModel):
         if isinstance(data, list):
             raise PydanticCustomError("request_not_object", BODY_NOT_OBJECT)
         return data
-
-    @field_validator(
-        "width",
-        "height",
-        "num_inference_steps",
-        "seed",
-        "n",
-        "output_compression",
-        "max_sequence_length",
-        "num_frames",
-        "fps",
-        "priority",
-        mode="before",
-    )
-    @classmethod
-    def _integral_number(cls, value: Any) -> Any:
-        """A JSON number with no fraction (``512.0``) is an integer (as JSON Schema has it); strings, booleans
-        and fractions are still refused by the strict integer fields."""
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        return value
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -249,31 +167,17 @@ class GenerateRequest(BaseModel):
     ) -> RequestSpec:
         """The stored spec of this request, with the seed it will run with (and ``default_priority`` when it sets
         none)."""
-        return RequestSpec(
-            id=request_id,
-            model=model,
-            prompt=self.prompt,
-            negative_prompt=self.negative_prompt,
-            seed=seed,
-            width=self.width,
-            height=self.height,
-            num_inference_steps=self.num_inference_steps,
-            guidance_scale=self.guidance_scale,
-            guidance_rescale=self.guidance_rescale,
-            true_cfg_scale=self.true_cfg_scale,
-            max_sequence_length=self.max_sequence_length,
-            num_frames=self.num_frames,
-            fps=self.fps,
-            n=self.n,
-            lora=self.lora,
-            task=self.task,
-            strength=(self.strength or DEFAULT_STRENGTH) if self.task.needs_image else None,
-            output_format=self.output_format,
-            output_compression=self.output_compression,
-            priority=self.priority if self.priority is not None else default_priority,
-            timeout_s=self.timeout_s,
-            created_at=created_at,
-        )
+        task = self.task
+        resolved = {
+            "id": request_id,
+            "model": model,
+            "seed": seed,
+            "task": task,
+            "strength": (self.strength or DEFAULT_STRENGTH) if task.needs_image else None,
+            "priority": self.priority if self.priority is not None else default_priority,
+            "created_at": created_at,
+        }
+        return RequestSpec(**{name: getattr(self, name) for name in SamplingParams.model_fields} | resolved)
 
 
 class BatchRequest(BaseModel):
@@ -314,30 +218,11 @@ class ErrorView(BaseModel):
     message: str
 
 
-class Params(BaseModel):
-    """The sampling parameters the request runs with (echo of the submission, seed resolved)."""
+class Params(RunParams):
+    """The sampling parameters the request runs with (echo of the submission, seed resolved). Every field is in
+    every answer."""
 
-    model: str
-    prompt: str
-    negative_prompt: str | None
-    width: int
-    height: int
-    num_inference_steps: int
-    guidance_scale: float
-    guidance_rescale: float
-    true_cfg_scale: float | None
-    max_sequence_length: int | None
-    num_frames: int | None
-    fps: int | None
-    seed: int
-    n: int
-    lora: LoraRef | None
-    task: Task
-    strength: float | None
-    output_format: OutputFormat
-    output_compression: int | None
-    priority: int = Field(description="The scheduling priority it waits at (the fleet's default when unset).")
-    timeout_s: float | None = Field(description="Its timeout: the deadline is created_at + timeout_s.")
+    model_config = ConfigDict(extra="ignore", json_schema_serialization_defaults_required=True)
 
 
 def _utc(timestamp: float | None) -> datetime | None:
@@ -396,29 +281,7 @@ class RequestView(BaseModel):
             scheduled_at=_utc(state.scheduled_at),
             started_at=_utc(state.started_at),
             finished_at=_utc(state.finished_at),
-            params=Params(
-                model=spec.model,
-                prompt=spec.prompt,
-                negative_prompt=spec.negative_prompt,
-                width=spec.width,
-                height=spec.height,
-                num_inference_steps=spec.num_inference_steps,
-                guidance_scale=spec.guidance_scale,
-                guidance_rescale=spec.guidance_rescale,
-                true_cfg_scale=spec.true_cfg_scale,
-                max_sequence_length=spec.max_sequence_length,
-                num_frames=spec.num_frames,
-                fps=spec.fps,
-                seed=spec.seed,
-                n=spec.n,
-                lora=spec.lora,
-                task=spec.task,
-                strength=spec.strength,
-                output_format=spec.output_format,
-                output_compression=spec.output_compression,
-                priority=spec.priority,
-                timeout_s=spec.timeout_s,
-            ),
+            params=Params.model_validate(spec, from_attributes=True),
         )
 
 

@@ -31,11 +31,13 @@ from fastapi import UploadFile, status
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api.openai.errors import OpenAIError, invalid_request, model_not_found
-from shared.contracts import OutputFormat
+from shared.contracts import DEFAULT_SIDE, OutputFormat
 from shared.settings import Settings
-from shared.wire import DEFAULT_SIDE, GenerateRequest
+from shared.wire import GenerateRequest
 
 ResponseFormat = Literal["b64_json", "url"]
+PASSED_ON = ("prompt", "n", "negative_prompt", "num_inference_steps", "guidance_scale", "seed", "priority", "timeout_s")
+"""The native parameters both calls take under their native names and pass on as sent (validated natively)."""
 AUTO_SIZE = "auto"
 LOSSLESS_COMPRESSION = 100
 """The one ``output_compression`` accepted with ``png``: OpenAI's default, which its clients may send anyway."""
@@ -132,6 +134,14 @@ class OpenAIImageParams(BaseModel):
             )
         return {"width": sides[0], "height": sides[1]}
 
+    def native_of(self, values: Mapping[str, Any], settings: Settings) -> GenerateRequest:
+        """The native request of this call: its ``PASSED_ON`` parameters and ``values`` as given (absent or null:
+        the native default), its size and its format."""
+        passed_on = {name: getattr(self, name) for name in PASSED_ON}
+        return native_request(
+            {**_present({**passed_on, **values}), **self.size_fields(settings), **self.format_fields()}
+        )
+
     def format_fields(self) -> dict[str, Any]:
         """The native ``output_format`` and ``output_compression`` as given (the native request validates them);
         with ``png`` an ``output_compression`` of 100 is dropped, and any other number is an OpenAI 400."""
@@ -185,18 +195,7 @@ class ImageGenerationRequest(OpenAIImageParams):
 
     def native(self, settings: Settings) -> GenerateRequest:
         self.check(settings)
-        values = {
-            "prompt": self.prompt,
-            "n": self.n,
-            "negative_prompt": self.negative_prompt,
-            "num_inference_steps": self.num_inference_steps,
-            "guidance_scale": self.guidance_scale,
-            "seed": self.seed,
-            "lora": self.lora,
-            "priority": self.priority,
-            "timeout_s": self.timeout_s,
-        }
-        return native_request({**_present(values), **self.size_fields(settings), **self.format_fields()})
+        return self.native_of({"lora": self.lora}, settings)
 
 
 class ImageEditForm(OpenAIImageParams):
@@ -248,21 +247,13 @@ class ImageEditForm(OpenAIImageParams):
         lora: dict[str, Any] | None = None
         if self.lora_name is not None or self.lora_scale is not None:
             lora = _present({"name": self.lora_name, "scale": self.lora_scale})
-        values = {
-            "prompt": self.prompt,
+        inputs = {
             "image": base64.b64encode(image).decode(),
             "mask_image": base64.b64encode(mask).decode() if mask is not None else None,
             "strength": self.strength,
-            "n": self.n,
-            "negative_prompt": self.negative_prompt,
-            "num_inference_steps": self.num_inference_steps,
-            "guidance_scale": self.guidance_scale,
-            "seed": self.seed,
             "lora": lora,
-            "priority": self.priority,
-            "timeout_s": self.timeout_s,
         }
-        return native_request({**_present(values), **self.size_fields(settings), **self.format_fields()})
+        return self.native_of(inputs, settings)
 
 
 class ImageObject(BaseModel):

@@ -26,6 +26,12 @@ def _spec(rid: str, steps: int, n: int = 1, side: int = 512, guidance: float = 7
     )  # fmt: skip
 
 
+def _unchecked(rid: str, **fields: object) -> RequestSpec:
+    """A spec past the bounds every stored spec keeps (``SamplingParams``), built without validation: what a set
+    must refuse all the same."""
+    return RequestSpec.model_construct(**{**dict(_spec(rid, 2)), **fields})
+
+
 class _Clock:
     """What a set is asked to sleep, step by step (in place of ``time.sleep``)."""
 
@@ -125,8 +131,8 @@ def test_refused_joins_add_nothing() -> None:
         [
             _spec("a", 2),
             _spec("small", 2, side=256),
-            _spec("zero", 0),
-            _spec("rescale", 2, guidance_rescale=1.5),
+            _unchecked("zero", num_inference_steps=0),
+            _unchecked("rescale", guidance_rescale=1.5),
             _spec("ok", 5),
         ]
     )
