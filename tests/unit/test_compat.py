@@ -134,7 +134,8 @@ def test_per_row_field_keeps_key(base: dict[str, Any], changed: dict[str, Any]) 
 
 
 def test_every_request_field_is_classified() -> None:
-    """A field added to RequestSpec must be put in the key (shared/compat.py) or declared per-row here."""
+    """A field added to RequestSpec must be put in the key (a BatchKey marker, shared/contracts.py) or declared
+    per-row here."""
     fields = set(RequestSpec.model_fields)
     unclassified = fields - KEYED_FIELDS - PER_ROW_FIELDS
     assert not unclassified, f"classify these RequestSpec fields as keyed or per-row: {sorted(unclassified)}"
@@ -162,3 +163,19 @@ def test_every_key_field_is_exercised() -> None:
         touched |= diff
     assert touched == {f.name for f in dataclasses.fields(CompatKey)}
     assert isinstance(base_key, CompatKey)
+
+
+def test_step_key_digests_are_stable() -> None:
+    """A step key's digest names its running set in Redis: the derived key hashes to what the hand-written one did
+    (its fields in the same order), so processes of two versions still agree on a set's name."""
+    assert step_key(spec()).digest == "e4769cb50e8c5760"
+    every_field = spec(
+        lora=LoraRef(name="style-a", scale=0.5),
+        task="image-to-image",
+        strength=0.8,
+        num_frames=9,
+        fps=8,
+        max_sequence_length=77,
+        true_cfg_scale=4.0,
+    )
+    assert step_key(every_field).digest == "d5d6b4561ffbf6eb"
