@@ -1,32 +1,13 @@
 """One-command GPU run (``bench/gpu.sh`` or ``python -m bench gpu``): the pipeline alone and the fleet, on one host.
 
-What it does, without downloading anything:
-
-1. builds a pipeline with the Stable Diffusion 1.5 ARCHITECTURE and seeded random weights (UNet2DConditionModel
-   with SD1.5's config, CLIPTextModel with the ViT-L/14 text config, SD's AutoencoderKL, the offline tiny CLIP
-   tokenizer, DDIM), saves it in fp16 with ``save_pretrained`` into ``<cache>/sd15-arch-random-fp16`` once (later
-   runs reuse it); ``--tiny`` uses the tiny demo model instead. The fleet's workers load that folder through the
-   real ``from_pretrained`` path (``FUSEFLEET_MODEL``), the pipeline-alone measurement through the worker's own
-   runner (``DiffusersRunner``, same call, same PIL output);
-2. the pipeline alone at ``--size`` px, ``--steps`` steps, each batch size of ``--batches``: images/s of
-   back-to-back calls after one warm-up call, and the peak accelerator memory (``torch.cuda.max_memory_allocated``);
-3. the fleet (fresh embedded Valkey, api, scheduler, one worker) at each ``--seqs`` max_num_seqs, closed-loop
-   saturating load: P1(s) = fleet images/s / pipeline-alone images/s at batch s; P2 = (fleet@max / fleet@min) /
-   (pipe@max / pipe@min) over the largest and smallest ``--seqs``;
-4. an open-loop Poisson run on the fleet at the largest max_num_seqs, offered at ``--poisson-load`` (80 %) of the
-   pipeline alone's capacity at that batch size: throughput, latency p50/p99;
-5. writes ``bench-results/gpu.json`` and ``bench-results/gpu.md`` and prints the Markdown table.
-
-Time budget (``--budget-s``, default 480 s = 8 minutes in total on a GPU host). Expected on one recent datacenter
-GPU: building and saving the model the first time ~30-60 s (CPU init of ~1.07 B parameters, 2.1 GB written; 0 s
-when cached); the pipeline alone ~10 s to load plus, per batch size, a warm-up call and a ``--seconds`` (4 s)
-window: ~45 s; per fleet (3) ~20-30 s to start and load the model, a warm-up and a ~``--fleet-seconds`` (8 s)
-closed-loop run: ~120 s; the Poisson run ``--poisson-seconds`` (15 s) of arrivals plus the drain: ~20 s. About
-4-5 minutes in all. Every timed point checks the budget first: one that would start past it is skipped and listed
-under ``skipped`` in the JSON (the figures it feeds are then null) rather than overrunning.
-
-Without a CUDA device, ``--device cuda`` (the default) exits with status 2 and a one-line message; ``--device cpu
---tiny --size 64 --steps 2 --batches 1,2 --seqs 1,2`` runs the same thing on the CPU in well under a minute
+What it measures and what it found: docs/benchmarks.md, *One-command GPU run*. Contract: it downloads nothing (the
+model is Stable Diffusion 1.5's architecture with seeded random weights, built and saved in fp16 under
+``<cache>/sd15-arch-random-fp16`` once; ``--tiny``: the tiny demo model); the fleet's workers load it through the
+real ``from_pretrained`` path, the pipeline alone through the worker's own runner; it stays within ``--budget-s``
+(default 480 s): a timed point that would start past it is skipped and listed under ``skipped`` in the JSON (the
+figures it feeds are then null); it writes ``bench-results/gpu.json`` and ``bench-results/gpu.md``. Without a CUDA
+device, ``--device cuda`` (the default) exits 2 with a one-line message; ``--device cpu --tiny --size 64 --steps 2
+--batches 1,2 --seqs 1,2`` runs the same thing on the CPU in well under a minute
 (tests/integration/test_bench_gpu.py keeps that path working).
 """
 

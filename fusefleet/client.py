@@ -1,38 +1,15 @@
-"""A Python client of the fusefleet HTTP api: ``Client`` (sync) and ``AsyncClient`` (asyncio), both on httpx.
+"""A Python client of the fusefleet HTTP api: ``Client`` (sync) and ``AsyncClient`` (asyncio), both on httpx, with
+the same methods; how to use them is the README's *Python client and CLI*, the api's answers docs/api.md.
 
-Every prompt is its own request; ``generate`` takes a list of independent requests, submits each one on its own
-(so one bad request cannot sink the others; the fleet still fuses compatible ones into one forward) and answers
-one ``Result`` per request, in the input order::
+Contract: ``generate`` submits each request of its list on its own (one bad request cannot sink the others) and
+answers one ``Result`` per request, in the input order; every other method is one api call (``submit``, ``get``,
+``wait`` with the long poll, ``abort``, ``delete``, ``image(s)``, ``video``; ``events`` and ``watch`` follow live
+events, ``fusefleet.client_events``). Requests and answers are the wire models of ``shared.wire`` (importing this
+module never loads the api); errors are typed (``fusefleet.client_errors``). The base url defaults to
+``$FUSEFLEET_URL``, else ``http://127.0.0.1:8000``, the API key to ``$FUSEFLEET_API_KEY``.
 
-    from fusefleet.client import Client
-
-    with Client("http://127.0.0.1:8000") as client:
-        results = client.generate(["a red fox", {"prompt": "a blue whale", "n": 2}], width=64, height=64, seed=1)
-        for result in results:
-            if result.ok:
-                result.save("out")  # out/<id>-<k>.png (.jpeg or .webp with output_format="jpeg" or "webp")
-            else:
-                print(result.error)  # e.g. "RequestRejected: width: Input should be a multiple of 8"
-
-Images come in the request's ``output_format`` (``png`` by default, ``jpeg`` or ``webp``, at ``output_compression``
-0-100 for those two): ``generate([...], output_format="webp", output_compression=80)``.
-
-The lower-level calls map one to one onto the api: ``submit`` (``POST /v1/requests``), ``get`` and ``wait``
-(``GET /v1/requests/{id}``, ``wait`` with the long poll ``?wait_s=``), ``abort``, ``delete``
-(``DELETE /v1/requests/{id}``), ``image`` and ``images``; ``events`` and ``watch`` follow one or several requests'
-live events (Server-Sent Events, ``fusefleet.client_events``) until they end.
-Requests and answers are the api's wire models (``shared.wire.GenerateRequest``, ``RequestView``);
-importing this module loads ``shared.wire`` (pydantic only), never the api. Errors are typed
-(``fusefleet.client_errors``): ``RequestRejected`` (422, naming the field), ``QueueFull`` / ``Unavailable`` (503,
-with ``retry_after``; ``submit`` retries them a bounded number of times), ``NotFound``, ``Conflict``,
-``ApiUnreachable``, ...
-
-The base url defaults to ``$FUSEFLEET_URL``, else ``http://127.0.0.1:8000``; the API key (an api with
-``FUSEFLEET_API_KEYS_FILE`` wants one) to ``$FUSEFLEET_API_KEY`` (``Client(url, api_key=...)``).
-
-``Client`` and ``AsyncClient`` only carry the calls out (HTTP, sleeps, callbacks); what each call sends, how its
-answer is read, when it retries or waits is written once for both in ``fusefleet.client_protocol``; ``Result`` is
-``fusefleet.client_results``.
+Both classes only carry the calls out (HTTP, sleeps, callbacks): what each call sends, how its answer is read,
+when it retries or waits is written once in ``fusefleet.client_protocol``; ``Result`` is ``fusefleet.client_results``.
 """
 
 from __future__ import annotations
