@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 
 import redis
 
@@ -65,7 +66,7 @@ class Renewal:
 
     def __init__(self, lease: Lease, name: str, clock: Callable[[], float]) -> None:
         self._lease = lease
-        self._name = name
+        self.name = name
         self.renewed_at = clock()
 
     def until_due_s(self, now: float) -> float:
@@ -79,37 +80,29 @@ class Renewal:
     def renew(self, now: float) -> bool:
         """Renew the lease; False (logged) when it was lost: the lead returns, and its loop stands by."""
         if not self._lease.renew():
-            log.warning("%s lease lost; standing by", self._name)
+            log.warning("%s lease lost; standing by", self.name)
             return False
         self.renewed_at = now
         return True
 
 
+@dataclass(eq=False)
 class LeaderLoop:
-    """Stand by, lead, step down, until stopped (see the module's docstring)."""
+    """Stand by, lead, step down, until stopped (see the module's docstring): ``lead(stop)`` leads until the lease is
+    lost (it returns) or ``stop`` is set; ``standby``, when given, runs before each attempt to take the lease;
+    ``name`` names the leader in the log lines."""
 
-    def __init__(
-        self,
-        lease: Lease,
-        lead: Callable[[threading.Event], None],
-        *,
-        name: str,
-        clock: Callable[[], float] = time.monotonic,
-        standby: Callable[[], None] | None = None,
-        healthy_lead_s: float | None = None,
-    ) -> None:
-        """``lead(stop)`` leads until the lease is lost (it returns) or ``stop`` is set; ``standby``, when given, runs
-        before each attempt to take the lease; ``name`` names the leader in the log lines."""
-        self.lease = lease
-        self._lead = lead
-        self._name = name
-        self._clock = clock
-        self._standby = standby
-        self._healthy_lead_s = healthy_lead_s
+    lease: Lease
+    lead: Callable[[threading.Event], None]
+    _: KW_ONLY
+    name: str
+    clock: Callable[[], float] = time.monotonic
+    standby: Callable[[], None] | None = None
+    healthy_lead_s: float | None = None
 
     def renewal(self) -> Renewal:
         """The renewals of a lead starting now."""
-        return Renewal(self.lease, self._name, self._clock)
+        return Renewal(self.lease, self.name, self.clock)
 
     def run(self, stop: threading.Event) -> None:
         """Lead whenever the lease is ours, until ``stop`` is set; never raises for a Redis outage or a bug in a
@@ -119,12 +112,12 @@ class LeaderLoop:
             while not stop.is_set():
                 led_since: float | None = None
                 try:
-                    if self._standby is not None:
-                        self._standby()
+                    if self.standby is not None:
+                        self.standby()
                     if self.lease.try_acquire():
-                        log.info("%s %s is active", self._name, self.lease.token[:8])
-                        led_since = self._clock()
-                        self._lead(stop)
+                        log.info("%s %s is active", self.name, self.lease.token[:8])
+                        led_since = self.clock()
+                        self.lead(stop)
                     else:
                         stop.wait(self.lease.renew_every_s)
                     backoff.reset()
@@ -134,19 +127,17 @@ class LeaderLoop:
                     delay = backoff.next()
                     if is_transient(exc):
                         kind = type(exc).__name__
-                        log.warning("%s: Redis unavailable (%s: %s); standing by %.1f s", self._name, kind, exc, delay)
+                        log.warning("%s: Redis unavailable (%s: %s); standing by %.1f s", self.name, kind, exc, delay)
                     else:
-                        log.exception("%s round failed; standing by %.1f s", self._name, delay)
+                        log.exception("%s round failed; standing by %.1f s", self.name, delay)
                     stop.wait(delay)
         finally:
             try:
                 self.lease.release()
             except Exception as exc:  # noqa: BLE001 - it lapses by itself
-                log.warning("could not release the %s lease: %s", self._name, exc)
+                log.warning("could not release the %s lease: %s", self.name, exc)
 
     def _led_well(self, led_since: float | None) -> bool:
         return (
-            self._healthy_lead_s is not None
-            and led_since is not None
-            and self._clock() - led_since > self._healthy_lead_s
+            self.healthy_lead_s is not None and led_since is not None and self.clock() - led_since > self.healthy_lead_s
         )

@@ -18,16 +18,12 @@ Everything else (leadership, reading, the reaper, deadlines, dispatching to free
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from functools import lru_cache
 
-from celery import Celery
-
-from scheduler.lease import Lease
 from scheduler.policy import Member, OpenSet, WaitingRequest, place, preempt
 from scheduler.service import CAPACITY_TTL_S, SchedulerService
-from scheduler.store import RunningSet, SchedulerStore
+from scheduler.store import RunningSet
 from shared.compat import StepKey, step_key
 from shared.contracts import RequestSpec
 from shared.logging_setup import ids as ids_of
@@ -50,29 +46,17 @@ def service_for(settings: Settings) -> type[SchedulerService]:
 class StepSchedulerService(SchedulerService):
     """``SchedulerService`` whose batches may join running sets (see the module's docstring)."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        store: SchedulerStore,
-        lease: Lease,
-        celery: Celery,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
-    ) -> None:
-        super().__init__(settings, store, lease, celery, clock, wall_clock)
-        self._sets: list[RunningSet] | None = None  # running sets as last read (plus our joins since)
-        self._sets_at = 0.0
-        self._preemption = settings.scheduling_policy == "priority"  # under fcfs every request is level 0
-        self._evicting: dict[str, str] = {}  # worker -> the request we asked its set to evict, until it is gone
-        self._members_at: float | None = None  # when the sets' members were last read (None: read when needed)
+    _sets: list[RunningSet] | None = None  # running sets as last read (plus our joins since)
+    _sets_at = 0.0
+    _members_at: float | None = None  # when the sets' members were last read (None: read when needed)
 
     # --- the hooks ----------------------------------------------------------------------------------------------
-    def _key(self, spec: RequestSpec) -> Hashable:
-        return step_key(spec)
-
     def _new_lead(self) -> None:
         super()._new_lead()
-        self._evicting.clear()
+        self._evicting: dict[str, str] = {}  # worker -> the request we asked its set to evict, until it is gone
+
+    def _key(self, spec: RequestSpec) -> Hashable:
+        return step_key(spec)
 
     def _forget_capacity(self) -> None:
         super()._forget_capacity()
@@ -144,7 +128,8 @@ class StepSchedulerService(SchedulerService):
         request of a lower level (``scheduler.policy.preempt``). The sets' members are read (one round trip) at
         most once per ``CAPACITY_TTL_S`` unless an event woke the loop."""
         first = next((r for r in head if not r.aborted), None)
-        if not self._preemption or first is None or not isinstance(first.key, StepKey):
+        preemption = self._settings.scheduling_policy == "priority"  # under fcfs every request is level 0
+        if not preemption or first is None or not isinstance(first.key, StepKey):
             return
         now = self._clock()
         if self._members_at is not None and now - self._members_at < CAPACITY_TTL_S:
