@@ -35,7 +35,7 @@ from shared.results.deadline import DeadlineStore
 from shared.results.redis_store import RedisResultStore
 from shared.results.s3 import S3ResultStore
 from shared.settings import Settings
-from tests.support.processes import REPO_ROOT, Service, wait_for
+from tests.support.processes import REPO_ROOT, Service, api_up, wait_for
 from tests.support.redis_server import RedisServer, free_port
 
 COMPOSE = REPO_ROOT / "docker-compose.yml"
@@ -341,14 +341,7 @@ def test_compose_commands_serve_a_request(
         for service in processes:
             service.start()
         base = f"http://127.0.0.1:{port}"
-
-        def healthy() -> bool:
-            try:
-                return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(healthy, 60, f"the compose api (logs in {tmp_path})")
+        wait_for(lambda: api_up(base), 60, f"the compose api (logs in {tmp_path})")
         rid = httpx.post(f"{base}/v1/requests", json={"prompt": "from compose"}, timeout=10).json()["id"]
 
         def finished() -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ import pytest
 
 from shared.api_keys import ApiKey, key_table, token_hash
 from tests.support.fleet import base_env, new_prefix
-from tests.support.processes import Service, wait_for
+from tests.support.processes import Service, api_up, wait_for
 from tests.support.redis_server import RedisServer, free_port
 
 NAMES = ("alice", "bob", "carol")
@@ -41,15 +41,8 @@ def base_url(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
     port = free_port()
     api = Service.fusefleet("api", ["api", "--port", str(port)], env, folder).start()
     url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        try:
-            return httpx.get(f"{url}/healthz", timeout=5).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     try:
-        wait_for(up, 60, f"the api (log: {api.log_path})")
+        wait_for(lambda: api_up(url, timeout=5), 60, f"the api (log: {api.log_path})")
         yield url
     finally:
         api.stop()

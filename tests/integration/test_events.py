@@ -17,8 +17,7 @@ import pytest
 from fusefleet.client import Client, Event, RequestStatus
 from fusefleet.client_cli import run_watch
 from shared.events import ProgressEvent, RunningEvent, ScheduledEvent
-from tests.support.fleet import Fleet, running_fleet
-from tests.support.redis_server import RedisServer
+from tests.support.fleet import Fleet, fleet_fixture
 from tests.support.runners import RAISE_BEFORE
 
 EVENTS_ENV = {
@@ -33,10 +32,7 @@ EVENTS_ENV = {
 }
 
 
-@pytest.fixture(scope="module")
-def fleet(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    with running_fleet(redis_server.url, tmp_path_factory.mktemp("events-fleet"), EVENTS_ENV) as one:
-        yield one
+fleet = fleet_fixture(EVENTS_ENV, "events-fleet")
 
 
 @pytest.fixture

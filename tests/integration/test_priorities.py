@@ -7,13 +7,9 @@ with ``Timeout``; one still running at its deadline is aborted mid-forward, its 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime
 
-import pytest
-
-from tests.support.fleet import Fleet, running_fleet
-from tests.support.redis_server import RedisServer
+from tests.support.fleet import Fleet, fleet_fixture
 
 FORWARD_S = {1: 0.6, 8: 2.7}  # the simulated forward of a request of n images: 0.3 s + 0.3 s x n
 PRIORITY_ENV = {
@@ -27,10 +23,7 @@ PRIORITY_ENV = {
 }
 
 
-@pytest.fixture(scope="module")
-def fleet(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    with running_fleet(redis_server.url, tmp_path_factory.mktemp("priorities-fleet"), PRIORITY_ENV) as one:
-        yield one
+fleet = fleet_fixture(PRIORITY_ENV, "priorities-fleet")
 
 
 def _at(view: dict[str, object], field: str) -> float:

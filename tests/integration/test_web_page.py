@@ -19,14 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, Route, expect, sync_playwright
 
 from shared.api_keys import ApiKey, key_table, token_hash
-from tests.support.fleet import Fleet, running_fleet
-from tests.support.processes import Service, wait_for
-from tests.support.redis_server import RedisServer, free_port
+from tests.support.fleet import Fleet, fleet_fixture
+from tests.support.processes import Service, api_up, wait_for
+from tests.support.redis_server import free_port
 
 CHROMIUM_ENV = "FUSEFLEET_CHROMIUM"
 CHROMIUM_PATHS = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
@@ -81,10 +80,7 @@ def browser() -> Iterator[Browser]:
         one.close()
 
 
-@pytest.fixture(scope="module")
-def fleet(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    with running_fleet(redis_server.url, tmp_path_factory.mktemp("web-page-fleet"), PAGE_ENV) as one:
-        yield one
+fleet = fleet_fixture(PAGE_ENV, "web-page-fleet")
 
 
 @pytest.fixture
@@ -198,17 +194,10 @@ def keyed_api(fleet: Fleet, tmp_path: Path) -> Iterator[str]:
     service = Service.fusefleet("api-keys", ["api", "--port", str(port)], env, tmp_path).start()
     base_url = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: _healthy(base_url), 60, f"the keyed api (log: {service.log_path})")
+        wait_for(lambda: api_up(base_url), 60, f"the keyed api (log: {service.log_path})")
         yield base_url
     finally:
         service.stop()
-
-
-def _healthy(base_url: str) -> bool:
-    try:
-        return httpx.get(f"{base_url}/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def test_with_api_keys_the_page_asks_for_one_and_sends_it(page: Page, keyed_api: str) -> None:

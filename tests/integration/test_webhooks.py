@@ -13,12 +13,9 @@ from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import pytest
-
 from shared.webhooks import SIGNATURE_HEADER, verify
-from tests.support.fleet import Fleet, running_fleet
+from tests.support.fleet import Fleet, fleet_fixture
 from tests.support.processes import wait_for
-from tests.support.redis_server import RedisServer
 
 SECRET = "integration-secret"
 WEBHOOK_ENV = {
@@ -86,10 +83,7 @@ class Receiver:
             return [delivery for delivery in self.deliveries if delivery.status == 204]
 
 
-@pytest.fixture(scope="module")
-def fleet(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    with running_fleet(redis_server.url, tmp_path_factory.mktemp("webhooks-fleet"), WEBHOOK_ENV) as one:
-        yield one
+fleet = fleet_fixture(WEBHOOK_ENV, "webhooks-fleet")
 
 
 def test_start_and_completed_arrive_signed_in_order_once_each_after_a_retry(fleet: Fleet) -> None:

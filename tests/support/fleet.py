@@ -1,23 +1,25 @@
 """A fleet of real ``fusefleet`` processes (api, scheduler, workers) under its own key prefix and queue.
 
 Shared by tests/integration (tiny demo model) and tests/chaos (placeholder runners, faults): ``Fleet`` holds the
-services plus helpers to talk to them; ``running_fleet`` starts one and always stops every process it started.
+services plus helpers to talk to them; ``running_fleet`` starts one and always stops every process it started;
+``fleet_fixture`` is a module's ``fleet`` fixture, one such fleet for all its tests.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import redis
 
 from shared.keys import RedisKeys
 from tests.support.processes import Service, wait_for
-from tests.support.redis_server import free_port
+from tests.support.redis_server import RedisServer, free_port
 
 TERMINAL = {"succeeded", "failed", "aborted"}
 
@@ -193,3 +195,15 @@ def running_fleet(
         yield fleet.start(start_timeout)
     finally:
         fleet.stop(stop_timeout)
+
+
+def fleet_fixture(env: Mapping[str, str], logs: str) -> Callable[..., Iterator[Fleet]]:
+    """A module's ``fleet`` fixture (``fleet = fleet_fixture(ENV, "name-fleet")``): one fleet with ``env`` on the
+    session's ``redis_server``, its logs in a fresh folder named ``logs``, up for all the module's tests."""
+
+    @pytest.fixture(scope="module")
+    def fleet(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+        with running_fleet(redis_server.url, tmp_path_factory.mktemp(logs), env) as one:
+            yield one
+
+    return fleet

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import httpx
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _PR_SET_PDEATHSIG = 1
 
@@ -97,3 +99,11 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, interva
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+def api_up(base_url: str, timeout: float = 2.0) -> bool:
+    """Whether the api at ``base_url`` answers ``GET /healthz`` with 200 now (False while it cannot be reached)."""
+    try:
+        return httpx.get(f"{base_url}/healthz", timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False

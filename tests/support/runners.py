@@ -14,8 +14,8 @@ from typing import Any
 
 from PIL import Image
 
-from bench.runners import SimulatedGpuRunner
-from gpu_worker.runner import InputImages, Runner, StepCallback
+from bench.runners import NullRunner, SimulatedGpuRunner
+from gpu_worker.runner import InputImages, StepCallback
 from shared.contracts import RequestSpec
 
 EXPLODE_MARKER = "explode"
@@ -41,14 +41,9 @@ KILL_WORKER = "chaos:kill-worker"
 CHAOS_MARKERS = (RAISE_BEFORE, RAISE_DURING, RAISE_AFTER, WRONG_LISTS, WRONG_COUNT, NOT_AN_IMAGE, PNG_FAILS)
 
 
-class FullSizeRunner(Runner):
-    """Returns full-size images at once (noise over a gradient, like a photo as far as PNG is concerned): what a
+class FullSizeRunner(NullRunner):
+    """``NullRunner`` with full-size images (noise over a gradient, like a photo as far as PNG is concerned): what a
     real model's results weigh in the result store, with no forward to wait for."""
-
-    fused = True
-
-    def __init__(self, settings: Any) -> None:
-        self.settings = settings
 
     def run(
         self, specs: Sequence[RequestSpec], on_step: StepCallback, inputs: Mapping[str, InputImages] | None = None
