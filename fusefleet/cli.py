@@ -16,6 +16,10 @@ from shared.contracts import OutputFormat
 from shared.settings import Settings
 
 cli = typer.Typer(help="fusefleet: a request-batching diffusion serving fleet.", no_args_is_help=True)
+LogLevel = Annotated[str, typer.Option(help="Log level.")]
+ApiUrl = Annotated[
+    str | None, typer.Option("--url", envvar="FUSEFLEET_URL", help="The api (default http://127.0.0.1:8000).")
+]
 
 
 def _logging(level: str, settings: Settings, service: str) -> None:
@@ -29,7 +33,7 @@ def _logging(level: str, settings: Settings, service: str) -> None:
 def api(
     host: Annotated[str | None, typer.Option(help="Bind address (default FUSEFLEET_API_HOST).")] = None,
     port: Annotated[int | None, typer.Option(help="Bind port (default FUSEFLEET_API_PORT).")] = None,
-    log_level: Annotated[str, typer.Option(help="Log level.")] = "info",
+    log_level: LogLevel = "info",
 ) -> None:
     """Run the HTTP API (uvicorn)."""
     import uvicorn
@@ -49,7 +53,7 @@ def api(
 
 
 @cli.command()
-def scheduler(log_level: Annotated[str, typer.Option(help="Log level.")] = "info") -> None:
+def scheduler(log_level: LogLevel = "info") -> None:
     """Run the batching scheduler (one is active; further ones stand by), the result sweeper and the webhook
     dispatcher (one is active)."""
     from scheduler.app import run_scheduler
@@ -60,7 +64,7 @@ def scheduler(log_level: Annotated[str, typer.Option(help="Log level.")] = "info
 
 
 @cli.command()
-def worker(log_level: Annotated[str, typer.Option(help="Log level.")] = "info") -> None:
+def worker(log_level: LogLevel = "info") -> None:
     """Run a Celery GPU worker (one batch at a time, the model loaded once)."""
     from gpu_worker.app import run_worker
     from gpu_worker.log_context import install_worker_logging
@@ -154,9 +158,7 @@ def generate(
         str | None,
         typer.Option("--prefix", help="Name files <prefix>-<prompt#>-<k>.<format> instead of <id>-<k>.<format>."),
     ] = None,
-    url: Annotated[
-        str | None, typer.Option("--url", envvar="FUSEFLEET_URL", help="The api (default http://127.0.0.1:8000).")
-    ] = None,
+    url: ApiUrl = None,
     timeout: Annotated[float | None, typer.Option("--timeout", help="Give up waiting after this many seconds.")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bars on stderr.")] = True,
 ) -> None:
@@ -197,9 +199,7 @@ def watch(
     last_event_id: Annotated[
         str | None, typer.Option("--last-event-id", help="Resume after this event (its last_event_id in --json).")
     ] = None,
-    url: Annotated[
-        str | None, typer.Option("--url", envvar="FUSEFLEET_URL", help="The api (default http://127.0.0.1:8000).")
-    ] = None,
+    url: ApiUrl = None,
 ) -> None:
     """Print the live events of requests (queued, scheduled, running, progress, then succeeded, failed or aborted)
     as they happen, until each ended; exits 1 unless all succeeded."""
