@@ -7,8 +7,9 @@
   model, the sleeping and the images are ``bench.peers.simulated_gpu``'s, shared with the peer servers. Every
   figure it produces must be labelled *simulated*. With ``FUSEFLEET_SIM_REF_STEPS=20`` a forward of S steps costs
   (a + b*B) * S / 20 (unset: a + b*B whatever its steps). With
-  ``FUSEFLEET_SIM_TRACE=path`` (a benchmark's variable, not a setting) it appends one JSON line per forward
-  (``start``, ``end``: wall-clock seconds; ``images``) to that file, for ``bench.gap``.
+  ``FUSEFLEET_SIM_TRACE=path`` it appends one JSON line per forward
+  (``start``, ``end``: wall-clock seconds; ``images``) to that file, for ``bench.gap``. These variables are the
+  benchmark's, not the fleet's: ``SimulatedGpuSettings`` reads them, ``shared.settings.Settings`` knows none.
 - It also runs step mode (the ``step_mode`` and ``step_set`` hooks of ``gpu_worker.runner.Runner``): a
   ``SimulatedStepSet`` sleeps ``(a + b*R) / 20`` per step of R rows (``CostModel.step_s``), each request leaving
   after its own number of steps, and traces one line per step (``rows``, ``finished``) to the same file.
@@ -17,18 +18,16 @@
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from PIL import Image
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bench.peers.simulated_gpu import (
-    REF_SIDE_ENV,
-    REF_STEPS_ENV,
-    TRACE_ENV,
     CostModel,
     placeholder_image,
     record_forward,
@@ -38,7 +37,31 @@ from bench.peers.simulated_gpu import (
 from gpu_worker.runner import InputImages, Runner, StepCallback
 from shared.compat import StepKey, step_key
 from shared.contracts import RequestSpec, Task
-from shared.settings import Settings
+from shared.settings import ENV_PREFIX, Settings
+
+
+class SimulatedGpuSettings(BaseSettings):
+    """The simulated GPU's cost model and trace file, read from the ``FUSEFLEET_SIM_*`` variables that
+    ``bench.peers.simulated_gpu`` names and explains (``CostModel.env`` writes them for every server of a benchmark);
+    an empty ``FUSEFLEET_SIM_REF_SIDE`` or ``FUSEFLEET_SIM_REF_STEPS`` is 0."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
+
+    sim_base_ms: float = Field(50.0, ge=0)
+    sim_per_image_ms: float = Field(10.0, ge=0)
+    sim_ref_side: int = 0
+    sim_ref_steps: int = 0
+    sim_trace: str | None = None
+
+    @field_validator("sim_ref_side", "sim_ref_steps", mode="before")
+    @classmethod
+    def _empty_is_zero(cls, value: object) -> object:
+        return 0 if value == "" else value
+
+    @property
+    def cost(self) -> CostModel:
+        """The cost model these variables set."""
+        return CostModel(self.sim_base_ms, self.sim_per_image_ms, self.sim_ref_side, self.sim_ref_steps)
 
 
 def placeholder_images(specs: Sequence[RequestSpec]) -> list[list[Image.Image]]:
@@ -52,7 +75,7 @@ class NullRunner(Runner):
     fused = True
 
     def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+        """Constructed with the fleet's settings, as every runner is; it needs none of them."""
 
     def run(
         self, specs: Sequence[RequestSpec], on_step: StepCallback, inputs: Mapping[str, InputImages] | None = None
@@ -68,14 +91,11 @@ class SimulatedGpuRunner(Runner):
     fused = True
     step_mode = True
 
-    def __init__(self, settings: Settings) -> None:
-        self.cost = CostModel(
-            settings.sim_base_ms,
-            settings.sim_per_image_ms,
-            int(os.environ.get(REF_SIDE_ENV) or 0),
-            int(os.environ.get(REF_STEPS_ENV) or 0),
-        )
-        self.trace = os.environ.get(TRACE_ENV)
+    def __init__(self, settings: Settings, simulated: SimulatedGpuSettings | None = None) -> None:
+        """``simulated`` defaults to ``SimulatedGpuSettings()`` (the environment); ``settings`` is the fleet's."""
+        simulated = simulated if simulated is not None else SimulatedGpuSettings()
+        self.cost = simulated.cost
+        self.trace = simulated.sim_trace
 
     def cost_s(self, images: int) -> float:
         """Seconds of a forward of ``images`` images of the reference size (``self.cost.forward_s`` weighs each

@@ -1,19 +1,25 @@
-"""Render the settings reference (``.env.example``) from ``shared.settings.Settings`` itself."""
+"""Render the settings reference (``.env.example``, the last section of docs/configuration.md) from
+``shared.settings.Settings`` itself: one section per concern (``Settings.concerns()``), each field with its
+description (its docstring) and default."""
 
 from __future__ import annotations
 
 import textwrap
 from pathlib import Path
 
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from shared.settings import Settings
-
-ENV_PREFIX = "FUSEFLEET_"
+from shared.settings import ENV_PREFIX, Settings
 
 
 def env_name(field: str) -> str:
     return f"{ENV_PREFIX}{field.upper()}"
+
+
+def description(info: FieldInfo) -> str:
+    """The field's description on one line (a docstring's line breaks are spaces)."""
+    return " ".join((info.description or "").split())
 
 
 def default_text(field: str) -> str:
@@ -36,17 +42,20 @@ def render_env_example() -> str:
         "# Copy to .env and uncomment what you change; docker compose and every service read these.",
         "",
     ]
-    for field, info in Settings.model_fields.items():
-        for part in textwrap.wrap(info.description or "", width=100):
-            lines.append(f"# {part}")
-        lines.append(f"# {env_name(field)}={default_text(field)}")
-        lines.append("")
+    for concern in Settings.concerns():
+        lines += [f"# === {concern.section} ===", ""]
+        for field, info in concern.model_fields.items():
+            lines += [f"# {part}" for part in textwrap.wrap(description(info), width=100)]
+            lines += [f"# {env_name(field)}={default_text(field)}", ""]
     return "\n".join(lines)
 
 
 def render_markdown_table() -> str:
-    """The 'Every setting' table of docs/configuration.md."""
-    rows = ["| variable | default | meaning |", "|---|---|---|"]
-    for field, info in Settings.model_fields.items():
-        rows.append(f"| `{env_name(field)}` | `{default_text(field) or 'unset'}` | {info.description} |")
-    return "\n".join(rows) + "\n"
+    """The 'Every setting' section of docs/configuration.md: a table per concern."""
+    parts: list[str] = []
+    for concern in Settings.concerns():
+        rows = [f"### {concern.section}", "", "| variable | default | meaning |", "|---|---|---|"]
+        for field, info in concern.model_fields.items():
+            rows.append(f"| `{env_name(field)}` | `{default_text(field) or 'unset'}` | {description(info)} |")
+        parts.append("\n".join(rows) + "\n")
+    return "\n".join(parts)

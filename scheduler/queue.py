@@ -37,9 +37,8 @@ from bisect import insort
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from itertools import islice
-from typing import Literal
 
-SchedulingPolicy = Literal["priority", "fcfs"]
+from shared.settings import SchedulingPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,4 +197,5 @@ class PriorityQueue(RequestQueue):
 
 
 QUEUES: dict[SchedulingPolicy, type[RequestQueue]] = {"priority": PriorityQueue, "fcfs": FcfsQueue}
-"""The queue of each ``scheduling_policy`` setting."""
+"""The queue of each ``scheduling_policy`` setting (``shared.settings.SchedulingPolicy``: a new order is its class
+here, its entry here and its name there; every name has a queue, ``tests/unit/test_queue.py``)."""

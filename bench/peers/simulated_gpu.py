@@ -7,8 +7,9 @@ output images (the CPU is free, as in a process waiting on a CUDA forward), then
 output, which every server encodes as PNG with ``compress_level=1``. Standard library and Pillow only: the peer
 venvs share nothing else with the project venv.
 
-The variables below configure it in every server; the benchmark sets all of them (``CostModel.env``). fusefleet
-reads a and b through its settings of the same names (``sim_base_ms``, ``sim_per_image_ms``).
+The variables below configure it in every server; the benchmark sets all of them (``CostModel.env``). fusefleet's
+runner reads them through ``bench.runners.SimulatedGpuSettings`` (fields of the same names: ``sim_base_ms``, ...);
+they are no fleet setting.
 
     FUSEFLEET_SIM_BASE_MS       a: ms per forward, whatever its size
     FUSEFLEET_SIM_PER_IMAGE_MS  b: ms per output image of ref_side x ref_side px

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
 
 from scheduler.policy import Dispatch, PolicyConfig, WaitingRequest, decide
 from scheduler.queue import QUEUES, FcfsQueue, PriorityQueue, QueuedRequest, RequestQueue
-from shared.settings import Settings
+from shared.settings import SchedulingPolicy, Settings
 
 
 def queued(id: str, priority: int = 0, deadline: float | None = None, key: str = "a") -> QueuedRequest:
@@ -87,6 +89,7 @@ def test_the_policy_sees_higher_levels_first_and_never_mixes_them() -> None:
 def test_queues_of_the_settings() -> None:
     assert isinstance(QUEUES[Settings().scheduling_policy](), PriorityQueue)
     assert isinstance(QUEUES[Settings(scheduling_policy="fcfs").scheduling_policy](), FcfsQueue)
+    assert set(QUEUES) == set(get_args(SchedulingPolicy))  # every policy the settings accept has its queue
 
 
 # --- deadlines --------------------------------------------------------------------------------------------------

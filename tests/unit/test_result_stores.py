@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, get_args
 
 import fakeredis
 import httpx
@@ -27,10 +27,11 @@ from moto.server import ThreadedMotoServer
 from shared.keys import RedisKeys
 from shared.results import ResultStore, ResultStoreError, ResultStoreTimeout, build_result_store
 from shared.results.deadline import MAX_CALLS, DeadlineStore
+from shared.results.factory import BUILDERS
 from shared.results.filesystem import FilesystemResultStore
 from shared.results.redis_store import RedisResultStore
 from shared.results.s3 import DELETE_PAGE, S3ResultStore, build_s3_client
-from shared.settings import Settings
+from shared.settings import ResultStoreName, Settings
 from tests.support.redis_server import free_port
 from tests.support.trickle_server import trickle_server
 
@@ -372,9 +373,7 @@ def test_s3_endpoint_that_trickles_its_answer_is_bounded_by_the_deadline() -> No
     """botocore's timeouts bound each socket read, not a call: an endpoint that sends a byte now and then keeps a
     put waiting past them (here 3 x (2 x 0.2 + 2) = 7.2 s by the client's own bound) for as long as it trickles.
     The store the factory builds bounds the call."""
-    settings = Settings(
-        result_store="s3", s3_bucket="results", s3_timeout_s=0.2, result_store_timeout_s=7.5
-    )
+    settings = Settings(result_store="s3", s3_bucket="results", s3_timeout_s=0.2, result_store_timeout_s=7.5)
     with trickle_server() as endpoint:
         client = build_s3_client(endpoint_url=endpoint.url, region="us-east-1", timeout_s=0.2, path_style=True)
         store = DeadlineStore(S3ResultStore(client, "results"), settings.result_store_timeout_s)
@@ -394,6 +393,7 @@ def test_the_factory_bounds_folder_and_s3_calls_but_not_redis(tmp_path: Path) ->
     assert isinstance(build_result_store(Settings(), fakeredis.FakeRedis()), RedisResultStore)
     with pytest.raises(ValueError, match="result_store_timeout_s"):
         Settings(result_store="s3", s3_bucket="b", result_store_timeout_s=30)
+    assert set(BUILDERS) == set(get_args(ResultStoreName))  # every store the settings accept has its builder
 
 
 def test_s3_empty_endpoint_and_region_mean_unset(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -21,4 +21,4 @@ def test_env_example_is_current() -> None:
 
 def test_configuration_doc_lists_every_setting_with_its_default() -> None:
     doc = (ROOT / "docs" / "configuration.md").read_text()
-    assert doc.endswith(render_markdown_table()), "run: fusefleet settings --markdown (the doc's last table)"
+    assert doc.endswith(render_markdown_table()), "run: fusefleet settings --markdown (the doc's last section)"

@@ -13,11 +13,13 @@ from bench.peers.simulated_gpu import (
     BASE_ENV,
     PER_IMAGE_ENV,
     REF_SIDE_ENV,
+    REF_STEPS_ENV,
+    TRACE_ENV,
     CostModel,
     placeholder_image,
     sleep_forward,
 )
-from bench.runners import SimulatedGpuRunner
+from bench.runners import SimulatedGpuRunner, SimulatedGpuSettings
 from gpu_worker.images import encode
 from shared.contracts import RequestSpec
 from shared.settings import Settings
@@ -73,7 +75,7 @@ def test_sleep_forward_takes_its_time_and_stops_when_asked() -> None:
 
 def test_fusefleet_runner_uses_the_shared_model(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(REF_SIDE_ENV, "512")
-    runner = SimulatedGpuRunner(Settings(sim_base_ms=30.0, sim_per_image_ms=10.0))
+    runner = SimulatedGpuRunner(Settings(), SimulatedGpuSettings(sim_base_ms=30.0, sim_per_image_ms=10.0))
     assert runner.cost == CostModel(30.0, 10.0, 512)
     assert runner.cost_s(3) == pytest.approx(0.06)  # images of the reference size (tests/support's ChaosRunner)
     steps: list[int] = []
@@ -84,6 +86,21 @@ def test_fusefleet_runner_uses_the_shared_model(monkeypatch: pytest.MonkeyPatch)
     assert steps == [1, 2, 3, 4]
     assert [len(outputs) for outputs in images] == [2, 1]
     assert images[1][0].tobytes() == placeholder_image(768, 768).tobytes()
+
+
+def test_fusefleet_runner_reads_what_the_benchmark_sets(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A worker builds the runner from the fleet's settings alone: the cost model comes from the variables
+    ``CostModel.env`` writes (the benchmark's, which the fleet's settings do not know)."""
+    cost = CostModel(60.0, 5.0, 512, ref_steps=20)
+    for name, value in {**cost.env(), TRACE_ENV: str(tmp_path / "trace")}.items():
+        monkeypatch.setenv(name, value)
+    runner = SimulatedGpuRunner(Settings())
+    assert runner.cost == cost and runner.trace == str(tmp_path / "trace")
+    monkeypatch.setenv(REF_SIDE_ENV, "")
+    monkeypatch.setenv(REF_STEPS_ENV, "")
+    monkeypatch.delenv(TRACE_ENV)
+    assert SimulatedGpuSettings().cost == CostModel(60.0, 5.0) and SimulatedGpuRunner(Settings()).trace is None
+    assert not [field for field in Settings.model_fields if field.startswith("sim_")]
 
 
 def test_every_server_encodes_the_same_png() -> None:

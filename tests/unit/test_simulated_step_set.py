@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.peers.simulated_gpu import REF_STEPS, REF_STEPS_ENV, CostModel
-from bench.runners import SimulatedGpuRunner, SimulatedStepSet
+from bench.runners import SimulatedGpuRunner, SimulatedGpuSettings, SimulatedStepSet
 from gpu_worker.runner import Runner, StepSet
 from shared.compat import step_key
 from shared.contracts import RequestSpec, Task
@@ -30,6 +30,11 @@ def _unchecked(rid: str, **fields: object) -> RequestSpec:
     """A spec past the bounds every stored spec keeps (``SamplingParams``), built without validation: what a set
     must refuse all the same."""
     return RequestSpec.model_construct(**{**dict(_spec(rid, 2)), **fields})
+
+
+def _simulated(base_ms: float, per_image_ms: float) -> SimulatedGpuSettings:
+    """The simulated GPU's settings with these a and b, the rest from the environment."""
+    return SimulatedGpuSettings(sim_base_ms=base_ms, sim_per_image_ms=per_image_ms)
 
 
 class _Clock:
@@ -68,10 +73,10 @@ def test_the_runner_scales_a_forward_by_its_steps_only_with_ref_steps(monkeypatc
     asked: list[tuple[float, int]] = []
     monkeypatch.delenv(REF_STEPS_ENV, raising=False)
     monkeypatch.setattr("bench.runners.sleep_forward", lambda seconds, steps, on_step: asked.append((seconds, steps)))
-    settings = Settings(sim_base_ms=500.0, sim_per_image_ms=100.0)
-    SimulatedGpuRunner(settings).run([_spec("a", 10, n=2)], lambda step, total: False)
+    settings = Settings()
+    SimulatedGpuRunner(settings, _simulated(500.0, 100.0)).run([_spec("a", 10, n=2)], lambda step, total: False)
     monkeypatch.setenv(REF_STEPS_ENV, "20")
-    scaled = SimulatedGpuRunner(settings)
+    scaled = SimulatedGpuRunner(settings, _simulated(500.0, 100.0))
     assert scaled.cost.ref_steps == 20
     scaled.run([_spec("b", 10, n=2)], lambda step, total: False)
     scaled.run([_spec("c", 20, n=2)], lambda step, total: False)
@@ -80,7 +85,7 @@ def test_the_runner_scales_a_forward_by_its_steps_only_with_ref_steps(monkeypatc
 
 
 def test_the_runner_runs_step_mode_for_what_the_engine_takes() -> None:
-    runner = SimulatedGpuRunner(Settings(sim_base_ms=0.0, sim_per_image_ms=0.0))
+    runner = SimulatedGpuRunner(Settings(), _simulated(0.0, 0.0))
     assert isinstance(runner, Runner) and runner.step_mode
     running = runner.step_set(step_key(_spec("a", 4)))
     assert isinstance(running, SimulatedStepSet)

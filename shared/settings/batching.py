@@ -1,0 +1,62 @@
+"""Batching: how waiting requests are fused into one forward, and in which order they are served."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from shared.contracts import PRIORITY_MAX, PRIORITY_MIN
+from shared.settings.concern import SettingsConcern
+
+SchedulingPolicy = Literal["priority", "fcfs"]
+"""The queue orders (``scheduling_policy``); ``scheduler.queue.QUEUES`` holds the queue of each."""
+BatchOrder = Literal["strict", "grouped"]
+"""How a batch is formed behind its head (``batch_order``, ``scheduler.policy``)."""
+
+
+class BatchingSettings(SettingsConcern):
+    """The batching policy of the scheduler (``scheduler.policy``) and its queue order (``scheduler.queue``)."""
+
+    section = "Batching and queue order"
+
+    max_num_seqs: int = Field(1, ge=1, le=256)
+    """Most requests fused into one pipeline forward (1 = no batching)."""
+
+    request_batch_max_wait_ms: float = Field(0.0, ge=0.0, le=60_000.0)
+    """Upper bound on the admission wait of a new wave: trades first-request latency for fuller batches. 0 dispatches at
+    once."""
+
+    batch_order: BatchOrder = "strict"
+    """'strict': a batch is the oldest request plus the FOLLOWING compatible ones, stopping at the first incompatible
+    one (vLLM-Omni's FIFO). 'grouped': the oldest request plus any later compatible ones (the head is still served
+    first, so nothing starves): fuller batches on mixed traffic."""
+
+    step_mode: bool = False
+    """Step-level batching (docs/step_mode.md): the scheduler groups requests by their step key (which leaves out steps,
+    guidance and output count) and sends compatible requests to a worker's running set, where they join at the next
+    denoising step and leave when done; at most max_num_seqs requests per set. Workers whose pipeline has a step-mode
+    adapter (Stable Diffusion 1.x/2.x, SD3) run sets; the others run each batch request-level, split by compatibility
+    key. Off: request-level batching everywhere."""
+
+    max_batch_pixels: int = Field(16_777_216, ge=64)
+    """Per-batch pixel budget: the sum of n x width x height (x frames) over a batch's requests. The scheduler closes a
+    batch before it exceeds it; the api refuses a request that alone exceeds it (422). Bounds the memory of one fused
+    forward (16 Mi = 64 images of 512x512 or 16 of 1024x1024)."""
+
+    scheduling_policy: SchedulingPolicy = "priority"
+    """'priority': requests wait in levels by their priority, the highest non-empty level is served first, FIFO within a
+    level, and a batch holds one level only. 'fcfs': one FIFO of arrival order, request priorities are ignored. Requests
+    that all keep the default priority are served in arrival order either way."""
+
+    default_priority: int = Field(
+        0,
+        ge=PRIORITY_MIN,
+        le=PRIORITY_MAX,
+        description=f"Priority of a request that sets none ({PRIORITY_MIN} lowest .. {PRIORITY_MAX} highest).",
+    )
+
+    @property
+    def wait_stable_ms(self) -> float:
+        """The admission wait's quiet window: dispatch when nothing arrived for this long."""
+        return min(50.0, self.request_batch_max_wait_ms / 5.0)
