@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 
 check: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy api scheduler gpu_worker shared fusefleet bench
+	$(BIN)/mypy api scheduler gpu_worker shared fusefleet demo_models bench
 
 # git runs check's ruff and mypy before each commit (.pre-commit-config.yaml, local hooks: nothing fetched)
 pre-commit: install
