@@ -22,11 +22,6 @@ def settings() -> Settings:
     return Settings(key_prefix="t", max_batch_attempts=2, batch_lock_ttl_s=5)
 
 
-@pytest.fixture
-def client() -> fakeredis.FakeRedis:
-    return fakeredis.FakeRedis(decode_responses=True)
-
-
 def submit(
     client: fakeredis.FakeRedis,
     keys: k.RedisKeys,

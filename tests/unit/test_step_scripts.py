@@ -28,11 +28,6 @@ def settings() -> Settings:
 
 
 @pytest.fixture
-def client() -> fakeredis.FakeRedis:
-    return fakeredis.FakeRedis(decode_responses=True)
-
-
-@pytest.fixture
 def store(client: fakeredis.FakeRedis, settings: Settings) -> SchedulerStore:
     return SchedulerStore(client, settings)
 
