@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib.resources import files
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 from shared.contracts import RequestStatus
 
@@ -42,35 +42,48 @@ class EndKeys(NamedTuple):
     inputs: str
 
 
+class _Key:
+    """A key of ``RedisKeys`` that takes no argument: ``{prefix}:{suffix}``."""
+
+    def __init__(self, suffix: str) -> None:
+        self.suffix = suffix
+
+    @overload
+    def __get__(self, keys: None, owner: type) -> _Key: ...
+    @overload
+    def __get__(self, keys: RedisKeys, owner: type) -> str: ...
+    def __get__(self, keys: RedisKeys | None, owner: type) -> _Key | str:
+        return self if keys is None else f"{keys.prefix}:{self.suffix}"
+
+
 @dataclass(frozen=True, slots=True)
 class RedisKeys:
     """Key names under one prefix."""
 
     prefix: str = "fusefleet"
 
-    @property
-    def requests(self) -> str:
-        return f"{self.prefix}:requests"
-
-    @property
-    def events(self) -> str:
-        return f"{self.prefix}:events"
-
-    @property
-    def inflight(self) -> str:
-        return f"{self.prefix}:inflight"
-
-    @property
-    def storing(self) -> str:
-        return f"{self.prefix}:storing"
-
-    @property
-    def step_sets(self) -> str:
-        return f"{self.prefix}:step:sets"
-
-    @property
-    def step_rows(self) -> str:
-        return f"{self.prefix}:step:rows"
+    requests = _Key("requests")
+    events = _Key("events")
+    inflight = _Key("inflight")
+    storing = _Key("storing")
+    step_sets = _Key("step:sets")
+    step_rows = _Key("step:rows")
+    workers = _Key("workers")
+    capabilities = _Key("capabilities")
+    scheduler_aborted = _Key("scheduler:aborted")
+    scheduler_queued = _Key("scheduler:queued")
+    scheduler_lease = _Key("scheduler:lease")
+    finished = _Key("finished")
+    input_bytes = _Key("inputs:bytes")
+    results_journal = _Key("results:journal")
+    results_deleting = _Key("results:deleting")
+    redis_results_order = _Key("results:redis:order")
+    redis_results_sizes = _Key("results:redis:sizes")
+    redis_results_used = _Key("results:redis:used")
+    metrics = _Key("metrics")
+    metrics_recent = _Key("metrics:recent")
+    webhooks = _Key("webhooks")
+    webhooks_lease = _Key("webhooks:lease")
 
     def step_inbox(self, worker: str) -> str:
         return f"{self.prefix}:step:inbox:{worker}"
@@ -81,33 +94,9 @@ class RedisKeys:
     def step_left(self, worker: str) -> str:
         return f"{self.prefix}:step:left:{worker}"
 
-    @property
-    def workers(self) -> str:
-        return f"{self.prefix}:workers"
-
-    @property
-    def capabilities(self) -> str:
-        return f"{self.prefix}:capabilities"
-
     def worker_quarantine(self, worker: str) -> str:
         """Set while ``worker`` is quarantined (``gpu_worker.app``'s retire; TTL ``worker_quarantine_s``)."""
         return f"{self.prefix}:worker:stuck:{worker}"
-
-    @property
-    def scheduler_aborted(self) -> str:
-        return f"{self.prefix}:scheduler:aborted"
-
-    @property
-    def scheduler_queued(self) -> str:
-        return f"{self.prefix}:scheduler:queued"
-
-    @property
-    def scheduler_lease(self) -> str:
-        return f"{self.prefix}:scheduler:lease"
-
-    @property
-    def finished(self) -> str:
-        return f"{self.prefix}:finished"
 
     def request(self, request_id: str) -> str:
         return f"{self.prefix}:req:{request_id}"
@@ -134,33 +123,9 @@ class RedisKeys:
         """The fleet keys of ending a request (``lib_end_request.lua``), ``KEYS[1..3]`` of every script that may."""
         return EndKeys(self.metrics, self.webhooks, self.input_bytes)
 
-    @property
-    def input_bytes(self) -> str:
-        return f"{self.prefix}:inputs:bytes"
-
-    @property
-    def results_journal(self) -> str:
-        return f"{self.prefix}:results:journal"
-
-    @property
-    def results_deleting(self) -> str:
-        return f"{self.prefix}:results:deleting"
-
     def result(self, key: str) -> str:
         """Where the Redis result store keeps the object of result-store key ``key``."""
         return f"{self.prefix}:result:{key}"
-
-    @property
-    def redis_results_order(self) -> str:
-        return f"{self.prefix}:results:redis:order"
-
-    @property
-    def redis_results_sizes(self) -> str:
-        return f"{self.prefix}:results:redis:sizes"
-
-    @property
-    def redis_results_used(self) -> str:
-        return f"{self.prefix}:results:redis:used"
 
     def batch(self, batch_id: str) -> str:
         return f"{self.prefix}:batch:{batch_id}"
@@ -173,22 +138,6 @@ class RedisKeys:
 
     def api_key_unfinished(self, name: str) -> str:
         return f"{self.prefix}:apikey:{name}:unfinished"
-
-    @property
-    def metrics(self) -> str:
-        return f"{self.prefix}:metrics"
-
-    @property
-    def metrics_recent(self) -> str:
-        return f"{self.prefix}:metrics:recent"
-
-    @property
-    def webhooks(self) -> str:
-        return f"{self.prefix}:webhooks"
-
-    @property
-    def webhooks_lease(self) -> str:
-        return f"{self.prefix}:webhooks:lease"
 
 
 def _generated() -> str:

@@ -33,14 +33,13 @@ def member_keys() -> dict[str, str]:
     arguments (the members that group keys for a script, ``request_keys`` and the like, spell none of their own)."""
     keys = RedisKeys("P")
     out: dict[str, str] = {}
-    for name, member in inspect.getmembers(RedisKeys):
+    for name in dir(RedisKeys):
         if name.startswith("_") or name == "prefix":
             continue
-        if isinstance(member, property):
-            value = getattr(keys, name)
-        else:
-            arguments = [PLACEHOLDERS[p] for p in inspect.signature(member).parameters if p != "self"]
-            value = getattr(keys, name)(*arguments)
+        value = getattr(keys, name)
+        if callable(value):
+            arguments = [PLACEHOLDERS[p] for p in inspect.signature(value).parameters]
+            value = value(*arguments)
         if isinstance(value, str):
             out[name] = value
     return out
