@@ -28,37 +28,37 @@ class ExplodingRunner(DiffusersRunner):
         return super().run(specs, on_step, inputs)
 
     def step_set(self, key: StepKey) -> StepSet:
-        return _ExplodingSet(super().step_set(key))
+        return ExplodingSet(super().step_set(key))
 
 
-class _ExplodingSet:
+class ExplodingSet:
     """A real step set whose steps raise, as the pipeline of ``ExplodingRunner`` does, while a request with
-    ``explode`` in its prompt is among the requests stepped."""
+    ``explode`` in its prompt is among the requests stepped; everything else is ``inner``'s."""
 
     def __init__(self, inner: StepSet) -> None:
-        self._inner = inner
-        self._marked: set[str] = set()
+        self.inner = inner
+        self.marked: set[str] = set()
 
     def join(self, specs: Sequence[RequestSpec]) -> dict[str, str]:
-        self._marked |= {spec.id for spec in specs if EXPLODE_MARKER in spec.prompt}
-        return self._inner.join(specs)
+        self.marked |= {spec.id for spec in specs if EXPLODE_MARKER in spec.prompt}
+        return self.inner.join(specs)
 
     def step(self, only: Collection[str] | None = None) -> list[str]:
-        stepped = self._inner.requests if only is None else tuple(only)
-        culprits = [rid for rid in stepped if rid in self._marked]
+        stepped = self.inner.requests if only is None else tuple(only)
+        culprits = [rid for rid in stepped if rid in self.marked]
         if culprits:
             raise ValueError(f"prompt of request {culprits[0]} asked the pipeline to explode")
-        return self._inner.step(only)
+        return self.inner.step(only)
 
     def outputs(self, request_ids: Sequence[str]) -> list[list[Image.Image]]:
-        return self._inner.outputs(request_ids)
+        return self.inner.outputs(request_ids)
 
     def abort(self, request_id: str) -> bool:
-        return self._inner.abort(request_id)
+        return self.inner.abort(request_id)
 
     def progress(self) -> dict[str, tuple[int, int]]:
-        return self._inner.progress()
+        return self.inner.progress()
 
     @property
     def requests(self) -> tuple[str, ...]:
-        return self._inner.requests
+        return self.inner.requests

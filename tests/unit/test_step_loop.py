@@ -37,6 +37,7 @@ from shared.compat import StepKey, step_key  # noqa: E402
 from shared.contracts import BatchMessage, LoraRef, RequestSpec, Task, WorkerCapabilities  # noqa: E402
 from shared.results.filesystem import FilesystemResultStore  # noqa: E402
 from shared.settings import Settings  # noqa: E402
+from tests.support.diffusers_runners import ExplodingSet  # noqa: E402
 from tests.support.solo import png_array, solo_arrays  # noqa: E402
 from tests.support.specs import demo_spec  # noqa: E402
 from tests.unit.test_scripts import submit  # noqa: E402
@@ -82,17 +83,18 @@ class Hooked(Runner):
         self.runner.release_memory()
 
 
-class HookedSet:
+class HookedSet(ExplodingSet):
+    """``ExplodingSet`` that runs the owner's hook of each whole step first, and whose join fails on a prompt with
+    ``cannot join``."""
+
     def __init__(self, owner: Hooked, inner: StepSet) -> None:
+        super().__init__(inner)
         self.owner = owner
-        self.inner = inner
-        self.marked: set[str] = set()
 
     def join(self, specs: Sequence[RequestSpec]) -> dict[str, str]:
         if any(JOIN_FAILS in spec.prompt for spec in specs):
             raise RuntimeError("the text encoder broke on this batch")
-        self.marked |= {spec.id for spec in specs if EXPLODE in spec.prompt}
-        return self.inner.join(specs)
+        return super().join(specs)
 
     def step(self, only: Collection[str] | None = None) -> list[str]:
         if only is None:
@@ -100,23 +102,7 @@ class HookedSet:
             hook = self.owner.hooks.pop(self.owner.steps, None)
             if hook is not None:
                 hook()
-        culprits = [rid for rid in (self.inner.requests if only is None else only) if rid in self.marked]
-        if culprits:
-            raise ValueError(f"prompt of request {culprits[0]} asked the pipeline to explode")
-        return self.inner.step(only)
-
-    def outputs(self, request_ids: Sequence[str]) -> list[list[Image.Image]]:
-        return self.inner.outputs(request_ids)
-
-    def abort(self, request_id: str) -> bool:
-        return self.inner.abort(request_id)
-
-    def progress(self) -> dict[str, tuple[int, int]]:
-        return self.inner.progress()
-
-    @property
-    def requests(self) -> tuple[str, ...]:
-        return self.inner.requests
+        return super().step(only)
 
 
 class ClosingStore(WorkerStore):
@@ -159,26 +145,11 @@ class Worker:
         return BatchMessage(batch_id=batch_id, request_ids=tuple(ids), created_at=time.time())
 
     def send(self, message: BatchMessage, digest: str) -> None:
-        """What the scheduler does for a join: ``step_join.lua`` puts the batch in this worker's inbox."""
-        script = self.client.register_script(k.STEP_JOIN)
-        keys = [
-            self.keys.step_sets,
-            self.keys.step_rows,
-            self.keys.step_inbox(WORKER),
-            self.keys.workers,
-            self.keys.storing,
-        ]
-        args = [
-            WORKER,
-            digest,
-            message.model_dump_json(),
-            message.batch_id,
-            len(message.request_ids),
-            8,
-            60_000,
-            60_000,
-        ]
-        assert script(keys=keys, args=args) == 1
+        """What the scheduler does for a join: ``step_join.lua`` puts the batch in this worker's inbox (its one
+        heartbeat, at start, counts for a minute)."""
+        scheduler = SchedulerStore(self.client, self.settings.model_copy(update={"worker_ttl_s": 60}))
+        count = len(message.request_ids)
+        assert scheduler.step_join(WORKER, digest, message.model_dump_json(), message.batch_id, count, 8)
 
     def request(self, rid: str) -> dict[str, str]:
         return dict(self.client.hgetall(self.keys.request(rid)))
