@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from demo_models import qwen_image, sana, sdxl
+from tests.support.pipeline_siblings import assert_siblings_run
 
 SIZE = 32
 PROMPTS = ["a cat", "a photo of a red fox in the forest at night, painting style", "Blue sky!"]
@@ -95,30 +96,22 @@ def _latents(pipe: Any, name: str, **kwargs: Any) -> torch.Tensor:
 
 def _assert_siblings_run(pipe: Any, img2img: str, inpaint: str, **kwargs: Any) -> None:
     """AutoPipelineForImage2Image / AutoPipelineForInpainting.from_pipe(pipe) give these classes, and they run."""
-    from diffusers import AutoPipelineForImage2Image, AutoPipelineForInpainting
     from PIL import Image
 
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8))
     mask = Image.fromarray(np.tile((np.arange(SIZE) >= SIZE // 2).astype(np.uint8) * 255, (SIZE, 1)))
-    for auto, expected, extra in (
-        (AutoPipelineForImage2Image, img2img, {}),
-        (AutoPipelineForInpainting, inpaint, {"mask_image": mask}),
-    ):
-        sibling = auto.from_pipe(pipe)
-        sibling.set_progress_bar_config(disable=True)
-        assert type(sibling).__name__ == expected
-        out = sibling(
-            prompt="a cat",
-            image=image,
-            strength=0.5,
-            height=SIZE,
-            width=SIZE,
-            num_inference_steps=2,
-            generator=_gens(0),
-            **extra,
-            **kwargs,
-        ).images
-        assert [im.size for im in out] == [(SIZE, SIZE)]
+    assert_siblings_run(
+        pipe,
+        img2img,
+        inpaint,
+        image=image,
+        mask=mask,
+        size=SIZE,
+        generator=lambda: _gens(0),
+        strength=0.5,
+        num_inference_steps=2,
+        **kwargs,
+    )
 
 
 def _arrays(images: list[Any]) -> list[np.ndarray]:

@@ -20,6 +20,7 @@ import torch
 diffusers = pytest.importorskip("diffusers")
 
 from demo_models import flux, pixart, sd3  # noqa: E402
+from tests.support.pipeline_siblings import assert_siblings_run  # noqa: E402
 
 BUILDERS: dict[str, Callable[[], Any]] = {
     "sd3": lambda: sd3.build(with_t5=False),
@@ -339,24 +340,18 @@ def test_from_pipe_variants(pipes: dict[str, Any], family: str, img2img: str, in
 
     image = Image.new("RGB", (32, 32), (200, 10, 10))
     mask = Image.new("L", (32, 32), 255)
-    for auto, name, extra in (
-        (diffusers.AutoPipelineForImage2Image, img2img, {}),
-        (diffusers.AutoPipelineForInpainting, inpaint, {"mask_image": mask}),
-    ):
-        variant = auto.from_pipe(pipes[family])
-        variant.set_progress_bar_config(disable=True)
-        assert type(variant).__name__ == name
-        out = variant(
-            prompt="a cat",
-            image=image,
-            strength=0.6,
-            num_inference_steps=3,
-            height=32,
-            width=32,
-            generator=torch.Generator().manual_seed(0),
-            **extra,
-        ).images
-        assert [im.size for im in out] == [(32, 32)]
+    generator = lambda: torch.Generator().manual_seed(0)  # noqa: E731
+    assert_siblings_run(
+        pipes[family],
+        img2img,
+        inpaint,
+        image=image,
+        mask=mask,
+        size=32,
+        generator=generator,
+        strength=0.6,
+        num_inference_steps=3,
+    )
 
 
 def test_pixart_has_no_from_pipe_variants(pipes: dict[str, Any]) -> None:
