@@ -134,17 +134,24 @@ def pending(client: redis.Redis, store: SchedulerStore) -> int:
     return int(client.xpending(store.keys.requests, "scheduler")["pending"])
 
 
-def test_requests_aborted_while_no_slot_is_free_leave_the_schedulers_memory_and_pending_list() -> None:
-    """Today's main kept them (memory and pending list) until a slot freed, then skipped 64 per 500 ms round: the
-    first new request after 300 aborted ones waited five blocking reads for a free slot."""
+@contextmanager
+def backlog(count: int) -> Iterator[tuple[redis.Redis, SchedulerStore, PublishedBatches, list[str]]]:
+    """A running scheduler that has read ``count`` queued requests (r000, r001, ...) while no worker slot is free."""
     settings = Settings(key_prefix="t", max_num_seqs=4, scheduler_lease_ms=600, scheduler_block_ms=500)
     client = fakeredis.FakeRedis(decode_responses=True)
     store = SchedulerStore(client, settings)
     celery = PublishedBatches()
-    ids = [f"r{i:03d}" for i in range(300)]
+    ids = [f"r{i:03d}" for i in range(count)]
     with running(scheduler(client, settings, celery)):
         submit(client, store.keys, *ids, max_len=1000)
         assert wait_until(lambda: pending(client, store) == len(ids), 5)  # read into its queue: no slot is free
+        yield client, store, celery, ids
+
+
+def test_requests_aborted_while_no_slot_is_free_leave_the_schedulers_memory_and_pending_list() -> None:
+    """Today's main kept them (memory and pending list) until a slot freed, then skipped 64 per 500 ms round: the
+    first new request after 300 aborted ones waited five blocking reads for a free slot."""
+    with backlog(300) as (client, store, celery, ids):
         for rid in ids:
             assert abort(client, store.keys, rid) == "aborted"
         assert wait_until(lambda: pending(client, store) == 0, 2), pending(client, store)  # no slot needed
@@ -161,14 +168,7 @@ def test_a_window_of_aborted_requests_never_ends_the_round_while_live_ones_wait_
     """Requests that ended without the scheduler being told (no id in ``P:scheduler:aborted``: a path that does not
     tell it) are found by the status check of the head; today's main ended the round (a 500 ms blocking read) at
     each window of 64 of them."""
-    settings = Settings(key_prefix="t", max_num_seqs=4, scheduler_lease_ms=600, scheduler_block_ms=500)
-    client = fakeredis.FakeRedis(decode_responses=True)
-    store = SchedulerStore(client, settings)
-    celery = PublishedBatches()
-    ids = [f"r{i:03d}" for i in range(320)]
-    with running(scheduler(client, settings, celery)):
-        submit(client, store.keys, *ids, max_len=1000)
-        assert wait_until(lambda: pending(client, store) == len(ids), 5)
+    with backlog(320) as (client, store, celery, ids):
         for rid in ids:  # ended behind the scheduler's back
             client.hset(store.keys.request(rid), mapping={"status": "aborted", "abort": 1})
         worker_up(client, store)
