@@ -12,12 +12,13 @@ import argparse
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from demo_models import DEMO_FAMILIES, ensure_demo_model
+from demo_models import DEMO_FAMILIES, DEMO_MODEL_NAME, ensure_demo_model
 from gpu_worker.diffusers_runner import DiffusersRunner
 from gpu_worker.families import FAMILIES
 from gpu_worker.runner import Video
@@ -27,30 +28,43 @@ from shared.settings import Settings
 PROMPTS = ("a red fox", "a blue whale in the sea", "a lighthouse at night", "a green forest", "a city", "a bird")
 
 
-def specs(family: str, batch: int, steps: int) -> list[RequestSpec]:
+def family_runner(family: str, cache: Path) -> DiffusersRunner:
+    """The real runner on ``family``'s demo pipeline (saved once in ``cache``, loaded back), on two torch threads."""
+    ensure_demo_model(cache, family)
+    return DiffusersRunner(Settings(model=None, demo_family=family, model_cache_dir=cache, torch_threads=2))
+
+
+def family_specs(
+    family: str, prompts: Sequence[str], *, side: int, steps: int, seed: int, negative: str, **extra: Any
+) -> list[RequestSpec]:
+    """A request of ``family``'s demo per prompt: ids ``{family}-{i}``, seeds from ``seed``, negative prompt
+    ``negative`` (formatted with ``i``), ``side`` square (at least the family's size multiple), ``steps``, guidance
+    4, true CFG 2 where the family has it (its negative prompts are used), a video's fewest frames at 8 fps;
+    ``extra`` overrides."""
     traits = FAMILIES[family].traits
-    side = max(32, traits.size_multiple)
-    extra: dict[str, Any] = {}
+    side = max(side, traits.size_multiple)
+    fields: dict[str, Any] = {"width": side, "height": side, "num_inference_steps": steps, "guidance_scale": 4.0}
     if traits.true_cfg_scale:
-        extra["true_cfg_scale"] = 2.0
+        fields["true_cfg_scale"] = 2.0
     if traits.video:
-        extra.update(num_frames=traits.frames_multiple + 1, fps=8)
+        fields.update(num_frames=traits.frames_multiple + 1, fps=8)
     return [
         RequestSpec(
             id=f"{family}-{i}",
-            model="demo",
-            prompt=PROMPTS[i % len(PROMPTS)],
-            negative_prompt="blurry",
-            seed=10 + i,
-            width=side,
-            height=side,
-            num_inference_steps=steps,
-            guidance_scale=4.0,
+            model=DEMO_MODEL_NAME,
+            prompt=prompt,
+            negative_prompt=negative.format(i=i),
+            seed=seed + i,
             created_at=0.0,
-            **extra,
+            **{**fields, **extra},
         )
-        for i in range(batch)
+        for i, prompt in enumerate(prompts)
     ]
+
+
+def specs(family: str, batch: int, steps: int) -> list[RequestSpec]:
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
+    return family_specs(family, prompts, side=32, steps=steps, seed=10, negative="blurry")
 
 
 def pixels(output: Any) -> np.ndarray:
@@ -60,8 +74,7 @@ def pixels(output: Any) -> np.ndarray:
 
 
 def measure(family: str, cache: Path, batch: int, steps: int, rounds: int) -> dict[str, Any]:
-    ensure_demo_model(cache, family)
-    runner = DiffusersRunner(Settings(model=None, demo_family=family, model_cache_dir=cache, torch_threads=2))
+    runner = family_runner(family, cache)
     batch_specs = specs(family, batch, steps)
     runner.run(batch_specs[:1], lambda step, total: False)  # warm-up
     fused_s, serial_s, difference = [], [], 0

@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from demo_models import DEMO_MODEL_NAME, ensure_demo_model
+from demo_models import ensure_demo_model
 from gpu_worker.diffusers_runner import DiffusersRunner
 from gpu_worker.lora import LoraActivator
 from gpu_worker.torch_env import make_generators
 from shared.contracts import LoraRef, RequestSpec
 from shared.settings import Settings
 from tests.support.lora import make_test_lora
+from tests.support.specs import demo_spec
 
 SIZE, STEPS, GUIDANCE = 64, 4, 5.0
 PROMPTS = ["a photo of a cat", "a red house in the forest", "portrait painting", "blue sea at night"]
@@ -47,20 +48,8 @@ def runner(cache_dir: Path, model_dir: Path, lora_dir: Path) -> DiffusersRunner:
 def spec(
     prompt: str, seed: int, *, n: int = 1, lora: LoraRef | None = None, negative: str | None = None
 ) -> RequestSpec:
-    return RequestSpec(
-        id=f"{prompt}-{seed}",
-        model=DEMO_MODEL_NAME,
-        prompt=prompt,
-        negative_prompt=negative,
-        seed=seed,
-        width=SIZE,
-        height=SIZE,
-        num_inference_steps=STEPS,
-        guidance_scale=GUIDANCE,
-        n=n,
-        lora=lora,
-        created_at=0.0,
-    )
+    rid = f"{prompt}-{seed}"
+    return demo_spec(rid, STEPS, GUIDANCE, side=SIZE, n=n, seed=seed, negative=negative, prompt=prompt, lora=lora)
 
 
 def no_stop(step: int, total: int) -> bool:

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench.families import family_runner, family_specs, pixels
 from demo_models import DEMO_FAMILIES, ensure_demo_model
 from gpu_worker.diffusers_runner import DiffusersRunner, check_batch
 from gpu_worker.families import FAMILIES
-from gpu_worker.runner import Video
 from shared.contracts import LoraRef, RequestSpec
 from shared.settings import Settings
 from tests.support.lora import make_family_lora
@@ -38,39 +38,12 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("family-models")
 
 
-def runner_for(family: str, cache_dir: Path) -> DiffusersRunner:
-    ensure_demo_model(cache_dir, family)
-    return DiffusersRunner(Settings(model=None, demo_family=family, model_cache_dir=cache_dir, torch_threads=2))
-
-
 def specs_for(family: str, prompts: Sequence[str], side: int, **extra: Any) -> list[RequestSpec]:
-    traits = FAMILIES[family].traits
-    side = max(side, traits.size_multiple)
-    fields: dict[str, Any] = {"width": side, "height": side, "num_inference_steps": 2, "guidance_scale": 4.0}
-    if traits.true_cfg_scale:
-        fields["true_cfg_scale"] = 2.0  # true CFG: the negative prompts are used
-    if traits.max_sequence_length is not None:
-        fields["max_sequence_length"] = 32
-    if traits.video:
-        fields.update(num_frames=traits.frames_multiple + 1, fps=8)
-    return [
-        RequestSpec(
-            id=f"{family}-{i}",
-            model="demo",
-            prompt=prompt,
-            negative_prompt=f"blurry {i}",
-            seed=100 + i,
-            created_at=0.0,
-            **{**fields, **extra},
-        )
-        for i, prompt in enumerate(prompts)
-    ]
-
-
-def pixels(output: Any) -> np.ndarray:
-    if isinstance(output, Video):
-        return np.stack([np.asarray(frame.convert("RGB"), dtype=np.int16) for frame in output.frames])
-    return np.asarray(output.convert("RGB"), dtype=np.int16)
+    """``bench.families.family_specs`` at 2 steps, each with its own negative prompt (``max_sequence_length`` 32
+    where the family has one)."""
+    if FAMILIES[family].traits.max_sequence_length is not None:
+        extra = {"max_sequence_length": 32, **extra}
+    return family_specs(family, prompts, side=side, steps=2, seed=100, negative="blurry {i}", **extra)
 
 
 def test_every_family_has_a_demo_and_a_test() -> None:
@@ -79,7 +52,7 @@ def test_every_family_has_a_demo_and_a_test() -> None:
 
 @pytest.mark.parametrize("family", list(PIPELINES))
 def test_fused_equals_solo(family: str, cache_dir: Path) -> None:
-    runner = runner_for(family, cache_dir)
+    runner = family_runner(family, cache_dir)
     assert runner.pipeline_name == PIPELINES[family]
     assert runner.traits == FAMILIES[family].traits.model_copy(update={"lora": family != "pixart"}) and runner.fused
     specs = specs_for(family, ["a red fox", "a blue whale in the sea", "a lighthouse"], side=32)
@@ -95,7 +68,7 @@ def test_fused_equals_solo(family: str, cache_dir: Path) -> None:
 
 @pytest.mark.parametrize("family", ["stable-diffusion-3", "flux", "sana", "qwen-image"])  # sana, qwen: see the runner
 def test_two_outputs_per_request_keep_their_own_generators(family: str, cache_dir: Path) -> None:
-    runner = runner_for(family, cache_dir)
+    runner = family_runner(family, cache_dir)
     specs = specs_for(family, ["a red fox", "a blue whale"], side=32, n=2)
     fused = runner.run(specs, lambda step, total: False)
     for spec, outputs in zip(specs, fused, strict=True):

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from demo_models import DEMO_MODEL_NAME
 from gpu_worker.diffusers_runner import DiffusersRunner
 from gpu_worker.runner import InputImages
 from shared.contracts import RequestSpec, Task
@@ -22,6 +21,7 @@ from shared.settings import Settings
 from tests.integration.conftest import Fleet, running_fleet
 from tests.integration.test_diffusers_runner import max_diff
 from tests.support.redis_server import RedisServer
+from tests.support.specs import demo_spec
 
 SIZE, STEPS = 64, 6
 
@@ -43,19 +43,8 @@ def mask(seed: int) -> Image.Image:
 
 
 def spec(task: Task, prompt: str, seed: int, strength: float = 0.75) -> RequestSpec:
-    return RequestSpec(
-        id=f"{task}-{prompt}-{seed}",
-        model=DEMO_MODEL_NAME,
-        prompt=prompt,
-        seed=seed,
-        width=SIZE,
-        height=SIZE,
-        num_inference_steps=STEPS,
-        guidance_scale=5.0,
-        task=task,
-        strength=strength,
-        created_at=0.0,
-    )
+    rid = f"{task}-{prompt}-{seed}"
+    return demo_spec(rid, STEPS, 5.0, side=SIZE, seed=seed, prompt=prompt, task=task, strength=strength)
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +60,7 @@ def no_stop(step: int, total: int) -> bool:
 def test_fused_rows_equal_their_solo_runs(runner: DiffusersRunner, task: Task) -> None:
     assert task in runner.tasks
     specs = [spec(task, prompt, seed) for seed, prompt in enumerate(["a cat", "a red house", "the sea"], start=3)]
-    inputs = {
-        s.id: InputImages(picture(i), mask(i) if task is Task.INPAINT else None) for i, s in enumerate(specs)
-    }
+    inputs = {s.id: InputImages(picture(i), mask(i) if task is Task.INPAINT else None) for i, s in enumerate(specs)}
     steps_seen: list[tuple[int, int]] = []
     fused = runner.run(specs, lambda step, total: steps_seen.append((step, total)) or False, inputs=inputs)
     assert steps_seen[-1] == (int(STEPS * 0.75), int(STEPS * 0.75))  # strength: only the last part of the schedule
@@ -126,7 +113,6 @@ def test_the_fleet_fuses_image_requests_and_each_equals_its_solo_run(fleet: Flee
         solo_spec = spec(Task.IMAGE_TO_IMAGE, request["prompt"], request["seed"])
         (solo,) = runner.run([solo_spec], no_stop, inputs={solo_spec.id: InputImages(resized)})[0]
         assert max_diff(stored, solo) <= 1, f"{rid}: the fleet's image differs from its solo run"
-
 
 
 def test_a_fleet_whose_runner_cannot_do_image_tasks_refuses_them_up_front(

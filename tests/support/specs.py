@@ -1,7 +1,10 @@
-"""A request as the step-mode tests build it: the demo model, a prompt of its id (or one given), a small square size."""
+"""A request as the tests build it: the demo model, a prompt of its id (or one given), a small square size."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from demo_models import DEMO_MODEL_NAME
 from shared.contracts import LoraRef, RequestSpec
 
 
@@ -17,12 +20,13 @@ def demo_spec(
     prompt: str | None = None,
     lora: LoraRef | None = None,
     created_at: float = 0.0,
+    **fields: Any,
 ) -> RequestSpec:
     """Request ``rid`` of the demo model: ``prompt`` (by default ``a picture of {rid}``), ``side`` x ``side``
-    pixels."""
+    pixels; ``fields``, any other ``RequestSpec`` field (``task``, ``strength``...)."""
     return RequestSpec(
         id=rid,
-        model="demo",
+        model=DEMO_MODEL_NAME,
         prompt=f"a picture of {rid}" if prompt is None else prompt,
         negative_prompt=negative,
         seed=seed,
@@ -33,4 +37,5 @@ def demo_spec(
         n=n,
         lora=lora,
         created_at=created_at,
+        **fields,
     )
