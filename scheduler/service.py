@@ -58,7 +58,9 @@ CAPACITY_TTL_S = 0.25  # a known free-slot count is trusted this long unless a w
 
 class SchedulerService:
     """Leader election, stream reading and batch publishing around the policy (request-level; step mode's
-    subclass is ``scheduler.step_service.StepSchedulerService``)."""
+    subclass is ``scheduler.step_service.StepSchedulerService``; ``service_for(settings)`` picks)."""
+
+    serves_step_mode = False  # StepSchedulerService's True: a service refuses settings of the other mode
 
     def __init__(
         self,
@@ -69,6 +71,10 @@ class SchedulerService:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        if settings.step_mode != self.serves_step_mode:
+            raise ValueError(
+                f"{type(self).__name__} does not serve step_mode={settings.step_mode}: build service_for(settings)"
+            )
         self._settings = settings
         self._store = store
         self._lease = lease

@@ -46,6 +46,8 @@ def service_for(settings: Settings) -> type[SchedulerService]:
 class StepSchedulerService(SchedulerService):
     """``SchedulerService`` whose batches may join running sets (see the module's docstring)."""
 
+    serves_step_mode = True
+
     _sets: list[RunningSet] | None = None  # running sets as last read (plus our joins since)
     _sets_at = 0.0
     _members_at: float | None = None  # when the sets' members were last read (None: read when needed)

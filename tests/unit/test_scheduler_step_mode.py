@@ -13,7 +13,8 @@ import fakeredis
 import pytest
 
 from scheduler.lease import Lease
-from scheduler.step_service import StepSchedulerService
+from scheduler.service import SchedulerService
+from scheduler.step_service import StepSchedulerService, service_for
 from scheduler.store import SchedulerStore
 from shared.compat import step_key
 from shared.contracts import BatchMessage, RequestSpec
@@ -148,3 +149,14 @@ def test_request_level_mode_ignores_open_sets_and_splits_by_compatibility_key() 
     world = scene(digest(), 1, step_mode=False)
     # two batches, in two free slots (w1's set holds its own)
     assert published_without_a_join(world, 2, 1) == [["a"], ["b"]]
+
+
+@pytest.mark.parametrize("step_mode", [True, False])
+def test_a_service_refuses_settings_of_the_other_mode(step_mode: bool) -> None:
+    """Built directly with the other mode's settings, a service says so instead of quietly running its own mode."""
+    settings, client, store, celery = scene(digest(), 0, step_mode=step_mode, idle=(), queued={})
+    lease = Lease(client, store.keys.scheduler_lease, settings.scheduler_lease_ms)
+    other = SchedulerService if step_mode else StepSchedulerService
+    with pytest.raises(ValueError, match="service_for"):
+        other(settings, store, lease, celery)
+    assert isinstance(service_for(settings)(settings, store, lease, celery), SchedulerService)
