@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cache
 from typing import Annotated, Any, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MAX_SEED = 2**63 - 1
 PRIORITY_MIN = -2
@@ -113,6 +114,11 @@ Priority = Annotated[Integer, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)]
 Strength = Annotated[Number, Field(gt=0.0, le=1.0)]
 
 
+@cache
+def _integer_fields(model: type[BaseModel]) -> frozenset[str]:
+    return frozenset(name for name, info in model.model_fields.items() if _is_integer(info.annotation))
+
+
 def _is_integer(annotation: Any) -> bool:
     """Whether ``annotation`` is ``int``, or a union or ``Annotated`` of it (``int | None``, ``Seed``)."""
     if get_origin(annotation) is Annotated:
@@ -180,15 +186,18 @@ class SamplingParams(Frozen):
         "it is aborted (error Timeout). At most the fleet's max_timeout_s. Unset: no deadline.",
     )
 
-    @field_validator("*", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _integral_number(cls, value: Any, info: ValidationInfo) -> Any:
+    def _integral_numbers(cls, data: Any) -> Any:
         """A JSON number with no fraction (``512.0``) is an integer (as JSON Schema has it) for every integer field;
         strings, booleans and fractions are still refused by the strict integers."""
-        if isinstance(value, float) and value.is_integer() and info.field_name is not None:
-            if _is_integer(cls.model_fields[info.field_name].annotation):
-                return int(value)
-        return value
+        if not isinstance(data, dict) or not any(isinstance(value, float) for value in data.values()):
+            return data
+        integers = _integer_fields(cls)
+        return {
+            name: int(value) if name in integers and isinstance(value, float) and value.is_integer() else value
+            for name, value in data.items()
+        }
 
 
 class ServedModel(Frozen):
