@@ -16,8 +16,8 @@ class ModelSettings(SettingsConcern):
     """Local path or hub id of a diffusers text-to-image pipeline; unset = the built-in tiny demo model."""
 
     demo_family: str = "stable-diffusion"
-    """Which tiny random-weight demo pipeline a worker serves when no model is set: stable-diffusion,
-    stable-diffusion-xl, stable-diffusion-3, flux, pixart, sana, qwen-image or ltx-video (its outputs are noise)."""
+    """Which tiny random-weight demo pipeline a worker serves when no model is set, by family name (docs/models.md
+    lists them; its outputs are noise)."""
 
     model_cache_dir: UserPath = Field(default_factory=default_cache_dir)
     """Folder where the demo model is built once and cached (shared by all workers of a host)."""
