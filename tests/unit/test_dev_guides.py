@@ -1,5 +1,5 @@
-"""The contributor's guide cannot rot: every path CONTRIBUTING.md names exists, and the pre-commit hooks run exactly
-the commands of ``make check``."""
+"""The contributor's guide cannot rot: every path CONTRIBUTING.md and the architecture's "where new things go"
+name exists, and the pre-commit hooks run exactly the commands of ``make check``."""
 
 from __future__ import annotations
 
@@ -10,15 +10,16 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRIBUTING = ROOT / "CONTRIBUTING.md"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
 _CODE = re.compile(r"`([^`\n]+)`")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 _FILE_SUFFIXES = {".py", ".md", ".lua", ".toml", ".yaml", ".yml", ".json", ".example", ".cfg", ".txt"}
 
 
-def _named_paths(text: str) -> set[str]:
+def _named_paths(text: str, links_from: str = "") -> set[str]:
     """Backticked spans that are paths (a ``/`` or a file suffix, no spaces, no placeholder), and relative link
-    targets without their anchor."""
+    targets without their anchor (below ``links_from``, the folder of the document they are in)."""
     paths = set()
     for span in _CODE.findall(text):
         path = span.split("::")[0].removeprefix("./")
@@ -28,7 +29,7 @@ def _named_paths(text: str) -> set[str]:
             paths.add(path)
     for target in _LINK.findall(text):
         if "://" not in target and not target.startswith("#"):
-            paths.add(target.split("#")[0])
+            paths.add(links_from + target.split("#")[0])
     return paths
 
 
@@ -42,6 +43,15 @@ def test_every_path_contributing_names_exists() -> None:
     assert len(named) > 20, "the guide names the files it is about"
     missing = sorted(path for path in named if not (ROOT / path).exists())
     assert missing == [], f"CONTRIBUTING.md names paths that do not exist: {missing}"
+
+
+def test_every_path_where_new_things_go_names_exists() -> None:
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    section = text[text.index("## Where new things go") :].split("\n## ")[0]
+    named = _named_paths(section, links_from="docs/")
+    assert len(named) > 20, "the section names the files each extension touches"
+    missing = sorted(path for path in named if not (ROOT / path).exists())
+    assert missing == [], f"docs/architecture.md's 'Where new things go' names paths that do not exist: {missing}"
 
 
 def _make_check_commands() -> list[str]:
