@@ -1,45 +1,13 @@
-"""Step mode on the worker (docs/step_mode.md): a Celery batch opens a running set, and the set runs until it is
-empty while the scheduler sends it more batches through the worker's inbox.
+"""Step mode on the worker: a Celery batch opens a running set, which runs until it is empty while the scheduler
+sends it more batches through the worker's inbox. The story (each step boundary, ends, failures, preemption, seal,
+close, Redis outages) is docs/step_mode.md#the-fleet-in-step-mode.
 
-``StepLoop.run(batch)`` claims the batch (``CLAIM``, as the executor does) and, when its requests share one step key
-the runner can run (``Runner.step_set``), runs them as the first members of a running set:
-
-* **Open.** ``P:step:sets[worker]`` = the key's digest and ``P:step:rows[worker]`` = the requests it runs, then
-  ``FORWARD_DONE``: the batch occupies no slot of its own, the open set holds the worker's (``free_slots.lua``).
-* **Each step boundary.** Batch messages the scheduler sent (``step_join.lua``) are popped from the inbox, each
-  claimed under its own token (one that another run holds is skipped), marked ``FORWARD_DONE`` and held by the
-  heartbeat; its running requests join the set (one refused by the engine fails alone, ``InvalidRequest``), and
-  ``P:step:rows`` drops by the requests the claim does not run. Then one fused step of every live request.
-* **A request ends at once.** Those a step finished are decoded together on the loop and counted out of the set
-  at once (their room goes to joiners); storing and ``FINISH``ing them is handed to the process's finisher
-  (``gpu_worker.finisher``, one job per batch), so the next steps run while their images are encoded and written,
-  as a request-level batch is finished behind the next forward (at most one job runs and one waits: two steps'
-  outputs in memory). Aborted ones (the abort flag, brought back by one ``StepReporter`` per batch and step count,
-  off the loop) leave the set at the next step and end ``aborted`` without storing anything; ones another run
-  claimed meanwhile are dropped. A batch whose requests have all ended and been stored is released (``BATCH_DONE``).
-* **Failures.** A step that runs out of memory is retried as two halves (the runner's cache emptied first), down to
-  a single request, which fails ``OutOfMemory``; any other exception from a step re-steps the requests one by one,
-  so only the culprit(s) fail with the error (``gpu_worker.bisection``, as the executor's forwards). Anything else
-  that escapes the loop (a bug, the soft time limit) fails every live request with it, ends every held batch and
-  takes the set down (``step_drop``).
-* **Preemption** (docs/step_mode.md, "Priorities and preemption"). Each joined request's priority is recorded in
-  ``P:step:levels:{worker}`` (removed when it leaves). An eviction in the inbox (a ``StepEviction`` the scheduler
-  sent with ``step_evict.lua`` for a request of a higher level waiting for room) takes the request out of the set
-  at this boundary and requeues it (``requeue.lua``: running -> queued under this claim's token, its progress
-  restarted, at the front of its level; the set's count and levels hash drop with it). Its batch goes on with its
-  other requests and is released when they end (the requeued one is no longer scheduled or running in it). One
-  flagged aborted meanwhile ends ``aborted``; one that ended meanwhile, or a sealed set, ignores the eviction.
-* **Seal.** ``soft_time_limit_s / 2`` after the set opened it is sealed (no more joins), so the Celery task ends
-  within its time limit: the set drains its inbox and rows, each bounded by its own steps.
-* **Close.** Empty set and inbox: ``STEP_CLOSE`` frees the slot; when a batch arrived meanwhile the loop goes on.
-* **Redis away** past ``redis_outage_retry_s``: the held batches are released (their locks lapse) and the transient
-  error is raised: the reaper publishes them again, and batches left in the inbox after the claim timeout. The set's
-  registration is taken down at once if Redis answers, else by the heartbeat's first beat once it does
-  (``StepLoop.repair``; or by the next run, whichever comes first), so a dead set never holds the slot or takes joins.
-
-A batch whose requests have several step keys, or whose key the runner cannot open a set for (an image task, video,
-true CFG: ValueError; a LoRA that cannot be loaded), runs request-level through the executor
-(``BatchExecutor.execute_claimed``), split by compatibility key: it runs there, or its requests fail saying why.
+``StepLoop.run(batch)`` claims the batch (``Locked`` when another run holds it) and, when its requests share one
+step key the runner can run (``Runner.step_set``), runs them as the first members of a set until the set closes
+(``SetOutcome``); otherwise the executor runs them request-level (``BatchExecutor.execute_claimed``, split by
+compatibility key: they run there or fail saying why). It raises only when Redis stays unreachable past
+``redis_outage_retry_s``: the held batches are then left to the reaper, and ``StepLoop.repair`` (the heartbeat's
+first beat, or the next run) takes the set's registration down, so a dead set never holds the slot or takes joins.
 """
 
 from __future__ import annotations
