@@ -1,40 +1,12 @@
 """Running one batch: claim it, run it fused (or request by request), store every result under its request id.
 
-Failure handling, from the narrowest to the widest (``docs/reliability.md`` has the bounds):
-
-* A fused forward that raises is re-run request by request, so only the culprit ends ``failed`` (with the
-  exception's type and message). One that runs out of memory is split in halves first, recursively; a single
-  request that still does not fit fails with ``OutOfMemory``. The runner's cache is emptied between tries
-  (``gpu_worker.bisection``, the step loop's policy too).
-* Output that does not fit the request (wrong number of images, not an image, an image that cannot be
-  encoded) fails that request with ``RunnerError``; an image the result store refuses fails its request with
-  ``ResultStoreError``.
-* Images go to the result store under keys of this run, journaled before the forward starts: if the run dies
-  between storing and finishing, the sweeper deletes them (``shared.results``).
-* Anything else that escapes (a bug, the soft time limit) fails the requests this claim still runs, with the
-  error; Redis calls that end requests are retried through an outage for ``redis_outage_retry_s``. If even
-  that fails, the batch stays in flight and its lock lapses: the scheduler's reaper publishes it again.
-* A run that kills the process (a segfault, the OOM killer, the hard time limit) is caught by no code here: the
-  next claims of the batch split it (``claim.lua``, ``lib_split_plan.lua``, halving as the out-of-memory split
-  above), so a claim may run only part of the batch; the rest waits for a later claim, and only the request whose
-  run kills the worker ends ``failed`` (``WorkerLost``).
-* Abort flags and ownership come back with each progress write, made off the denoising loop
-  (``gpu_worker.step_reporter``): the forward stops once every row is aborted or was claimed by another run;
-  results are written only under this run's claim token.
-* An aborted request ends ``aborted`` at once: the reporter's thread ends it (``ResultWriter.abort``, under this
-  run's claim token; its event, webhook and long polls see it at once) as soon as a progress write brings its flag
-  back, while the forward goes on for its peers. A forward run as a closed step set (``gpu_worker.set_forward``,
-  for a runner that is ``fused_by_steps``) drops its rows at the next step; a pipeline call cannot drop rows (its
-  scheduler keeps state of the batch's shape), so there they are computed until it ends. Their outputs are never
-  encoded or stored either way, and a failed forward's retries leave it out. A row found aborted only by the final
-  write (or whose ending met an outage) is ended the same way once the forward returns.
-
-Once a batch's forwards are over, what is left (encoding and storing its outputs, finishing its requests, releasing
-the batch) is handed to a ``Finisher`` and ``execute`` returns: the worker's ``BackgroundFinisher`` does it behind
-the next batch's forward, after ``forward_done`` has freed the worker's slot for that batch (``gpu_worker.finisher``
-says what bounds it). A runner that is not fused runs request by request, and its outputs are stored after the
-batch's last forward. A batch whose requests have several compatibility keys (a step-mode scheduler batches by step
-key) runs one fused forward per key, in the order of each key's first request (``compat_groups``).
+Contract: ``BatchExecutor.execute`` ends every request its claim runs (succeeded, failed or aborted), under that
+claim's token only, or leaves the batch in flight with its lock lapsing for the reaper (Redis away past
+``redis_outage_retry_s``); a failure fails only the requests it belongs to (a fused forward that raises is re-run
+request by request, one out of memory halved first, ``gpu_worker.bisection``); every stored object is journaled
+before it is written; an aborted request's outputs are never encoded or stored. Once a batch's forwards are over,
+the rest (encoding, storing, finishing, releasing) is handed to a ``Finisher`` and ``execute`` returns.
+The flow is docs/architecture.md#the-flow (step 3), each failure class and its bound docs/reliability.md.
 """
 
 from __future__ import annotations
