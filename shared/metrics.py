@@ -1,42 +1,11 @@
 """Fleet metrics aggregated in Redis: what the Lua scripts and the workers count, and how it reads back.
 
-Every fleet-wide counter and histogram is a field of one Redis hash, ``P:metrics`` (``shared.keys``), incremented
-atomically by whoever makes the transition it counts, so one read of it (the api's ``/metrics``,
-``fusefleet status``) covers every process of the fleet, whatever restarts. Its fields:
-
-=================================  =============  ==========================================================
-field                              written by     counts
-=================================  =============  ==========================================================
-``accepted``                       submit         requests accepted (202)
-``finished:<status>``              finish, fail,  requests that reached ``succeeded``, ``failed`` or ``aborted``
-                                   abort, claim,  (each exactly once: a status only moves forward)
-                                   expire
-``failed:<error type>``            same           failed requests by error type (``OutOfMemory``, ``WorkerLost``)
-``aborted:<stage>``                abort, claim,  aborted requests by the status the abort caught them in:
-                                   finish         ``queued``, ``scheduled`` (abort.lua) or ``running`` (claim.lua,
-                                                  finish.lua: the worker ended a flagged request)
-``batch_size:<n>``                 schedule       batches formed with ``n`` requests (exact sizes)
-``admission_wait_ms:<le>``         schedule       requests that joined a batch at most ``le`` ms after they were
-                                                  accepted (stream entry id to now, Redis time); ``le`` is
-                                                  ``pow2_ms_bucket`` of the wait
-``admission_wait:sum``             schedule       the sum of those waits, seconds
-``forward:<n>:count``, ``:sum``    WorkerMetrics  forwards of ``n`` requests, and their seconds
-``step_ms:<le>``, ``step:sum``     WorkerMetrics  each forward's mean step time (seconds / steps), same buckets
-``images``                         WorkerMetrics  images (or videos) the forwards produced
-``oom_splits``                     WorkerMetrics  fused forwards halved after running out of memory
-``requeued``                       requeue        step mode: running requests evicted for a higher priority and
-                                                  queued again (not exported to /metrics yet)
-``webhooks:<outcome>``             webhook_       webhook deliveries: ``delivered``, ``dropped``,
-                                   outcome        ``superseded`` (a progress event with a later one
-                                                  behind it), ``retried`` (failed attempts tried again)
-=================================  =============  ==========================================================
-
-('submit' is ``shared/lua/submit.lua`` and so on; ``WorkerMetrics`` is ``gpu_worker.metrics``.)
-
-The Lua scripts derive the hash's name from a request hash key they are given (``P:req:{id}`` -> ``P:metrics``),
-so counting needs no extra argument. ``P:metrics:recent`` is a ring of ``RECENT_SLOTS`` fields, one per second
-of Redis time (field ``second % RECENT_SLOTS``, value ``"<second> <images>"``), written by ``metrics_add.lua``:
-``recent_images`` sums the last minute of it for ``fusefleet status``.
+Contract: every fleet-wide counter and histogram bucket is a field of one Redis hash, ``P:metrics``, incremented
+atomically by whoever makes the transition it counts; this module names the fields' vocabulary (the buckets,
+statuses, stages and outcomes below), builds a worker's increments (``forward_increments``, ``pow2_ms_bucket``,
+the same rule as ``schedule.lua``) and reads the hash back (``parse_counters`` -> ``FleetCounters``) and the
+``P:metrics:recent`` throughput ring (``recent_images``). The table of fields, who writes each and what it counts:
+docs/operations.md#the-pmetrics-hash; the exported metrics: docs/operations.md#metrics.
 """
 
 from __future__ import annotations
