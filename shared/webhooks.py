@@ -1,33 +1,11 @@
 """Webhooks: what a request subscribes to, what the fleet POSTs, how it is signed and how often it is retried.
 
-A request may carry ``webhook`` (an http(s) URL on a host the fleet allows, ``shared.webhook_hosts``) and
-``webhook_events`` (default ``completed``). ``submit.lua`` stores them in the request hash; from then on the Lua
-script of each of the request's changes that writes a subscribed event to its event stream (``P:req:{id}:events``)
-also appends a small entry to the fleet's webhook outbox (``P:webhooks``, a stream), in the same atomic step. The
-dispatcher (``scheduler.webhooks``) POSTs them.
-
-=========== ====================================== =====================================================
-webhook     stream events (``shared.events``)      data (the event's SSE payload)
-=========== ====================================== =====================================================
-start       running (again after a worker died)    ``{"id", "worker"}``
-progress    progress (at most one a second)        ``{"id", "step", "total"}``
-completed   succeeded, failed, aborted             the ``RequestView`` (``GET /v1/requests/{id}``)
-=========== ====================================== =====================================================
-
-Request hash fields (``shared.keys``): ``webhook`` (the URL), ``webhook_on`` (the stream events subscribed to,
-space separated and space padded, so a script tests one with a plain ``string.find``), ``webhook_progress_ms``
-(Redis time of the last progress entry, ``progress.lua``'s throttle), ``webhook_attempt`` (``<event id> <failed
-attempts>`` of the event being retried, ``attempt_record``: a new dispatcher resumes the count, ``failed_attempts``),
-``webhook_error`` (why the last dropped delivery was dropped).
-
-Outbox entry fields (``OutboxEntry``): ``id`` (request id), ``event`` (the stream event), ``entry`` (its id in the
-request's event stream: the ``event_id`` the receiver sees), plus ``worker`` (running) or ``step`` and ``total``
-(progress).
-
-A delivery is ``POST <webhook>`` with a JSON body (``envelope``) and the header ``Fusefleet-Signature:
-t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>" keyed with webhook_secret>`` (``signature_header``,
-``verify``). Any 2xx answer is delivered; anything else (another status, no answer within ``webhook_timeout_s``,
-a refused connection) is retried after ``retry_delay_s``, at most ``webhook_max_attempts`` attempts in all.
+Contract, shared by the api, the Lua scripts and the dispatcher (``scheduler.webhooks``): ``WebhookEvent`` names
+what a request may subscribe to (``webhook_event`` maps a stream event to it, ``subscription`` writes the
+``webhook_on`` field the scripts test); ``OutboxEntry`` is one entry of the ``P:webhooks`` outbox; ``envelope`` is
+a delivery's JSON body, ``signature_header`` its ``Fusefleet-Signature`` and ``verify`` the receiver's check;
+``attempt_record`` / ``failed_attempts`` keep an event's failed attempts in the request hash and ``retry_delay_s``
+spaces them. The events, body, signature, retries and where each field lives: docs/operations.md#webhooks.
 """
 
 from __future__ import annotations
@@ -55,7 +33,7 @@ URL_FIELD = "webhook"
 ON_FIELD = "webhook_on"
 ATTEMPT_FIELD = "webhook_attempt"
 ERROR_FIELD = "webhook_error"
-"""Request hash fields (see the module docstring); the Lua scripts name ``webhook_on`` and ``webhook_progress_ms``."""
+"""Request hash fields (docs/operations.md#webhooks); Lua scripts name ``webhook_on`` and ``webhook_progress_ms``."""
 
 SIGNATURE_HEADER = "Fusefleet-Signature"
 SIGNATURE_VERSION = "v1"
