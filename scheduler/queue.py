@@ -1,32 +1,13 @@
 """The scheduler's waiting requests in the order they are served: one interface, two orders (``scheduling_policy``).
 
-``RequestQueue`` holds what the scheduler has read from the request stream but not yet dispatched (each round reads
-up to ``scheduler_read_count`` new entries whether or not a worker is free, so the queue soon holds the whole
-stream; the loop reads no more once it holds ``max_queue_len``, and a request aborted while queued leaves it at the
-next round, ``scheduler.store.SchedulerStore.take_aborted``). The stream stays the one durable FIFO log; the order
-of service is applied here:
-
-* ``FcfsQueue`` (``fcfs``): arrival order; a request's priority is ignored (every request is level 0).
-* ``PriorityQueue`` (``priority``): one FIFO per level; the highest non-empty level comes first, and within a level
-  arrival order. With every request at the default priority it is the FIFO of ``FcfsQueue``.
-
-A request the step-mode preemption put back (``requeue.lua``: its stream entry says ``requeued``) is added with
-``front=True``: at the front of its level, ahead of the requests that waited there (it had reached the front once
-already and was running); several requeued requests of a level keep their original order among themselves (by
-``arrival``, their first stream entry id, which ``requeue.lua`` carries over: FIFO, never LIFO). Every other request
-is added behind those of its level (FIFO). ``FcfsQueue`` is the same order with one level.
-
-``head(n)`` is the window the policy (``scheduler.policy.decide``) looks at, with each request's ``level``: the policy
-forms a batch from the head's level only, so nothing is ever reordered within a level and no request of a lower
-level rides in (and slows) a higher level's forward.
-
-Deadlines are kept the same way by both: ``pop_expired(now)`` removes and returns, earliest deadline first, every
-request whose deadline is at or before ``now``, whatever its place in the order (the caller fails them with
-``Timeout``); ``next_deadline()`` says when the next one falls due, so the loop wakes for it. A removed request's
-deadline is forgotten lazily, but the heap is compacted once most of it is dead (amortised O(1) a removal): it holds
-at most twice the waiting requests that have a deadline, plus 64, whatever else waits. Pure: no I/O and no
-clock. ``deadline`` is on the clock of ``pop_expired``'s ``now`` (the scheduler's: wall-clock seconds, as
-``RequestSpec.deadline``); ``arrived_at`` is the policy's (monotonic seconds).
+Contract: ``RequestQueue`` holds what the scheduler read from the request stream and has not dispatched, pure (no
+I/O, no clock). ``add`` puts a request behind those of its level (``front=True``, a requeued one: ahead of them,
+requeued ones by ``arrival``); ``head(n)`` is the policy's window in service order, highest level first, FIFO
+within a level; ``remove`` takes one out; ``pop_expired(now)`` removes every request whose deadline is at or
+before ``now``, earliest first, and ``next_deadline()`` says when the next falls due (the heap holds at most twice
+the waiting requests with a deadline, plus 64). ``FcfsQueue`` (``fcfs``, one level) and ``PriorityQueue``
+(``priority``, one FIFO per level) are the orders, ``QUEUES`` names them. The story:
+docs/architecture.md#the-schedulers-round-and-queue.
 """
 
 from __future__ import annotations
