@@ -1,30 +1,13 @@
 """The batching service: a thin loop around the pure policy (``scheduler.policy.decide``).
 
-Each round: read new stream entries into the queue (``scheduler.queue``, in the order of ``scheduling_policy``;
-blocking until the policy's next deadline, a request's deadline, a new request or a worker event; never more than
-``max_queue_len`` held), drop the requests aborted while queued (``abort.lua`` names them in
-``P:scheduler:aborted``: each leaves the queue and the pending list in O(1), whether or not a slot is free), fail
-the queued requests past their deadline (``Timeout``), refresh the abort/status flags of the head of the queue, ask
-the policy, and for each ``Dispatch`` move the requests into a batch atomically (fenced by the lease), publish the
-Celery task, and only then acknowledge their stream entries. A window of the head that held aborted requests is
-looked at again without them (never a blocking wait while live requests are behind them).
-
-This is the request-level service; with ``step_mode`` the subclass of ``scheduler.step_service`` runs instead (its
-hooks: the requests' key, and the running sets a batch may join rather than take a slot). ``service_for`` there
-chooses.
-
-Exactly one scheduler is active (a lease in Redis); others stand by and take over when it lapses. A new leader
-first replays the pending (read, unacknowledged) entries page by page: queued requests wait again, requests that
-already moved into a batch have that batch published again (workers skip finished or held batches), so a crash at
-any point loses nothing and never runs a request in two batches.
-
-The active scheduler also runs the reaper (``reap.lua``) about every second: a batch in flight that no run holds
-and that still has unfinished requests is published again, at once when its last run ended without finishing it,
-after ``batch_claim_timeout_s`` when its message was lost before any worker claimed it. With it runs the deadline
-sweep (``scheduler.deadlines``): requests in flight past their deadline fail (scheduled) or are aborted (running).
-
-A Redis outage never ends the process: the service backs off, stands by, and leads again (replaying from Redis,
-the only state that counts) once Redis answers.
+Contract: ``SchedulerService.run(stop)`` leads while it holds the lease (standing by otherwise) until ``stop`` is
+set, and never ends on a Redis outage (it backs off, stands by and leads again). While it leads, a request read
+from the stream is acknowledged only once its batch is scheduled (``SCHEDULE``, fenced by the lease) and
+published; a new leader replays the pending entries first, so a crash at any point loses nothing and never runs a
+request in two batches. It also runs the reaper and the deadline sweep (``scheduler.deadlines``). This is the
+request-level service; ``scheduler.step_service`` subclasses it for step mode (``service_for`` chooses). The round,
+step by step: docs/architecture.md#the-schedulers-round-and-queue; the guarantees:
+docs/architecture.md#delivery-guarantees.
 """
 
 from __future__ import annotations
