@@ -249,6 +249,30 @@ def gpu(
     typer.echo(f"results: {out}, {markdown}", err=True)
 
 
+@cli.command()
+def redis(
+    requests: Annotated[int, typer.Option(help="Requests in the measured window (after a warm-up).")] = 200,
+    concurrency: Annotated[int, typer.Option(help="Closed-loop clients.")] = 16,
+    steps: Annotated[int, typer.Option(help="Denoising steps of each request.")] = 20,
+    seqs: Annotated[int, typer.Option(help="FUSEFLEET_MAX_NUM_SEQS of the fleet.")] = 8,
+    null: Annotated[bool, typer.Option(help="Also measure the null runner (no progress).")] = True,
+    docs: Annotated[bool, typer.Option(help="Write redis_cmds_per_request, redis_us_per_request (+ _null).")] = False,
+    docs_dir: Annotated[Path, typer.Option(help="Where benchmarks.json is.")] = Path("docs"),
+) -> None:
+    """Redis commands and Redis CPU per request, by command (SIMULATED GPU runner, 20 steps; and the null runner):
+    a private Valkey, CONFIG RESETSTAT after a warm-up, INFO commandstats and cpu after the requests."""
+    from bench.redis_cost import figures as redis_figures
+    from bench.redis_cost import report, run
+    from bench.report import merge_figures
+
+    runners = ("simulated", "null") if null else ("simulated",)
+    results = run(runners, requests=requests, concurrency=concurrency, steps=steps, seqs=seqs, log_dir=LOGS / "redis")
+    typer.echo(report(results))
+    if docs:
+        merge_figures(docs_dir / "benchmarks.json", redis_figures(results))
+        typer.echo(f"figures: {docs_dir / 'benchmarks.json'}", err=True)
+
+
 def _pattern(value: str) -> Pattern:
     if value not in ("poisson", "closed", "burst"):
         raise typer.BadParameter("pattern must be poisson, closed or burst")

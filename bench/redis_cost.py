@@ -1,0 +1,178 @@
+"""What one request costs Redis: commands and Redis CPU per request, by command (``python -m bench redis``).
+
+One fleet per runner on a private Valkey (``fusefleet.valkey.EmbeddedValkey``, passed to ``bench.fleet`` as
+``FUSEFLEET_REDIS_URL``): the SIMULATED GPU runner (``SimulatedGpuRunner``, 100 + 10 x B ms a forward, reporting
+every one of the 20 steps) and, unless ``--no-null``, the null runner (no steps, no progress). Each run warms up,
+sends ``CONFIG RESETSTAT``, runs ``requests`` requests closed-loop (``concurrency`` clients, each submitting and
+long-polling as a client does), then reads ``INFO commandstats`` and ``INFO cpu``. Everything Redis did in that
+window is charged to the requests, the fleet's timers (heartbeats, lease renewals, the reaper) included.
+
+The figures (the pure part: ``command_costs``, ``RedisCost``):
+- **commands per request**: every command's ``calls`` summed, the commands a Lua script calls included (Redis counts
+  them in their own rows as well as the script's ``EVALSHA``);
+- **Redis CPU per request**: the server process's CPU time (``used_cpu_user + used_cpu_sys``) over the window, per
+  request: what bounds one Redis core's requests/s. The by-command table gives each command's ``usec`` (a
+  script's includes the commands it calls, so the rows overlap and their sum, also printed, exceeds the CPU time).
+``--docs`` writes ``redis_cmds_per_request`` and ``redis_us_per_request`` (simulated runner) and their ``_null``
+twins into docs/benchmarks.json (``bench.report.merge_figures``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench.fleet import bench_fleet
+from bench.loadgen import LoadSpec, run_load
+from bench.targets import FusefleetTarget
+from fusefleet.valkey import EmbeddedValkey
+
+RUNNERS = {"simulated": "bench.runners:SimulatedGpuRunner", "null": "bench.runners:NullRunner"}
+SIM_ENV = {"FUSEFLEET_SIM_BASE_MS": "100", "FUSEFLEET_SIM_PER_IMAGE_MS": "10"}
+OWN_COMMANDS = frozenset({"config|resetstat", "info"})  # the benchmark's own: not charged to the requests
+WARM_UP = 16  # requests before the window
+
+
+@dataclass(frozen=True)
+class CommandCost:
+    """One row of ``INFO commandstats``: a command's calls and the microseconds they took."""
+
+    name: str
+    calls: int
+    usec: int
+
+
+def command_costs(commandstats: Mapping[str, Mapping[str, Any]]) -> list[CommandCost]:
+    """The rows of ``INFO commandstats`` as redis-py parses it (``{"cmdstat_hget": {"calls": 3, "usec": 9, ...}}``),
+    names lower-cased without the ``cmdstat_`` prefix (subcommands keep theirs: ``config|resetstat``), the
+    benchmark's own commands (``OWN_COMMANDS``) left out."""
+    rows = []
+    for key, stat in commandstats.items():
+        name = key.removeprefix("cmdstat_").lower()
+        if key.startswith("cmdstat_") and name not in OWN_COMMANDS:
+            rows.append(CommandCost(name, int(stat["calls"]), int(stat["usec"])))
+    return rows
+
+
+@dataclass(frozen=True)
+class RedisCost:
+    """What ``requests`` requests cost Redis: the commands of the window and the server's CPU seconds in it."""
+
+    requests: int
+    commands: tuple[CommandCost, ...]
+    cpu_s: float
+
+    def __post_init__(self) -> None:
+        if self.requests < 1:
+            raise ValueError(f"requests must be >= 1, got {self.requests}")
+
+    @property
+    def cmds_per_request(self) -> float:
+        """Every command's calls over the requests (script-called commands included)."""
+        return sum(row.calls for row in self.commands) / self.requests
+
+    @property
+    def us_per_request(self) -> float:
+        """The server's CPU microseconds over the requests."""
+        return self.cpu_s * 1e6 / self.requests
+
+    @property
+    def command_us_per_request(self) -> float:
+        """commandstats ``usec`` summed over the requests (scripts and the commands they call both counted)."""
+        return sum(row.usec for row in self.commands) / self.requests
+
+    def by_cost(self) -> list[CommandCost]:
+        """The commands, most costly (``usec``) first; ties by calls, then name."""
+        return sorted(self.commands, key=lambda row: (-row.usec, -row.calls, row.name))
+
+    def table(self, top: int | None = None) -> str:
+        """A Markdown table: per request, each command's calls and µs, and its µs per call, most costly first."""
+        lines = ["| command | calls / request | µs / request | µs / call |", "|---|---|---|---|"]
+        for row in self.by_cost()[:top]:
+            per_call = row.usec / row.calls if row.calls else 0.0
+            lines.append(
+                f"| {row.name.upper()} | {row.calls / self.requests:.2f} | {row.usec / self.requests:.1f} "
+                f"| {per_call:.1f} |"
+            )
+        return "\n".join(lines)
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "requests": self.requests,
+            "cmds_per_request": self.cmds_per_request,
+            "us_per_request": self.us_per_request,
+            "command_us_per_request": self.command_us_per_request,
+        }
+
+
+def _cpu_s(client: redis.Redis) -> float:
+    cpu = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def measure(runner: str, *, requests: int, concurrency: int, steps: int, seqs: int, log_dir: Path) -> RedisCost:
+    """One fleet of ``runner`` (a key of ``RUNNERS``) on a private Valkey: warm up, reset the stats, run the
+    requests closed-loop, read the stats (see the module docstring)."""
+    with tempfile.TemporaryDirectory(prefix="fusefleet-redis-cost-") as folder:
+        server = EmbeddedValkey(Path(folder)).start()
+        try:
+            client = redis.Redis.from_url(server.url)
+            env = {"FUSEFLEET_REDIS_URL": server.url, **SIM_ENV}
+            with bench_fleet(
+                max_num_seqs=seqs, wait_ms=20, runner=RUNNERS[runner], log_dir=log_dir / runner, extra_env=env
+            ) as base:
+                target = FusefleetTarget(base, wait_s=60)
+                load = LoadSpec(pattern="closed", count=WARM_UP, concurrency=concurrency, steps=steps)
+                _run(target, load)
+                client.config_resetstat()
+                before = _cpu_s(client)
+                _run(target, LoadSpec(pattern="closed", count=requests, concurrency=concurrency, steps=steps))
+                cost = RedisCost(requests, tuple(command_costs(client.info("commandstats"))), _cpu_s(client) - before)
+            client.close()
+        finally:
+            server.stop()
+    return cost
+
+
+def _run(target: FusefleetTarget, load: LoadSpec) -> None:
+    records = asyncio.run(run_load(target, load, timeout_s=300))
+    failed = [record for record in records if record.status != "succeeded"]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(records)} requests did not succeed: {failed[0].error}")
+
+
+def figures(results: Mapping[str, RedisCost]) -> dict[str, float]:
+    """The docs/benchmarks.json figures: the simulated runner's plain, the null runner's with ``_null``."""
+    out: dict[str, float] = {}
+    for runner, cost in results.items():
+        suffix = "" if runner == "simulated" else f"_{runner}"
+        out[f"redis_cmds_per_request{suffix}"] = cost.cmds_per_request
+        out[f"redis_us_per_request{suffix}"] = cost.us_per_request
+    return out
+
+
+def report(results: Mapping[str, RedisCost], top: int | None = 15) -> str:
+    """Each runner's totals and its by-command table (Markdown)."""
+    parts: list[str] = []
+    for runner, cost in results.items():
+        parts += [
+            f"### {runner} runner: {cost.requests} requests",
+            "",
+            f"{cost.cmds_per_request:.1f} commands and {cost.us_per_request:.0f} µs of Redis CPU per request "
+            f"(commandstats usec summed: {cost.command_us_per_request:.0f} µs, scripts counted with what they call)",
+            "",
+            cost.table(top),
+            "",
+        ]
+    return "\n".join(parts)
+
+
+def run(runners: Sequence[str], **kwargs: Any) -> dict[str, RedisCost]:
+    """``measure`` each runner in turn."""
+    return {runner: measure(runner, **kwargs) for runner in runners}

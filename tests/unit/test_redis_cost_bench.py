@@ -1,0 +1,52 @@
+"""``python -m bench redis``'s pure part: the commandstats rows it keeps and the per-request arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.redis_cost import CommandCost, RedisCost, command_costs, figures
+
+STATS = {
+    "cmdstat_evalsha": {"calls": 40, "usec": 4000, "usec_per_call": 100.0, "rejected_calls": 0, "failed_calls": 0},
+    "cmdstat_hget": {"calls": 300, "usec": 210, "usec_per_call": 0.7, "rejected_calls": 0, "failed_calls": 0},
+    "cmdstat_XADD": {"calls": 60, "usec": 330, "usec_per_call": 5.5, "rejected_calls": 0, "failed_calls": 0},
+    "cmdstat_config|resetstat": {"calls": 1, "usec": 39, "usec_per_call": 39.0},
+    "cmdstat_info": {"calls": 2, "usec": 56, "usec_per_call": 28.0},
+    "errorstat_ERR": {"count": 1},
+}
+
+
+def test_commandstats_rows_drop_the_benchmarks_own_commands_and_other_sections() -> None:
+    assert sorted(command_costs(STATS), key=lambda row: row.name) == [
+        CommandCost("evalsha", 40, 4000),
+        CommandCost("hget", 300, 210),
+        CommandCost("xadd", 60, 330),
+    ]
+
+
+def test_per_request_figures_and_the_table_most_costly_first() -> None:
+    cost = RedisCost(requests=20, commands=tuple(command_costs(STATS)), cpu_s=0.005)
+    assert cost.cmds_per_request == pytest.approx((40 + 300 + 60) / 20)
+    assert cost.us_per_request == pytest.approx(250.0)  # 5 ms of server CPU over 20 requests
+    assert cost.command_us_per_request == pytest.approx((4000 + 210 + 330) / 20)
+    assert [row.name for row in cost.by_cost()] == ["evalsha", "xadd", "hget"]
+    lines = cost.table().splitlines()
+    assert lines[2] == "| EVALSHA | 2.00 | 200.0 | 100.0 |"
+    assert lines[4] == "| HGET | 15.00 | 10.5 | 0.7 |"
+    assert len(cost.table(top=1).splitlines()) == 3
+
+
+def test_figures_name_the_null_runner_apart() -> None:
+    simulated = RedisCost(10, (CommandCost("hget", 50, 10),), cpu_s=0.001)
+    null = RedisCost(10, (CommandCost("hget", 20, 4),), cpu_s=0.0005)
+    assert figures({"simulated": simulated, "null": null}) == {
+        "redis_cmds_per_request": 5.0,
+        "redis_us_per_request": pytest.approx(100.0),
+        "redis_cmds_per_request_null": 2.0,
+        "redis_us_per_request_null": pytest.approx(50.0),
+    }
+
+
+def test_no_requests_is_refused() -> None:
+    with pytest.raises(ValueError, match="requests"):
+        RedisCost(0, (), 0.0)
