@@ -1,35 +1,12 @@
 """The simulated GPU: the one cost model and the one output of every server in the GPU-shaped benchmark.
 
-fusefleet's ``bench.runners:SimulatedGpuRunner`` imports it as ``bench.peers.simulated_gpu``; the peer servers
-(BentoML, LitServe, through ``peer_common``) import it as ``simulated_gpu`` (their working directory is
-bench/peers). So all three run the same forward: sleep ``t = a + b * sum(w * h / ref_side**2)`` over the call's
-output images (the CPU is free, as in a process waiting on a CUDA forward), then return one placeholder image per
-output, which every server encodes as PNG with ``compress_level=1``. Standard library and Pillow only: the peer
-venvs share nothing else with the project venv.
-
-The variables below configure it in every server; the benchmark sets all of them (``CostModel.env``). fusefleet's
-runner reads them through ``bench.runners.SimulatedGpuSettings`` (fields of the same names: ``sim_base_ms``, ...);
-they are no fleet setting.
-
-    FUSEFLEET_SIM_BASE_MS       a: ms per forward, whatever its size
-    FUSEFLEET_SIM_PER_IMAGE_MS  b: ms per output image of ref_side x ref_side px
-    FUSEFLEET_SIM_REF_SIDE      ref_side; unset or 0: every image costs b, whatever its size
-    FUSEFLEET_SIM_REF_STEPS     ref_steps: a and b are the cost of a forward of that many denoising steps, and a
-                                forward of S steps costs (a + b * B) * S / ref_steps; unset or 0: a forward costs
-                                a + b * B whatever its steps (the test fleets' simple model)
-    FUSEFLEET_SIM_TRACE         optional file: one JSON line per forward (``record_forward``) or step (``record_step``)
-
-**Per step** (step mode, ``docs/step_mode.md``): one denoising step of a running set of R rows costs
-``(a + b * R) / ref_steps`` (``CostModel.step_s``; ``REF_STEPS`` = 20 when ref_steps is unset), the same per-step
-form as a request-level forward with ref_steps set: a step over R rows costs what one step of a batch-R pipeline
-call costs, as measured on the H200 (docs/step_mode.md, "Speed on an NVIDIA H200"). Only fusefleet's
-``SimulatedGpuRunner`` passes steps; the peers call ``forward_s`` without them (their benchmark runs 20 steps).
-
-The GPU-shaped default (``GPU_SHAPED``) is a least-squares fit of ``a + b * B`` to ``SD15_H200``: seconds per
-pipeline call measured with the Stable Diffusion 1.5 architecture (random weights, fp16, 512 px, 20 steps, CFG
-7.5) on one NVIDIA H200 (diffusers 0.42.1, torch 2.11). A bigger image costs b times its area in 512 px images
-(768 px: 2.25 b): the UNet's work grows with the latent's pixels; attention grows faster, so this is kind to
-large sizes.
+Contract: fusefleet's ``SimulatedGpuRunner`` and the peer servers import this one module (standard library and
+Pillow only), so they all run the same forward: ``CostModel.forward_s`` / ``step_s`` say how long a call or a
+step takes (``t = a + b * sum(w * h / ref_side**2)``, per step divided by ``ref_steps``), ``sleep_forward`` sleeps
+it with the CPU free, ``placeholder_image`` is each output (encoded as PNG with ``compress_level=1`` by every
+server), ``record_forward`` / ``record_step`` trace it. ``CostModel.env`` writes the ``FUSEFLEET_SIM_*`` variables
+named below (no fleet setting) for every server; ``GPU_SHAPED`` is the fit of ``SD15_H200`` (the H200 run).
+What each variable means and where a and b come from: docs/benchmarks.md#the-cost-model-and-where-a-and-b-come-from.
 """
 
 from __future__ import annotations
