@@ -1,54 +1,31 @@
-"""The scheduler's batching policy: a pure function from what is waiting to what to do next.
+"""The scheduler's batching policy: pure functions from what is waiting to what to do next. The story (why strict
+FIFO head-of-line, levels, the admission wait, step-mode joins and preemption) is docs/architecture.md#the-flow
+(step 2) and docs/step_mode.md#the-fleet-in-step-mode; what follows is the functions' contract, kept here in full.
 
-Contract (vLLM-Omni request-level batching, strict FIFO head-of-line):
+All three do no I/O, keep no state and never read a clock: ``now`` and every ``arrived_at`` are monotonic seconds
+from the caller, so equal inputs give equal answers. ``waiting`` is in service order (``scheduler.queue``: highest
+``level`` first, arrival order within one). The head is its first live request; aborted requests never start,
+block or join a batch, and each one seen is reported in ``dropped_ids`` for the caller to discard. A batch holds
+the head's level only: other levels are neither in it nor close it, and count for nothing below.
 
-* ``decide`` does no I/O, keeps no state and never reads a clock: ``now`` and every ``arrived_at`` are
-  monotonic seconds supplied by the caller, so the same inputs always give the same ``Decision``.
-* ``waiting`` is in service order (``scheduler.queue``): by ``level``, highest first, and in arrival order within
-  a level (with one level, as under ``fcfs``, plain arrival order). Aborted requests are never batched: each one is
-  reported in ``dropped_ids`` (of a ``Dispatch`` or a ``Wait``) for the caller to discard, and they neither start
-  nor block a batch.
-* A batch holds one level: the head's (the first live request). Requests of other levels are neither in it nor
-  close it, and count for nothing below; so nothing is reordered within a level, and a higher level never waits
-  behind a lower one nor pays for its rows in the forward.
-* The candidate batch is the head plus the live requests of its level after it with an equal
-  compatibility key, stopping at the first live request whose key differs (it blocks later compatible ones,
-  so no request is ever overtaken by a younger incompatible one), and capped at ``max_num_seqs`` and at the
-  pixel budget: at most ``max_batch_cost // head.cost`` requests (at least one; compatible requests have equal
-  costs, so the budget is a per-key cap), so a batch is closed before it would exceed ``max_batch_cost``.
-* With no live request, or no free worker slot, the answer is ``Wait(until=None)``: call again on new input.
-* The candidate is dispatched at once when it is full, when it is closed (a live incompatible request follows
-  it, so it can never grow) or when the admission wait is disabled (``max_wait_s == 0``).
-* Otherwise the admission wait ends at ``min(head.arrived_at + max_wait_s, last_arrival + stable_s)``, where
-  ``last_arrival`` is the latest arrival among the live requests of the head's level: ``now >= deadline``
-  dispatches, anything earlier answers ``Wait(until=deadline)``.
+``decide(waiting, free_slots, now, config)`` -> ``Dispatch`` or ``Wait``. The candidate is the head plus the live
+requests of its level after it with an equal compatibility key, stopping at the first live one whose key differs,
+capped at ``max_num_seqs`` and at ``max_batch_cost // head.cost`` requests (at least one; compatible requests cost
+the same). No live request or no free slot: ``Wait(until=None)``. Full, closed (an incompatible live request
+follows) or ``max_wait_s == 0``: dispatched at once. Otherwise the wait ends at ``min(head.arrived_at +
+max_wait_s, last_arrival + stable_s)`` (``last_arrival``: the latest among the live requests of the head's level):
+``now >= deadline`` dispatches, anything earlier is ``Wait(until=deadline)``.
 
-Step mode (``place``, ``docs/step_mode.md``): before a new batch is decided, the head's requests may join a running
-set. ``place(waiting, open_sets, config)`` is pure in the same way (no I/O, no state, no clock) and answers a
-``Join`` or None (then ``decide`` as above):
+``place(waiting, open_sets, config)`` -> ``Join`` or None (then ``decide``). A usable set is not sealed, has the
+head's (step) key and room ``config.cap(head) - set.rows > 0``; the one with the most room wins, ties to the lowest
+worker name; none: None. The join is the head plus its level's live requests after it with an equal key (strict:
+stopping at the first that differs; grouped: skipping it), up to that room, dispatched at once.
 
-* The head is the first live request, as for ``decide``; with none, or with no usable set, the answer is None.
-* A usable set is one of ``open_sets`` that is not sealed, whose ``key`` equals the head's key (the step key) and
-  has room: ``config.cap(head) - set.rows > 0`` (the batch cap, ``max_num_seqs`` and the pixel budget, bounds the
-  requests of a set). Among usable sets the one with the most room is chosen; ties go to the lowest worker name.
-* The join holds the head plus the live requests of its level after it with an equal key, as the candidate batch
-  of ``decide`` (strict: stopping at the first live request whose key differs; grouped: skipping it), up to the
-  chosen set's room. It is dispatched at once: the set is already running, so waiting would only add latency.
-* Aborted requests never join; ``dropped_ids`` reports every one seen, as ``decide`` does.
-
-Step-mode preemption (``preempt``, docs/step_mode.md "Priorities and preemption"): a higher level may take a
-running request's room in a set at a step boundary. ``preempt(waiting, open_sets, free_slots, config)`` is pure in
-the same way and answers a ``Preempt`` (evict that request of that worker's set; it goes back to the queue, at the
-front of its level, and restarts) or None:
-
-* Only for a live head that cannot start otherwise: no free slot (``free_slots <= 0``) and no set it could join
-  (``place`` answers None).
-* Only from an open (not sealed) set of the head's key, where one eviction makes room for the head
-  (``rows - 1 < cap(head)``), and only a request of a LOWER level than the head's (never within a level).
-* At most one eviction on its way per key: while a set of the head's key has one pending (``evicting``), the
-  answer is None (that room is coming, and the head will take it).
-* The victim is the member of the lowest level over all candidate sets; ties: the one that joined last (the least
-  work thrown away), then the lowest worker name, then the lowest request id.
+``preempt(waiting, open_sets, free_slots, config)`` -> ``Preempt`` (evict that request of that worker's set) or
+None. Only for a live head with no free slot (``free_slots <= 0``) and no set to join; only from an open set of
+its key where one eviction makes room (``rows - 1 < cap(head)``), and only a request of a LOWER level than the
+head's; None while a set of its key has an eviction pending (``evicting``). The victim is the lowest level over
+all candidate sets; ties: the one that joined last, then the lowest worker name, then the lowest request id.
 """
 
 from __future__ import annotations
