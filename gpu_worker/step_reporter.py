@@ -1,12 +1,13 @@
 """Progress and abort signals of one forward, off the denoising loop.
 
 The step callback only records the step and returns what is known of the rows (``RowSignal``): it never waits on
-Redis. A thread writes the latest step (``progress.lua``) as soon as the previous write returned, and keeps the
-signals that write answers: aborted rows, and rows another run claimed since (a stalled worker replaced after its
-lock lapsed). The forward stops at the step after every row is known to be aborted or not ours, so an abort
-reaches the loop within one Redis round trip plus one step, and a slow or stalled Redis slows nothing but the
-reports. While Redis fails, reports pause for ``PAUSE_S`` and the forward goes on. ``close`` writes the final
-step (so a finished request shows ``step == total``) and stops the thread, within ``CLOSE_TIMEOUT_S``.
+Redis. A thread writes the latest step (``progress.lua``, one round trip for the whole forward) at most once per
+``WRITE_EVERY_S`` (the first step at once), and keeps the signals that write answers: aborted rows, and rows another
+run claimed since (a stalled worker replaced after its lock lapsed). The forward stops at the step after every row
+is known to be aborted or not ours, so an abort reaches the loop within ``WRITE_EVERY_S`` plus one Redis round trip
+plus one step, and a slow or stalled Redis slows nothing but the reports. While Redis fails, reports pause for
+``PAUSE_S`` and the forward goes on. ``close`` writes the final step at once (so a finished request shows
+``step == total``) and stops the thread, within ``CLOSE_TIMEOUT_S``.
 
 ``on_aborted``, when given, is called on the reporter's thread (never the loop's) with the requests a write just
 found aborted, once per request, so their owner can end them at once while the forward still runs (the request-level
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from gpu_worker.store import RowSignal, WorkerStore
@@ -27,6 +29,7 @@ from shared.retry import TRANSIENT_ERRORS
 log = logging.getLogger(__name__)
 
 PAUSE_S = 1.0  # after a failed write, skip writes this long (Redis is away)
+WRITE_EVERY_S = 0.1  # at most one progress write per forward this often: events are throttled to 250 ms anyway
 CLOSE_TIMEOUT_S = 2.0  # the longest close waits for the final write
 
 
@@ -88,7 +91,9 @@ class StepReporter:
             with self._lock:
                 pending, self._pending = self._pending, None
             if pending is not None:
+                started = time.monotonic()
                 self._write(*pending)
+                self._closed.wait(WRITE_EVERY_S - (time.monotonic() - started))  # close ends the wait
             if self._closed.is_set():
                 with self._lock:
                     last = self._pending

@@ -11,7 +11,7 @@ import fakeredis
 import pytest
 import redis
 
-from gpu_worker.step_reporter import StepReporter
+from gpu_worker.step_reporter import WRITE_EVERY_S, StepReporter
 from gpu_worker.store import Claimed, RowSignal, WorkerStore
 from shared import keys as k
 from shared.settings import Settings
@@ -132,3 +132,39 @@ def test_aborted_rows_are_handed_over_once_from_the_reporter_thread(settings: Se
     reporter.close()
     assert calls == [("step-reporter", ["b"]), ("step-reporter", ["b"]), ("step-reporter", ["c"])]
     assert reporter.signals == [RowSignal.GO_ON, RowSignal.ABORTED, RowSignal.ABORTED]
+
+
+class CountingStore(WorkerStore):
+    """Records when each progress write starts (fast Redis: fakeredis)."""
+
+    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+        super().__init__(client, settings)
+        self.started: list[float] = []
+
+    def progress(self, request_ids: Sequence[str], step: int, total: int, token: str) -> list[RowSignal]:
+        self.started.append(time.monotonic())
+        return super().progress(request_ids, step, total, token)
+
+
+def test_writes_are_at_most_one_per_interval_the_first_and_last_at_once(settings: Settings) -> None:
+    """A forward of fast steps (Redis answering at once) writes its first step at once, then at most one write per
+    ``WRITE_EVERY_S``, and its last step at close without waiting out the interval."""
+    client = fakeredis.FakeRedis(decode_responses=True)
+    claimed(client, settings, ["a", "b"])
+    store = CountingStore(client, settings)
+    reporter = StepReporter(store, ["a", "b"], "tok")
+    began = time.monotonic()
+    reporter.on_step(1, 40)
+    wait_for(lambda: client.hget(store.keys.request("a"), "step") == "1", 2, "the first step written at once")
+    assert store.started[0] - began < WRITE_EVERY_S / 2
+    for step in range(2, 40):
+        reporter.on_step(step, 40)
+        time.sleep(0.01)  # 40 steps of 10 ms: 0.4 s, about four intervals
+    reporter.on_step(40, 40)
+    closing = time.monotonic()
+    reporter.close()
+    assert time.monotonic() - closing < WRITE_EVERY_S / 2  # the final write did not wait out the interval
+    assert client.hget(store.keys.request("b"), "step") == "40"
+    spans = [later - earlier for earlier, later in zip(store.started, store.started[1:-1], strict=False)]
+    assert all(span >= WRITE_EVERY_S * 0.95 for span in spans), spans  # the interval, bar the final write
+    assert 3 <= len(store.started) <= 2 + (time.monotonic() - began) / WRITE_EVERY_S, store.started
