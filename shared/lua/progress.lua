@@ -1,4 +1,5 @@
 -- Record denoising progress and read, per request, whether its row should stop, in one round trip.
+-- One HMGET per request reads all it needs; the event stream is read only when the step changed.
 -- A ``progress`` event goes to the request's event stream when the step changed and either it is the last step or
 -- the stream's last event is EVENT_EVERY_MS old (entry ids are Redis time in ms), trimmed to EVENT_MAXLEN entries:
 -- the stream stays small however many steps a request runs.
@@ -18,12 +19,12 @@ local out = {}
 for j = 1, request_count(FIXED) do
   local request = request_at(FIXED, j)
   local hash = request.hash
-  local st = redis.call('HMGET', hash, 'status', 'abort', 'claim')
+  local st = redis.call('HMGET', hash, 'status', 'abort', 'claim', 'step')
   if st[1] ~= STATUS.running or st[3] ~= token then
     out[j] = 2
   else
-    local changed = redis.call('HGET', hash, 'step') ~= step
-    local last = redis.call('XREVRANGE', request.events, '+', '-', 'COUNT', 1)[1]
+    local changed = st[4] ~= step
+    local last = changed and redis.call('XREVRANGE', request.events, '+', '-', 'COUNT', 1)[1]
     if changed and (step == total or not last
                     or now - tonumber(string.match(last[1], '^%d+')) >= EVENT_EVERY_MS) then
       local event = redis.call('XADD', request.events, 'MAXLEN', EVENT_MAXLEN, '*', 'event', 'progress',
