@@ -6,7 +6,7 @@ import pytest
 
 from bench.redis_cost import CommandCost, RedisCost, command_costs, figures
 
-STATS = {
+STATS: dict[str, dict[str, float]] = {
     "cmdstat_evalsha": {"calls": 40, "usec": 4000, "usec_per_call": 100.0, "rejected_calls": 0, "failed_calls": 0},
     "cmdstat_hget": {"calls": 300, "usec": 210, "usec_per_call": 0.7, "rejected_calls": 0, "failed_calls": 0},
     "cmdstat_XADD": {"calls": 60, "usec": 330, "usec_per_call": 5.5, "rejected_calls": 0, "failed_calls": 0},
