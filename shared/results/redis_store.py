@@ -2,19 +2,26 @@
 
 Beyond ``max_bytes`` the oldest objects are dropped first (``shared/lua/redis_result_put.lua``) and the request
 of each one that its current run stored records when (``evicted_at``: the api then answers 410 for its images and
-says why); an earlier, fenced run's orphan marks nothing.
+says why); an earlier, fenced run's orphan marks nothing. ``put`` reads the oldest objects that would make room
+(candidates) and the script drops them in the same call that marks their requests; when a concurrent put or delete
+changed the order in between, it reads again (at most ``PUT_TRIES`` calls).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import redis
 
 from shared.keys import REDIS_RESULT_DELETE, REDIS_RESULT_PUT, RedisKeys
-from shared.results.store import ResultStoreError, check_key
+from shared.results.store import KEY_PATTERN, ResultStoreError, check_key
 
 BACKSTOP_TTL_S = 86_400  # beyond the time an object is due: Redis drops it even if no sweeper ever runs
+CANDIDATE_PAGE = 8
+"""Objects read per round trip while choosing what to drop, oldest first, until their bytes make room."""
+PUT_TRIES = 20
+"""Script calls of one put before it gives up: each retry means the order changed under it (another put, a delete)."""
 
 
 class RedisResultStore:
@@ -32,15 +39,57 @@ class RedisResultStore:
 
     def put(self, key: str, data: bytes) -> None:
         k = self._keys
-        reply = self._put(
-            keys=[k.result(check_key(key)), k.redis_results_order, k.redis_results_sizes, k.redis_results_used],
-            args=[data, self.max_bytes, self._ttl_s, k.result(""), k.request("")],
-        )
-        if int(reply) < 0:
-            raise ResultStoreError(
-                f"an image of {len(data)} bytes exceeds the Redis result store's cap (result_redis_max_bytes="
-                f"{self.max_bytes})"
+        object_key = k.result(check_key(key))
+        if len(data) > self.max_bytes:
+            raise self._too_large(data)
+        fixed = [object_key, k.redis_results_order, k.redis_results_sizes, k.redis_results_used]
+        for _ in range(PUT_TRIES):
+            strides = [self._stride(victim) for victim in self._candidates(object_key, len(data))]
+            reply = self._put(
+                keys=[*fixed, *(slot for victim, request, _ in strides for slot in (victim, request))],
+                args=[data, self.max_bytes, self._ttl_s, *(token for _, _, token in strides)],
             )
+            dropped, written = (int(part) for part in reply)
+            if dropped < 0:
+                raise self._too_large(data)
+            if written:
+                return
+        raise ResultStoreError(
+            f"storing {key}: the Redis result store's oldest objects kept changing under {PUT_TRIES} tries to make room"
+        )
+
+    def _too_large(self, data: bytes) -> ResultStoreError:
+        return ResultStoreError(
+            f"an image of {len(data)} bytes exceeds the Redis result store's cap (result_redis_max_bytes="
+            f"{self.max_bytes})"
+        )
+
+    def _candidates(self, object_key: str, size: int) -> list[bytes]:
+        """The oldest objects (not ``object_key``) whose bytes make room for ``size`` more, as read now."""
+        k = self._keys
+        need = int(self._redis.get(k.redis_results_used) or 0) + size - self.max_bytes
+        picked: list[bytes] = []
+        start = 0
+        while need > 0:
+            page = cast(list[bytes], self._redis.zrange(k.redis_results_order, start, start + CANDIDATE_PAGE - 1))
+            if not page:
+                break
+            for victim, stored in zip(page, self._redis.hmget(k.redis_results_sizes, page), strict=True):
+                if victim != object_key.encode() and need > 0:
+                    picked.append(victim)
+                    need -= int(stored or 0)
+            start += CANDIDATE_PAGE
+        return picked
+
+    def _stride(self, victim: bytes) -> tuple[bytes, bytes | str, str]:
+        """A candidate's object key, its request's hash key and its claim token, from the object's result key; a key
+        not of that shape names no request: its own key stands in for the hash, with no token (nothing marked)."""
+        prefix = self._keys.result("").encode()
+        key = victim[len(prefix) :].decode(errors="replace") if victim.startswith(prefix) else ""
+        if not KEY_PATTERN.match(key):
+            return victim, victim, ""
+        request_id, token = key.split("/")[:2]
+        return victim, self._keys.request(request_id), token
 
     def get(self, key: str) -> bytes | None:
         data = self._redis.get(self._keys.result(check_key(key)))

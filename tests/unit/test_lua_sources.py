@@ -23,8 +23,6 @@ DERIVED_KEY = [
     re.compile(r"\.\.\s*'[a-z_]*:"),  # a suffix such as ``.. ':events'`` or ``.. ':req:' ..`` glued to a name
     re.compile(r"'[^' ]*:(req|batch|events|metrics|webhooks|inputs|scheduler|step|lock)[^' ]*'"),
 ]
-DATA_KEYS = {"redis_result_put.lua"}
-"""Scripts that name a key from data (only they know which): the request of an object the Redis result store drops."""
 
 
 def code(source: str) -> str:
@@ -46,8 +44,7 @@ def test_no_status_name_is_spelled(name: str) -> None:
 def test_no_key_is_derived(name: str) -> None:
     found = [pattern.pattern for pattern in DERIVED_KEY if pattern.search(code(SOURCES[name]))]
     assert found == [], f"{name} builds a key name: pass it in KEYS instead"
-    if name not in DATA_KEYS:
-        assert "prefix" not in code(SOURCES[name]), f"{name} builds a key name from a prefix: pass it in KEYS"
+    assert "prefix" not in code(SOURCES[name]), f"{name} builds a key name from a prefix: pass it in KEYS"
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

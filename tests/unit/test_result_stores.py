@@ -29,7 +29,7 @@ from shared.results import ResultStore, ResultStoreError, ResultStoreTimeout, bu
 from shared.results.deadline import MAX_CALLS, DeadlineStore
 from shared.results.factory import BUILDERS
 from shared.results.filesystem import FilesystemResultStore
-from shared.results.redis_store import RedisResultStore
+from shared.results.redis_store import CANDIDATE_PAGE, PUT_TRIES, RedisResultStore
 from shared.results.s3 import DELETE_PAGE, S3ResultStore, build_s3_client
 from shared.settings import ResultStoreName, Settings
 from tests.support.redis_server import free_port
@@ -463,6 +463,12 @@ def accounted(store: RedisResultStore, client: fakeredis.FakeRedis) -> int:
     return total
 
 
+def backend_keys(client: fakeredis.FakeRedis) -> set[str]:
+    """The result keys of the objects the store holds."""
+    objects = RedisKeys(PREFIX).result("")
+    return {key.decode()[len(objects) :] for key in client.scan_iter(match=f"{objects}*")}
+
+
 def test_redis_cap_drops_the_oldest_first_and_marks_their_requests(
     capped: tuple[RedisResultStore, fakeredis.FakeRedis],
 ) -> None:
@@ -544,6 +550,130 @@ def test_redis_object_larger_than_the_cap_is_refused_unwritten(
     assert accounted(store, client) == 60
     store.put("r3/tok/0.png", b"c" * 100)  # exactly the cap fits
     assert accounted(store, client) == 100
+
+
+def claimed(client: fakeredis.FakeRedis, *request_ids: str) -> None:
+    """Requests whose current run (claim ``tok``) stores their objects now."""
+    for request_id in request_ids:
+        client.hset(RedisKeys(PREFIX).request(request_id), mapping={"status": "running", "claim": "tok"})
+
+
+def evicted(client: fakeredis.FakeRedis, *request_ids: str) -> list[str]:
+    """Those of ``request_ids`` whose hash carries an eviction mark."""
+    return [rid for rid in request_ids if client.hexists(RedisKeys(PREFIX).request(rid), "evicted_at")]
+
+
+def script_calls(
+    store: RedisResultStore, monkeypatch: pytest.MonkeyPatch, before: Callable[[int], None] = lambda call: None
+) -> list[list[int]]:
+    """The put script's replies, recorded; ``before(n)`` runs just before call ``n`` (from 0): after the put read
+    its candidates, so what it does is a concurrent writer's change between the read and the script."""
+    script, replies = store._put, list[list[int]]()
+
+    def recorded(**kwargs: Any) -> Any:
+        before(len(replies))
+        replies.append([int(part) for part in script(**kwargs)])
+        return replies[-1]
+
+    monkeypatch.setattr(store, "_put", recorded)
+    return replies
+
+
+def test_redis_cap_reads_again_when_the_order_changed_between_the_read_and_the_script(
+    capped: tuple[RedisResultStore, fakeredis.FakeRedis], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The put reads a and b to drop; before its script runs, a delete takes b and another put fills the room. The
+    script drops a (still the oldest) and marks it in the same call, finds c where b was and answers retry; the
+    put reads c and e and drops both."""
+    store, client = capped
+    other = RedisResultStore(client, RedisKeys(PREFIX), max_bytes=100, keep_s=60)  # another worker's store
+    claimed(client, "a", "b", "c", "d", "e")
+    for request_id in "abc":
+        store.put(f"{request_id}/tok/0.png", b"x" * 30)
+    marked_after_first: list[str] = []
+
+    def concurrently(call: int) -> None:
+        if call == 0:
+            other.delete(["b/tok/0.png"])
+            other.put("e/tok/0.png", b"e" * 40)  # 100: fits without a drop
+        else:
+            marked_after_first.extend(evicted(client, *"abcde"))  # what a worker killed here would leave
+
+    replies = script_calls(store, monkeypatch, concurrently)
+    store.put("d/tok/0.png", b"d" * 70)
+    assert replies == [[1, 0], [2, 1]]  # a dropped, then retry; c and e dropped, written
+    assert marked_after_first == ["a"]
+    assert backend_keys(client) == {"d/tok/0.png"} and accounted(store, client) == 70
+    assert evicted(client, *"abcde") == ["a", "c", "e"]  # b was deleted, not evicted
+
+
+def test_redis_cap_drops_more_than_a_page_of_candidates_in_one_call(
+    capped: tuple[RedisResultStore, fakeredis.FakeRedis], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, client = capped
+    ids = [f"r{index:02}" for index in range(20)]
+    claimed(client, *ids)
+    for request_id in ids:
+        store.put(f"{request_id}/tok/0.png", b"x" * 5)
+    replies = script_calls(store, monkeypatch)
+    store.put("big/tok/0.png", b"b" * 60)  # needs the 12 oldest gone
+    assert 12 > CANDIDATE_PAGE and replies == [[12, 1]]
+    assert evicted(client, *ids) == ids[:12]
+    assert backend_keys(client) == {"big/tok/0.png", *(f"{rid}/tok/0.png" for rid in ids[12:])}
+    assert accounted(store, client) == 100
+
+
+def test_redis_cap_marks_by_the_claim_at_the_drop_not_at_the_read(
+    capped: tuple[RedisResultStore, fakeredis.FakeRedis], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The request is claimed again between the put's read and its script: the object dropped is now an orphan of
+    a fenced run, and the request's new run is not marked."""
+    store, client = capped
+    claimed(client, "req")
+    store.put("req/tok/0.png", b"a" * 40)
+    store.put("other/tok/0.png", b"b" * 40)
+
+    def claimed_again(call: int) -> None:
+        client.hset(RedisKeys(PREFIX).request("req"), "claim", "new")
+
+    replies = script_calls(store, monkeypatch, claimed_again)
+    store.put("third/tok/0.png", b"c" * 40)
+    assert replies == [[1, 1]] and store.get("req/tok/0.png") is None
+    assert evicted(client, "req") == []
+
+
+def test_redis_cap_drops_an_object_whose_key_names_no_request(
+    capped: tuple[RedisResultStore, fakeredis.FakeRedis],
+) -> None:
+    """An object under a key not of the result-key shape (written by hand, or by another version) is dropped like
+    any other; no request is marked or made up (its own key stands in for the request hash: a string, not read)."""
+    store, client = capped
+    keys = RedisKeys(PREFIX)
+    for name in ("stray", "a/tok"):  # a/tok: no image name, so no request id either
+        client.set(keys.result(name), b"s" * 20)
+        client.zadd(keys.redis_results_order, {keys.result(name): 0})
+        client.hset(keys.redis_results_sizes, keys.result(name), 20)
+        client.incrby(keys.redis_results_used, 20)
+    claimed(client, "a")
+    store.put("x/tok/0.png", b"x" * 40)
+    store.put("y/tok/0.png", b"y" * 60)  # 140 > 100: both strays go
+    assert backend_keys(client) == {"x/tok/0.png", "y/tok/0.png"} and accounted(store, client) == 100
+    assert evicted(client, "a") == [] and {key.decode() for key in client.scan_iter(match=keys.request("*"))} == {
+        keys.request("a")
+    }
+
+
+def test_redis_put_gives_up_when_the_order_keeps_changing(
+    capped: tuple[RedisResultStore, fakeredis.FakeRedis], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, client = capped
+    store.put("r1/tok/0.png", b"a" * 60)
+    monkeypatch.setattr(store, "_candidates", lambda object_key, size: [])  # always stale: nothing to drop
+    replies = script_calls(store, monkeypatch)
+    with pytest.raises(ResultStoreError, match=f"kept changing under {PUT_TRIES} tries"):
+        store.put("r2/tok/0.png", b"b" * 60)
+    assert replies == [[0, 0]] * PUT_TRIES
+    assert backend_keys(client) == {"r1/tok/0.png"} and accounted(store, client) == 60
 
 
 def test_redis_objects_get_a_backstop_ttl() -> None:
