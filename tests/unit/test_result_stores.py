@@ -78,12 +78,7 @@ def s3_server() -> Iterator[S3Server]:
 def redis_backend() -> tuple[Backend, fakeredis.FakeRedis, RedisResultStore]:
     client = fakeredis.FakeRedis(decode_responses=False)
     store = RedisResultStore(client, RedisKeys(PREFIX), max_bytes=10_000_000, keep_s=60)
-    objects = RedisKeys(PREFIX).result("")
-
-    def stored() -> set[str]:
-        return {key.decode()[len(objects) :] for key in client.scan_iter(match=f"{objects}*")}
-
-    return Backend(store, stored), client, store
+    return Backend(store, lambda: backend_keys(client)), client, store
 
 
 def filesystem_backend(root: Path) -> Backend:
