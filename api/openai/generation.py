@@ -32,6 +32,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from fastapi import Request, status
 from fastapi.responses import JSONResponse
@@ -76,19 +77,22 @@ class WaitExpired(Exception):
     """The request did not end within the wait limit."""
 
 
-async def respond(
-    native: GenerateRequest,
-    answer_format: ResponseFormat,
-    *,
-    request: Request,
-    settings: Settings,
-    store: RequestStore,
-    waiter: CompletionWaiter,
-    caller: ApiKey | None = None,
-) -> JSONResponse:
-    """Submit ``native`` as one fleet request of ``caller`` (``api.auth``), wait for its end and answer it in
+@dataclass(frozen=True)
+class OpenAICall:
+    """What answering one call takes beside its body; FastAPI builds it per call (``api.openai.images``)."""
+
+    request: Request
+    settings: Settings
+    store: RequestStore
+    waiter: CompletionWaiter
+    caller: ApiKey | None = None
+
+
+async def respond(native: GenerateRequest, answer_format: ResponseFormat, call: OpenAICall) -> JSONResponse:
+    """Submit ``native`` as one fleet request of ``call.caller`` (``api.auth``), wait for its end and answer it in
     OpenAI's shape."""
-    (spec,) = await accept([native], settings, store, [("body",)], caller)
+    request, settings, store, waiter = call.request, call.settings, call.store, call.waiter
+    (spec,) = await accept([native], settings, store, [("body",)], call.caller)
     request_id = spec.id
     headers = {REQUEST_ID_HEADER: request_id}
     try:

@@ -6,7 +6,6 @@ Each call is one ordinary fleet request, awaited (``api.openai.generation``); ev
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Form, Request
@@ -15,38 +14,10 @@ from fastapi.responses import JSONResponse
 from api.auth import CallerDep
 from api.deps import SettingsDep, StoreDep, WaiterDep
 from api.openai.errors import OpenAIRoute
-from api.openai.generation import respond
-from api.openai.schemas import ImageEditForm, ImageGenerationRequest, ResponseFormat
-from api.store import RequestStore
-from api.waiter import CompletionWaiter
-from shared.api_keys import ApiKey
-from shared.settings import Settings
-from shared.wire import GenerateRequest
+from api.openai.generation import OpenAICall, respond
+from api.openai.schemas import ImageEditForm, ImageGenerationRequest
 
 router = APIRouter(prefix="/v1/images", tags=["openai"], route_class=OpenAIRoute, include_in_schema=False)
-
-
-@dataclass(frozen=True)
-class OpenAICall:
-    """What answering one call takes beside its body; FastAPI builds it per call (``call_of``)."""
-
-    request: Request
-    settings: Settings
-    store: RequestStore
-    waiter: CompletionWaiter
-    caller: ApiKey | None
-
-    async def answer(self, native: GenerateRequest, answer_format: ResponseFormat) -> JSONResponse:
-        """Submit ``native``, wait for its end and answer it in OpenAI's shape (``api.openai.generation``)."""
-        return await respond(
-            native,
-            answer_format,
-            request=self.request,
-            settings=self.settings,
-            store=self.store,
-            waiter=self.waiter,
-            caller=self.caller,
-        )
 
 
 async def call_of(
@@ -61,11 +32,11 @@ CallDep = Annotated[OpenAICall, Depends(call_of)]
 @router.post("/generations")
 async def create_image(body: ImageGenerationRequest, call: CallDep) -> JSONResponse:
     """Generate ``n`` images for a prompt: ``{"created", "data": [...]}``, the request id in ``x-request-id``."""
-    return await call.answer(body.native(call.settings), body.answer_format)
+    return await respond(body.native(call.settings), body.answer_format, call)
 
 
 @router.post("/edits")
 async def edit_image(form: Annotated[ImageEditForm, Form()], call: CallDep) -> JSONResponse:
     """Image-to-image (``image``) or inpainting (``image`` and ``mask``) for a prompt; the answer as for
     generations."""
-    return await call.answer(await form.native(call.settings), form.answer_format)
+    return await respond(await form.native(call.settings), form.answer_format, call)
