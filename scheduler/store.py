@@ -310,15 +310,22 @@ class SchedulerStore:
         return cast(list[str], list(reply))
 
     def reap(self) -> Reaped:
-        """One pass of the reaper over the batches in flight (see ``reap.lua``): it reads them and their requests
-        first (a batch's ``ids`` are written once), then decides in one script."""
+        """One pass of the reaper over the batches in flight (see ``reap.lua``): it reads them, which of them no run
+        holds and their requests first (a batch's ``ids`` are written once), then decides on those in one script. A
+        held batch is left out (the script would pass it over); one whose lock lapses after the read is decided by
+        the next pass."""
         batch_ids = cast(list[str], self._redis.zrange(self.keys.inflight, 0, -1))
         pipe = self._redis.pipeline(transaction=False)
         for batch_id in batch_ids:
+            pipe.exists(self.keys.batch_lock(batch_id))
             pipe.hget(self.keys.batch(batch_id), "ids")
+        read = pipe.execute() if batch_ids else []
+        unheld = [(b, m) for b, held, m in zip(batch_ids, read[::2], read[1::2], strict=True) if not held]
+        if not unheld:
+            return Reaped(republish=[], removed=0, request_ids={})
         keys = [self.keys.inflight, self._settings.queue_name, self.keys.storing]
         args: list[str | int] = [int(self._settings.batch_claim_timeout_s * 1000), self._settings.result_ttl_s]
-        for batch_id, members in zip(batch_ids, pipe.execute() if batch_ids else [], strict=True):
+        for batch_id, members in unheld:
             request_ids = str(members or "").split()
             keys += [self.keys.batch(batch_id), self.keys.batch_lock(batch_id), *self.keys.request_strides(request_ids)]
             args += [batch_id, len(request_ids), *request_ids]
