@@ -75,7 +75,7 @@ class Renewal:
 
     def due(self, now: float) -> bool:
         """Whether the lease is to be renewed at ``now``."""
-        return now - self.renewed_at >= self._lease.renew_every_s
+        return self.until_due_s(now) <= 0
 
     def renew(self, now: float) -> bool:
         """Renew the lease; False (logged) when it was lost: the lead returns, and its loop stands by."""

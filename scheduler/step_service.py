@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable, Sequence
 from functools import lru_cache
+from typing import Any
 
 from scheduler.policy import Member, OpenSet, WaitingRequest, place, preempt
 from scheduler.service import CAPACITY_TTL_S, SchedulerService
@@ -52,10 +53,14 @@ class StepSchedulerService(SchedulerService):
     _sets_at = 0.0
     _members_at: float | None = None  # when the sets' members were last read (None: read when needed)
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._evicting: dict[str, str] = {}  # worker -> the request we asked its set to evict, until it is gone
+
     # --- the hooks ----------------------------------------------------------------------------------------------
     def _new_lead(self) -> None:
         super()._new_lead()
-        self._evicting: dict[str, str] = {}  # worker -> the request we asked its set to evict, until it is gone
+        self._evicting.clear()
 
     def _key(self, spec: RequestSpec) -> Hashable:
         return step_key(spec)
