@@ -122,11 +122,13 @@ def measure(runner: str, *, requests: int, concurrency: int, steps: int, seqs: i
     with tempfile.TemporaryDirectory(prefix="fusefleet-redis-cost-") as folder:
         server = EmbeddedValkey(Path(folder)).start()
         try:
-            client = redis.Redis.from_url(server.url)
             env = {"FUSEFLEET_REDIS_URL": server.url, **SIM_ENV}
-            with bench_fleet(
-                max_num_seqs=seqs, wait_ms=20, runner=RUNNERS[runner], log_dir=log_dir / runner, extra_env=env
-            ) as base:
+            with (
+                redis.Redis.from_url(server.url) as client,
+                bench_fleet(
+                    max_num_seqs=seqs, wait_ms=20, runner=RUNNERS[runner], log_dir=log_dir / runner, extra_env=env
+                ) as base,
+            ):
                 target = FusefleetTarget(base, wait_s=60)
                 load = LoadSpec(pattern="closed", count=WARM_UP, concurrency=concurrency, steps=steps)
                 _run(target, load)
@@ -134,7 +136,6 @@ def measure(runner: str, *, requests: int, concurrency: int, steps: int, seqs: i
                 before = _cpu_s(client)
                 _run(target, LoadSpec(pattern="closed", count=requests, concurrency=concurrency, steps=steps))
                 cost = RedisCost(requests, tuple(command_costs(client.info("commandstats"))), _cpu_s(client) - before)
-            client.close()
         finally:
             server.stop()
     return cost
