@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import cache
-from typing import Annotated, Any, get_args, get_origin
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 MAX_SEED = 2**63 - 1
 PRIORITY_MIN = -2
@@ -107,23 +106,17 @@ class BatchKey:
     parts: tuple[str, ...] = ()
 
 
-Integer = Annotated[int, Field(strict=True)]
+def _integral(value: Any) -> Any:
+    """A JSON number with no fraction (``512.0``) is an integer, as JSON Schema has it; strings, booleans and
+    fractions are left to the strict integer to refuse."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Integer = Annotated[int, BeforeValidator(_integral), Field(strict=True)]
 Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Seed = Annotated[Integer, Field(ge=0, le=MAX_SEED)]
 Priority = Annotated[Integer, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)]
 Strength = Annotated[Number, Field(gt=0.0, le=1.0)]
-
-
-@cache
-def _integer_fields(model: type[BaseModel]) -> frozenset[str]:
-    return frozenset(name for name, info in model.model_fields.items() if _is_integer(info.annotation))
-
-
-def _is_integer(annotation: Any) -> bool:
-    """Whether ``annotation`` is ``int``, or a union or ``Annotated`` of it (``int | None``, ``Seed``)."""
-    if get_origin(annotation) is Annotated:
-        return _is_integer(get_args(annotation)[0])
-    return annotation is int or any(_is_integer(arg) for arg in get_args(annotation))
 
 
 class SamplingParams(Frozen):
@@ -185,19 +178,6 @@ class SamplingParams(Frozen):
         description="Seconds from submission: not started by then, it fails with error Timeout; still running then, "
         "it is aborted (error Timeout). At most the fleet's max_timeout_s. Unset: no deadline.",
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _integral_numbers(cls, data: Any) -> Any:
-        """A JSON number with no fraction (``512.0``) is an integer (as JSON Schema has it) for every integer field;
-        strings, booleans and fractions are still refused by the strict integers."""
-        if not isinstance(data, dict) or not any(isinstance(value, float) for value in data.values()):
-            return data
-        integers = _integer_fields(cls)
-        return {
-            name: int(value) if name in integers and isinstance(value, float) and value.is_integer() else value
-            for name, value in data.items()
-        }
 
 
 class ServedModel(Frozen):
