@@ -19,7 +19,7 @@ local out = {}
 for j = 1, request_count(FIXED) do
   local request = request_at(FIXED, j)
   local hash = request.hash
-  local st = redis.call('HMGET', hash, 'status', 'abort', 'claim', 'step')
+  local st = redis.call('HMGET', hash, 'status', 'abort', 'claim', 'step', 'webhook_on', 'webhook_progress_ms')
   if st[1] ~= STATUS.running or st[3] ~= token then
     out[j] = 2
   else
@@ -29,9 +29,8 @@ for j = 1, request_count(FIXED) do
                     or now - tonumber(string.match(last[1], '^%d+')) >= EVENT_EVERY_MS) then
       local event = redis.call('XADD', request.events, 'MAXLEN', EVENT_MAXLEN, '*', 'event', 'progress',
                                'step', step, 'total', total)
-      local hook = redis.call('HMGET', hash, 'webhook_on', 'webhook_progress_ms')
-      if hook[1] and string.find(hook[1], ' progress ', 1, true)
-         and (step == total or now - tonumber(hook[2] or '0') >= WEBHOOK_EVERY_MS) then
+      if st[5] and string.find(st[5], ' progress ', 1, true)
+         and (step == total or now - tonumber(st[6] or '0') >= WEBHOOK_EVERY_MS) then
         redis.call('HSET', hash, 'webhook_progress_ms', now)
         redis.call('XADD', webhooks, '*', 'id', request_id(j), 'event', 'progress', 'entry', event,
                    'step', step, 'total', total)
