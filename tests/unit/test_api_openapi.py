@@ -101,3 +101,27 @@ async def test_non_integers_stay_refused(api: Api, value: Any) -> None:
     response = await api.http.post("/v1/requests", json={"prompt": "a cat", "width": value})
     assert response.status_code == 422, response.text
     assert [error["loc"] for error in response.json()["detail"]] == [["body", "width"]]
+
+
+PYDANTIC_FALLBACK_KEYS = {"ge", "gt", "le", "lt", "multiple_of", "min_length", "max_length"}
+"""Names pydantic writes, unchanged, for a bound it could not turn into JSON Schema (one added after a validator):
+JSON Schema ignores them, so a client generating from the document would send what the api refuses."""
+
+
+def _fallback_bounds(node: Any, path: str = "") -> list[str]:
+    if isinstance(node, list):
+        return [found for index, item in enumerate(node) for found in _fallback_bounds(item, f"{path}[{index}]")]
+    if not isinstance(node, dict):
+        return []
+    in_properties = path.rsplit(".", 1)[-1] == "properties"  # there a key is a field's name
+    here = [f"{path}.{key}" for key in node if key in PYDANTIC_FALLBACK_KEYS and not in_properties]
+    return here + [found for key, value in node.items() for found in _fallback_bounds(value, f"{path}.{key}")]
+
+
+def test_every_bound_is_in_json_schema_terms(settings: Settings) -> None:
+    document = create_app(settings).openapi()
+    assert _fallback_bounds(document) == []
+    props = _request_schema(document)["properties"]
+    assert props["max_sequence_length"]["anyOf"][0]["minimum"] == 1
+    assert props["priority"]["anyOf"][0] == {"type": "integer", "minimum": -2, "maximum": 2}
+    assert props["output_compression"]["anyOf"][0] == {"type": "integer", "minimum": 0, "maximum": 100}
