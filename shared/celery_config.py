@@ -15,7 +15,7 @@ RUN_BATCH_TASK = "fusefleet.run_batch"
 
 def make_celery(settings: Settings) -> Celery:
     """A Celery app bound to the fleet's Redis, configured for long, exclusive GPU tasks."""
-    app = Celery("fusefleet", broker=settings.redis_url, set_as_current=False)
+    app = Celery("fusefleet", broker=settings.celery_broker_url, set_as_current=False)
     transport = {
         "visibility_timeout": settings.visibility_timeout_s,
         # kombu's Redis transport has no socket timeouts by default: a Redis that stops answering without

@@ -3,7 +3,9 @@ queue) and how they log."""
 
 from __future__ import annotations
 
-from pydantic import Field, ValidationInfo, field_validator
+from typing import Self
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from shared.logging_setup import LogFormat
 from shared.settings.concern import SettingsConcern
@@ -15,7 +17,17 @@ class WiringSettings(SettingsConcern):
     section = "Wiring: Redis, key prefix, queue, logs"
 
     redis_url: str = "redis://127.0.0.1:6379/0"
-    """Redis (or Valkey) holding the request stream, request state, images and the Celery broker."""
+    """Redis (or Valkey) holding the request stream, request state and images, and the Celery broker unless broker_url
+    is set."""
+
+    redis_cluster: bool = False
+    """redis_url is a seed node of a Redis Cluster: every service uses the cluster client, each fleet's keys share one
+    hash slot per shard, and the Celery broker must be its own (broker_url). Off: one Redis (or Valkey), as before."""
+
+    broker_url: str | None = None
+    """Celery broker the scheduler publishes batches to and workers consume from: a Redis URL (redis://) or RabbitMQ
+    (amqp://). Unset = redis_url; required when redis_cluster is on (Celery's Redis transport has no cluster
+    support)."""
 
     redis_max_connections: int = Field(64, ge=2)
     """Redis connections of one API process; more concurrent calls wait for a free one (not an error)."""
@@ -47,3 +59,17 @@ class WiringSettings(SettingsConcern):
         """Unset: the fleet's own queue, after its key prefix (two fleets on one Redis never take each other's
         batches)."""
         return value or f"{info.data.get('key_prefix', 'fusefleet')}.batches"
+
+    @model_validator(mode="after")
+    def _cluster_has_its_own_broker(self) -> Self:
+        if self.redis_cluster and not self.broker_url:
+            raise ValueError(
+                "broker_url must be set when redis_cluster is on: Celery's Redis transport cannot use a Redis Cluster "
+                "(use a plain Redis or RabbitMQ, amqp://)"
+            )
+        return self
+
+    @property
+    def celery_broker_url(self) -> str:
+        """The Celery broker's URL: ``broker_url``, else the fleet's Redis."""
+        return self.broker_url or self.redis_url
