@@ -236,14 +236,34 @@ class ModelTraits(Frozen):
     default_fps: int | None = Field(None, description="Video: fps when a request sets none.")
 
 
-class WorkerCapabilities(Frozen):
-    """What a worker announces about the model it serves (with its heartbeat): the api refuses up front what no
-    live worker can do."""
+class ModelCapabilities(Frozen):
+    """What a worker announces about one model it serves (with its heartbeat): the api refuses up front what no
+    live worker of that model can do."""
 
-    model: str = Field(description="The model it serves (FUSEFLEET_MODEL, or 'demo').")
+    model: str = Field(description="The model's name (FUSEFLEET_MODELS; one model: FUSEFLEET_MODEL, or 'demo').")
     pipeline: str = Field(description="Its pipeline (or runner) class, for messages.")
     tasks: tuple[Task, ...] = Field(description="The tasks its runner does.")
     traits: ModelTraits = Field(default_factory=ModelTraits, description="What its pipeline family takes.")
+
+
+class WorkerCapabilities(ModelCapabilities):
+    """What a worker announces: its first model's capabilities (as a worker of one model always announced them),
+    and every model it serves in ``models``."""
+
+    models: tuple[ModelCapabilities, ...] = Field(
+        (), description="Every model it serves, the first one included; empty (a worker of one model) = the first."
+    )
+
+    @property
+    def served(self) -> tuple[ModelCapabilities, ...]:
+        """Every model the worker serves."""
+        first = ModelCapabilities(model=self.model, pipeline=self.pipeline, tasks=self.tasks, traits=self.traits)
+        return self.models or (first,)
+
+    @classmethod
+    def of(cls, models: tuple[ModelCapabilities, ...]) -> WorkerCapabilities:
+        """The announcement of a worker serving ``models`` (at least one)."""
+        return cls(**models[0].model_dump(), models=models)
 
 
 class BatchMessage(Frozen):
@@ -252,6 +272,7 @@ class BatchMessage(Frozen):
     batch_id: str
     request_ids: tuple[str, ...] = Field(min_length=1)
     created_at: float
+    model: str | None = None  # the model of its requests (a batch holds one); None from a scheduler before models
 
 
 class StepEviction(Frozen):

@@ -1,23 +1,79 @@
-"""The model a worker serves and the runner that turns its batches into images."""
+"""The models a fleet serves, which of them a worker loads, and the runner that turns their batches into images.
+
+A fleet's models are data (``models``: name -> source, docs/models.md): a source is a diffusers pipeline (a local
+path or hub id) or ``demo:<family>``, a tiny demo pipeline of ``demo_models/catalog.py``. Unset, the fleet serves the
+one model of ``model`` / ``demo_family`` under the name ``model_id`` (as before several models). ``model_id`` is the
+default model, what a request that names none is for; ``served_models`` are those a worker loads at start.
+"""
 
 from __future__ import annotations
 
-from pydantic import Field
+import json
+import re
+from typing import Annotated, Self
 
-from shared.settings.concern import OptionalUserPath, SettingsConcern, UserPath, default_cache_dir
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import NoDecode
+
+from shared.settings.concern import EmptyIsUnset, OptionalUserPath, SettingsConcern, UserPath, default_cache_dir
+
+DEMO_SOURCE = "demo:"
+"""A source ``demo:<family>`` is the tiny demo pipeline of that family."""
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""A model name of ``models``: it names the model's Celery queue (``shared.routing``) and appears in URLs."""
+
+
+def _pairs(value: object) -> object:
+    """``name=source`` pairs, comma separated, or a JSON object, as the environment gives them."""
+    if not isinstance(value, str):
+        return value
+    if value.strip().startswith("{"):
+        return json.loads(value)
+    pairs: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        name, equals, source = item.partition("=")
+        if not equals:
+            raise ValueError(f"models: {item!r} is not name=source (e.g. sd=demo:stable-diffusion)")
+        if name.strip() in pairs:
+            raise ValueError(f"models: {name.strip()!r} is named twice")
+        pairs[name.strip()] = source.strip()
+    return pairs
+
+
+def _names(value: object) -> object:
+    """A comma-separated list (or a JSON list) of model names, as the environment gives it."""
+    if isinstance(value, str):
+        value = json.loads(value) if value.strip().startswith("[") else value.split(",")
+    if isinstance(value, list):
+        return [str(name).strip() for name in value if str(name).strip()]
+    return value
 
 
 class ModelSettings(SettingsConcern):
-    """The pipeline (a diffusers model or a tiny demo), the runner, the device and the LoRA adapters."""
+    """The fleet's models (or its one pipeline), the runner, the device and the LoRA adapters."""
 
     section = "Model and runner"
 
-    model: str | None = None
-    """Local path or hub id of a diffusers text-to-image pipeline; unset = the built-in tiny demo model."""
+    models: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    """The fleet's models: name=source pairs, comma separated (or a JSON object), e.g.
+    'sd=demo:stable-diffusion,pixart=demo:pixart'. A source is a diffusers pipeline (local path or hub id) or
+    demo:<family> (a tiny demo pipeline, docs/models.md); a name is letters, digits, '.', '_' and '-' (at most 64,
+    starting with a letter or digit). Empty: the one model of model / demo_family. Set the same on every service."""
+
+    default_model: Annotated[str | None, EmptyIsUnset] = None
+    """The model a request that names none is for: one of models; unset = the first."""
+
+    worker_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """The models a worker serves, by name, comma separated: it loads each at start and takes only their batches.
+    Empty = every model of the fleet."""
+
+    model: Annotated[str | None, EmptyIsUnset] = None
+    """Local path or hub id of a diffusers text-to-image pipeline, the fleet's one model when models is empty; unset =
+    the built-in tiny demo model."""
 
     demo_family: str = "stable-diffusion"
-    """Which tiny random-weight demo pipeline a worker serves when no model is set, by family name (docs/models.md
-    lists them; its outputs are noise)."""
+    """Which tiny random-weight demo pipeline a worker serves when neither models nor model is set, by family name
+    (docs/models.md lists them; its outputs are noise)."""
 
     model_cache_dir: UserPath = Field(default_factory=default_cache_dir)
     """Folder where the demo model is built once and cached (shared by all workers of a host)."""
@@ -41,7 +97,59 @@ class ModelSettings(SettingsConcern):
     lora_dir: OptionalUserPath = None
     """Folder of LoRA adapters, one sub-folder per adapter name (diffusers save_lora_weights)."""
 
+    @field_validator("models", mode="before")
+    @classmethod
+    def _models_from_env(cls, value: object) -> object:
+        return _pairs(value)
+
+    @field_validator("worker_models", mode="before")
+    @classmethod
+    def _worker_models_from_env(cls, value: object) -> object:
+        return _names(value)
+
+    @model_validator(mode="after")
+    def _models_are_named(self) -> Self:
+        for name, source in self.models.items():
+            if not MODEL_NAME.fullmatch(name):
+                raise ValueError(
+                    f"models: {name!r} is not a model name (letters, digits, '.', '_', '-'; at most 64, starting "
+                    "with a letter or digit)"
+                )
+            if not source or source == DEMO_SOURCE:
+                raise ValueError(f"models: {name!r} has no source (a diffusers path or hub id, or demo:<family>)")
+        if self.models and self.model:
+            raise ValueError("model is set beside models: name that pipeline in models (name=source) instead")
+        known = self.catalog
+        if self.default_model is not None and self.default_model not in known:
+            raise ValueError(f"default_model {self.default_model!r} is not one of models ({', '.join(known)})")
+        unknown = [name for name in self.worker_models if name not in known]
+        if unknown:
+            raise ValueError(f"worker_models names {', '.join(unknown)}, not among models ({', '.join(known)})")
+        return self
+
+    @property
+    def catalog(self) -> dict[str, str]:
+        """Every model of the fleet, name -> source, in order: ``models``, or the one of ``model`` / ``demo_family``
+        under ``model``'s own name or ``demo``."""
+        if self.models:
+            return dict(self.models)
+        return {self.model or "demo": self.model or f"{DEMO_SOURCE}{self.demo_family}"}
+
     @property
     def model_id(self) -> str:
-        """The id of the one model this fleet serves, as requests and workers name it: ``model`` or ``demo``."""
-        return self.model or "demo"
+        """The fleet's default model, as requests and workers name it: ``default_model``, else the first of
+        ``catalog`` (``model`` or ``demo`` when ``models`` is empty)."""
+        return self.default_model or next(iter(self.catalog))
+
+    @property
+    def served_models(self) -> tuple[str, ...]:
+        """The models a worker of these settings serves: ``worker_models``, or every model of the fleet."""
+        return tuple(self.worker_models) or tuple(self.catalog)
+
+    def for_model(self, name: str) -> Self:
+        """These settings as a runner of model ``name`` reads them: ``model`` its source, or unset with
+        ``demo_family`` its family for a ``demo:`` source (KeyError for a name that is not in ``catalog``)."""
+        source = self.catalog[name]
+        if source.startswith(DEMO_SOURCE):
+            return self.model_copy(update={"model": None, "demo_family": source.removeprefix(DEMO_SOURCE)})
+        return self.model_copy(update={"model": source})
