@@ -35,7 +35,7 @@ from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.runner import load_runner
 from gpu_worker.step_loop import StepLoop
 from gpu_worker.store import Locked, WorkerStore
-from shared.celery_config import RUN_BATCH_TASK, make_celery
+from shared.celery_config import RUN_BATCH_TASK, broker_transport, make_celery
 from shared.contracts import BatchMessage, WorkerCapabilities
 from shared.redis_conn import sync_client
 from shared.results import build_result_store
@@ -190,6 +190,8 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
 def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
     """Run a Celery worker in the foreground (prefork pool of one process)."""
     worker_name = settings.worker_name or default_worker_name()
+    for warning in broker_transport(settings).warnings(settings):
+        log.warning("broker: %s", warning)
     app = create_worker_app(settings, worker_name)
     app.worker_main(
         [

@@ -25,7 +25,7 @@ from scheduler.lease import LeaderLoop, Lease
 from scheduler.policy import Dispatch, PolicyConfig, WaitingRequest, decide
 from scheduler.queue import QUEUES, QueuedRequest
 from scheduler.store import LeaseLost, RunningSet, SchedulerStore, StreamEntry
-from shared.celery_config import RUN_BATCH_TASK
+from shared.celery_config import RUN_BATCH_TASK, publish_options
 from shared.compat import compat_key, pixel_cost
 from shared.contracts import BatchMessage, RequestSpec, RequestStatus
 from shared.logging_setup import ids as ids_of
@@ -307,6 +307,7 @@ class SchedulerService:
             args=[message.model_dump(mode="json")],
             task_id=batch_id,
             queue=self._settings.queue_name,
+            **publish_options(self._settings),
         )
         fields = ids_of(batch_id=batch_id, request_ids=request_ids)
         log.info("published batch %s with %d requests", batch_id, len(request_ids), extra=fields)
