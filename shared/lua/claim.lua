@@ -37,10 +37,10 @@ end
 local function finish(j, status)  -- only a request flagged while running reaches a claim aborted
   end_request(request_at(FIXED, j), ending, request_id(j), status, STATUS.running, now, ttl, channel)
 end
-local statuses, specs, stored, rows_of, rows = {}, {}, {}, {}, {}
+local statuses, specs, stored, hooks, evicted, rows_of, rows = {}, {}, {}, {}, {}, {}, {}
 for j = 1, n do
   local hash = request_at(FIXED, j).hash
-  local st = redis.call('HMGET', hash, 'status', 'batch_id', 'abort', 'spec', 'claim')
+  local st = redis.call('HMGET', hash, 'status', 'batch_id', 'abort', 'spec', 'claim', 'webhook_on', 'evicted_at')
   local status = st[1] or 'missing'
   if replay then
     if status == STATUS.running and st[5] == token then specs[j] = st[4] end
@@ -49,18 +49,26 @@ for j = 1, n do
       status = STATUS.aborted
       finish(j, status)
     else
-      local count = redis.call('HMGET', batch, 'lost:' .. request_id(j), 'lost_alone:' .. request_id(j))
-      stored[j] = st[4]
+      stored[j], hooks[j], evicted[j] = st[4], st[6], st[7]
       table.insert(rows_of, j)
-      table.insert(rows, {lost = status == STATUS.running and st[5] ~= false and st[5] ~= '',
-                          count = tonumber(count[1] or '0'), alone = tonumber(count[2] or '0')})
+      table.insert(rows, {lost = status == STATUS.running and st[5] ~= false and st[5] ~= ''})
     end
   end
   statuses[j] = status
 end
-local attempts = tonumber(redis.call('HGET', batch, 'attempts') or '0')
+-- the batch's counts, one HMGET for the batch: attempts, ran, then each candidate row's lost and lost_alone
+local fields = {'attempts', 'ran'}
+for _, j in ipairs(rows_of) do
+  table.insert(fields, 'lost:' .. request_id(j))
+  table.insert(fields, 'lost_alone:' .. request_id(j))
+end
+local counts = redis.call('HMGET', batch, unpack(fields))
+for r, row in ipairs(rows) do
+  row.count, row.alone = tonumber(counts[1 + 2 * r] or '0'), tonumber(counts[2 + 2 * r] or '0')
+end
+local attempts = tonumber(counts[1] or '0')
 if not replay then
-  local plan = split_plan(rows, max_attempts, tonumber(redis.call('HGET', batch, 'ran') or nil))
+  local plan = split_plan(rows, max_attempts, tonumber(counts[2] or nil))
   for r, count in pairs(plan.counts) do
     redis.call('HSET', batch, 'lost:' .. request_id(rows_of[r]), count)
     redis.call('HDEL', request_at(FIXED, rows_of[r]).hash, 'claim')  -- put aside unless run below
@@ -83,12 +91,15 @@ if not replay then
     local request = request_at(FIXED, j)
     statuses[j] = STATUS.running
     specs[j] = stored[j]
-    redis.call('HSET', request.hash, 'status', STATUS.running, 'started_at', now, 'worker', worker, 'step', 0,
-               'claim', token)
-    redis.call('HDEL', request.hash, 'evicted_at')  -- a mark of an earlier run's objects (redis_result_put.lua)
     local event = redis.call('XADD', request.events, '*', 'event', STATUS.running, 'worker', worker)
+    -- event_ms: when its last event was appended (progress.lua throttles its progress events from it)
+    redis.call('HSET', request.hash, 'status', STATUS.running, 'started_at', now, 'worker', worker, 'step', 0,
+               'claim', token, 'event_ms', string.match(event, '^%d+'))
+    if evicted[j] then  -- a mark of an earlier run's objects (redis_result_put.lua)
+      redis.call('HDEL', request.hash, 'evicted_at')
+    end
     -- webhook outbox (shared/webhooks.py): this event, when the request's webhook subscribed to it
-    local hook = redis.call('HGET', request.hash, 'webhook_on')
+    local hook = hooks[j]
     if hook and string.find(hook, ' ' .. STATUS.running .. ' ', 1, true) then
       redis.call('XADD', ending.webhooks, '*', 'id', request_id(j), 'event', STATUS.running, 'entry', event,
                  'worker', worker)
