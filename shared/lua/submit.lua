@@ -52,20 +52,25 @@ end
 for j = 1, n do
   local request, a = request_at(FIXED, j), request_args(j)
   local hash = request.hash
-  redis.call('HSET', hash, 'spec', ARGV[a + 1], 'status', STATUS.queued, 'created_at', ARGV[a + 2])
-  if key_name ~= '' then redis.call('HSET', hash, 'key', key_name) end
-  if has_max_queued then redis.call('SADD', unfinished_set, hash) end
-  if ARGV[a + 3] ~= '' then redis.call('HSET', hash, 'input_image', ARGV[a + 3]) end
-  if ARGV[a + 4] ~= '' then redis.call('HSET', hash, 'input_mask', ARGV[a + 4]) end
-  local counted = #ARGV[a + 3] + #ARGV[a + 4]  -- what it adds to the budget: lib_drop_inputs.lua takes it off
-  if counted > 0 then redis.call('HSET', hash, 'input_bytes', counted) end
   local entry = redis.call('XADD', stream, '*', 'id', ARGV[a], 'spec', ARGV[a + 1])
-  redis.call('HSET', hash, 'entry', entry)
-  redis.call('XADD', request.events, '*', 'event', STATUS.queued)
+  local fields = {'spec', ARGV[a + 1], 'status', STATUS.queued, 'created_at', ARGV[a + 2], 'entry', entry}
+  local function field(name, value)
+    table.insert(fields, name)
+    table.insert(fields, value)
+  end
+  if key_name ~= '' then field('key', key_name) end
+  if has_max_queued then redis.call('SADD', unfinished_set, hash) end
+  if ARGV[a + 3] ~= '' then field('input_image', ARGV[a + 3]) end
+  if ARGV[a + 4] ~= '' then field('input_mask', ARGV[a + 4]) end
+  local counted = #ARGV[a + 3] + #ARGV[a + 4]  -- what it adds to the budget: lib_drop_inputs.lua takes it off
+  if counted > 0 then field('input_bytes', counted) end
   local hook = hook_args(j)  -- webhook (shared/webhooks.py)
   if ARGV[hook + 1] and ARGV[hook + 1] ~= '' then
-    redis.call('HSET', hash, 'webhook', ARGV[hook + 1], 'webhook_on', ARGV[hook + 2])
+    field('webhook', ARGV[hook + 1])
+    field('webhook_on', ARGV[hook + 2])
   end
+  redis.call('HSET', hash, unpack(fields))  -- one write of everything it records
+  redis.call('XADD', request.events, '*', 'event', STATUS.queued)
 end
 if has_max_queued then redis.call('EXPIRE', unfinished_set, set_ttl) end
 if inputs > 0 then redis.call('INCRBY', inputs_key, inputs) end
