@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from shared.keys import RedisKeys
+from tests.support.broker import drop_queue
 from tests.support.processes import Service, wait_for
 from tests.support.redis_server import RedisServer, free_port
 
@@ -186,15 +187,20 @@ def running_fleet(
     redis_socket_timeout_s: float | None = None,
     start_timeout: float = 180,
     stop_timeout: float = 20.0,
+    broker_url: str | None = None,
 ) -> Iterator[Fleet]:
-    """A started fleet under ``prefix`` (fresh by default); ``env`` is added to the wiring. Always stopped."""
+    """A started fleet under ``prefix`` (fresh by default); ``env`` is added to the wiring. Always stopped.
+    ``broker_url``: the Celery broker (``tests/support/broker.py``) instead of the fleet's Redis; the fleet's queue
+    there is dropped once the fleet has stopped."""
     prefix = prefix or new_prefix()
-    full_env = {**base_env(redis_url, prefix), **env}
+    full_env = {**base_env(redis_url, prefix), **({"FUSEFLEET_BROKER_URL": broker_url} if broker_url else {}), **env}
     fleet = Fleet(full_env, log_dir, redis_url, prefix, workers=workers, redis_socket_timeout_s=redis_socket_timeout_s)
     try:
         yield fleet.start(start_timeout)
     finally:
         fleet.stop(stop_timeout)
+        if broker_url:
+            drop_queue(broker_url, full_env["FUSEFLEET_QUEUE_NAME"])
 
 
 def fleet_fixture(env: Mapping[str, str], logs: str) -> Callable[..., Iterator[Fleet]]:
