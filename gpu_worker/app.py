@@ -1,18 +1,20 @@
-"""The Celery worker: one process per GPU, one forward at a time, the model loaded once in the pool process.
+"""The Celery worker: one process per GPU, one forward at a time, the models loaded once in the pool process.
 
 ``fusefleet worker`` calls ``run_worker``: the parent process stays free of torch (CUDA is not fork-safe); the
-prefork child loads the runner in ``worker_process_init``, starts the heartbeat that makes it a free slot for the
-scheduler, and then executes ``fusefleet.run_batch`` tasks. A task returns once its batch's forwards are over: the
-batch is finished (outputs encoded and stored, requests ended) by the process's ``BackgroundFinisher`` while the
-next task runs its forward. At shutdown the process waits up to ``FINISH_ON_SHUTDOWN_S`` for that finish; a
-finisher that gets stuck (a result store that hangs) makes the process release its batches and exit
-(``STUCK_EXIT_CODE``), and Celery replaces it.
+prefork child loads one runner per model it serves (``FUSEFLEET_WORKER_MODELS``) in ``worker_process_init``, starts
+the heartbeat that makes it a free slot for the scheduler (announcing each model's capabilities), and then executes
+``fusefleet.run_batch`` tasks from the queues of its models (``shared.routing``). A batch of a model it does not serve
+is fenced: never claimed nor run, it is handed back uncounted and the reaper publishes it again to its model's queue.
+A task returns once its batch's forwards are over: the batch is finished (outputs encoded and stored, requests
+ended) by the process's ``BackgroundFinisher`` while the next task runs its forward. At shutdown the process waits
+up to ``FINISH_ON_SHUTDOWN_S`` for that finish; a finisher that gets stuck (a result store that hangs) makes the
+process release its batches and exit (``STUCK_EXIT_CODE``), and Celery replaces it.
 
-With ``FUSEFLEET_STEP_MODE`` and a runner whose model has a step-mode adapter (``Runner.step_mode``), a task instead
-opens a running set with its batch and runs it until the set closes (``gpu_worker.step_loop``): the scheduler sends
-further batches of the same step key to the worker's inbox, and each request is stored and finished by the same
-finisher behind the set's next steps. The loop's first beat takes down a set a dead predecessor of this process
-(same worker name) left behind (``StepLoop.repair``).
+With ``FUSEFLEET_STEP_MODE``, a worker of one model, and a runner whose model has a step-mode adapter
+(``Runner.step_mode``), a task instead opens a running set with its batch and runs it until the set closes
+(``gpu_worker.step_loop``): the scheduler sends further batches of the same step key to the worker's inbox, and each
+request is stored and finished by the same finisher behind the set's next steps. The loop's first beat takes down a
+set a dead predecessor of this process (same worker name) left behind (``StepLoop.repair``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import logging
 import os
 import socket
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from celery import Celery, Task
@@ -32,14 +34,15 @@ from gpu_worker.executor import BatchExecutor
 from gpu_worker.finisher import BackgroundFinisher
 from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.metrics import WorkerMetrics
-from gpu_worker.runner import load_runner
+from gpu_worker.runner import load_runners
 from gpu_worker.step_loop import StepLoop
 from gpu_worker.store import Locked, WorkerStore
 from shared.celery_config import RUN_BATCH_TASK, broker_transport, make_celery
-from shared.contracts import BatchMessage, WorkerCapabilities
+from shared.contracts import BatchMessage, ModelCapabilities, WorkerCapabilities
 from shared.redis_conn import sync_client
 from shared.results import build_result_store
 from shared.retry import TRANSIENT_ERRORS
+from shared.routing import served_queues
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -53,12 +56,26 @@ STUCK_EXIT_CODE = 70  # EX_SOFTWARE
 
 
 @dataclass
+class _Served:
+    """One model the process serves: the executor of its runner, and its step-mode loop when it runs one."""
+
+    executor: BatchExecutor
+    step_loop: StepLoop | None = None
+
+
+@dataclass
 class _ProcessState:
-    executor: BatchExecutor | None = None
+    served: dict[str, _Served] = field(default_factory=dict)  # by model name, loaded at start
     heartbeat: Heartbeat | None = None
     finisher: BackgroundFinisher | None = None
     metrics: WorkerMetrics | None = None
-    step_loop: StepLoop | None = None
+
+    def route(self, model: str | None) -> _Served | None:
+        """Who runs a batch of ``model``: that model's, or None when this process does not serve it (a message
+        with no model, from a scheduler before several models: the one model of a process that serves one)."""
+        if model is None:
+            return next(iter(self.served.values())) if len(self.served) == 1 else None
+        return self.served.get(model)
 
 
 def default_worker_name() -> str:
@@ -73,12 +90,14 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
     def init_process(**_: Any) -> None:
         binary = sync_client(settings, binary=True)
         store = WorkerStore(sync_client(settings), settings, binary=binary)
-        runner = load_runner(settings)
-        capabilities = WorkerCapabilities(
-            model=settings.model_id,
-            pipeline=runner.pipeline_name,
-            tasks=tuple(sorted(runner.tasks)),
-            traits=runner.traits,
+        runners = load_runners(settings)
+        capabilities = WorkerCapabilities.of(
+            tuple(
+                ModelCapabilities(
+                    model=model, pipeline=runner.pipeline_name, tasks=tuple(sorted(runner.tasks)), traits=runner.traits
+                )
+                for model, runner in runners.items()
+            )
         )
         state.heartbeat = Heartbeat(
             store,
@@ -90,37 +109,44 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
         )
         state.finisher = BackgroundFinisher(stuck_after_s=settings.batch_time_limit_s, on_stuck=retire)
         state.metrics = WorkerMetrics(sync_client(settings), store.keys)
-        state.executor = BatchExecutor(
-            store,
-            runner,
-            worker_name,
-            state.heartbeat,
-            build_result_store(settings, binary),
-            outage_retry_s=settings.redis_outage_retry_s,
-            finisher=state.finisher,
-            metrics=state.metrics,
-        )
-        if settings.step_mode and runner.step_mode:
-            state.step_loop = StepLoop(
+        results = build_result_store(settings, binary)
+        for model, runner in runners.items():
+            executor = BatchExecutor(
+                store,
                 runner,
                 worker_name,
                 state.heartbeat,
-                state.executor.writer,
-                state.executor,
-                seal_after_s=settings.soft_time_limit_s / 2,
-                metrics=state.metrics,
+                results,
+                outage_retry_s=settings.redis_outage_retry_s,
                 finisher=state.finisher,
+                metrics=state.metrics,
             )
-        elif settings.step_mode:
-            log.warning("step mode is on, but %s has no step-mode adapter: batches run request-level", runner)
+            served = state.served[model] = _Served(executor)
+            if settings.step_mode and runner.step_mode and len(runners) == 1:
+                served.step_loop = StepLoop(
+                    runner,
+                    worker_name,
+                    state.heartbeat,
+                    executor.writer,
+                    executor,
+                    seal_after_s=settings.soft_time_limit_s / 2,
+                    metrics=state.metrics,
+                    finisher=state.finisher,
+                )
+            elif settings.step_mode:
+                # one running set per worker: a worker of several models runs them request-level (docs/models.md)
+                why = "no step-mode adapter" if not runner.step_mode else "a worker of several models"
+                log.warning("step mode is on, but %s (%s): %s batches run request-level", model, why, model)
+            log.info(
+                "worker %s serves %s (runner %s, fused=%s, step mode=%s)",
+                worker_name,
+                model,
+                settings.runner,
+                runner.fused,
+                served.step_loop is not None,
+            )
         state.heartbeat.start()
-        log.info(
-            "worker %s ready (runner %s, fused=%s, step mode=%s)",
-            worker_name,
-            settings.runner,
-            runner.fused,
-            state.step_loop is not None,
-        )
+        log.info("worker %s ready: %s", worker_name, ", ".join(state.served))
 
     def retire(reason: str) -> None:
         """The finisher is stuck (a result store that hangs under this process): take no more batches. Quarantine
@@ -139,13 +165,14 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
         os._exit(STUCK_EXIT_CODE)
 
     def consume(on: bool) -> None:
-        """Have this worker's Celery process consume the batch queue, or stop (a remote-control broadcast to
-        itself; best effort: a quarantined process hands back whatever it still receives, ``run_batch``)."""
+        """Have this worker's Celery process consume the queues of its models, or stop (a remote-control broadcast
+        to itself; best effort: a quarantined process hands back whatever it still receives, ``run_batch``)."""
         command = app.control.add_consumer if on else app.control.cancel_consumer
-        try:
-            command(settings.queue_name, destination=[default_nodename(worker_name)], reply=False)
-        except Exception as exc:  # noqa: BLE001 - best effort
-            log.warning("could not %s consuming %s: %s", "resume" if on else "stop", settings.queue_name, exc)
+        for queue in served_queues(settings):
+            try:
+                command(queue, destination=[default_nodename(worker_name)], reply=False)
+            except Exception as exc:  # noqa: BLE001 - best effort
+                log.warning("could not %s consuming %s: %s", "resume" if on else "stop", queue, exc)
 
     def shutdown_process(**_: Any) -> None:
         if state.finisher is not None and not state.finisher.close(FINISH_ON_SHUTDOWN_S):
@@ -161,20 +188,25 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
 
     @app.task(name=RUN_BATCH_TASK, bind=True, max_retries=None)  # type: ignore[untyped-decorator]
     def run_batch(self: Task, message: dict[str, Any]) -> None:
-        if state.executor is None:
+        if not state.served:
             raise RuntimeError("worker process was not initialised (worker_process_init did not run)")
         batch = BatchMessage.model_validate(message)
-        if state.heartbeat is not None and state.heartbeat.quarantined:
-            # this worker's result store hung lately: claim nothing, let the reaper publish the batch again now
-            log.warning("batch %s handed back: this worker is quarantined", batch.batch_id)
-            writer = state.executor.writer
+        served = state.route(batch.model)
+        quarantined = state.heartbeat is not None and state.heartbeat.quarantined
+        if served is None or quarantined:
+            # quarantined (this worker's result store hung lately) or a batch of a model it does not serve (fenced:
+            # it never runs): claim nothing, and the reaper publishes the batch again now, to its model's queue,
+            # with no attempt counted
+            why = "this worker is quarantined" if quarantined else f"its model {batch.model} is not served here"
+            log.warning("batch %s handed back: %s (serves %s)", batch.batch_id, why, ", ".join(state.served))
+            writer = next(iter(state.served.values())).executor.writer
             writer.redis(lambda: writer.store.give_back(batch.batch_id, None), "handing the batch back")
             return
         try:
-            if state.step_loop is not None:
-                outcome = state.step_loop.run(batch)
+            if served.step_loop is not None:
+                outcome = served.step_loop.run(batch)
             else:
-                outcome = state.executor.execute(batch)
+                outcome = served.executor.execute(batch)
         except TRANSIENT_ERRORS as exc:
             # Redis stayed away past redis_outage_retry_s: the batch keeps its place in flight, its lock lapses,
             # and the scheduler's reaper publishes it again once Redis is back (docs/reliability.md).
@@ -208,6 +240,6 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
             "-n",
             worker_name,
             "-Q",
-            settings.queue_name,
+            ",".join(served_queues(settings)),
         ]
     )

@@ -29,6 +29,7 @@ from shared.celery_config import RUN_BATCH_TASK, publish_options
 from shared.compat import compat_key, pixel_cost
 from shared.contracts import BatchMessage, RequestSpec, RequestStatus
 from shared.logging_setup import ids as ids_of
+from shared.routing import model_queue
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -285,8 +286,14 @@ class SchedulerService:
     def _dispatch(self, decision: Dispatch) -> None:
         batch_id, joined = self._schedule(decision.request_ids)
         if joined:
-            self._publish(batch_id, joined)
+            self._publish(batch_id, joined, self._model_of(decision.request_ids))
         self._forget(decision.request_ids)
+
+    def _model_of(self, request_ids: Sequence[str]) -> str | None:
+        """The model of these waiting requests (one batch holds one: it is in both batch keys); None when unknown."""
+        request = self._queue.get(request_ids[0])
+        model = getattr(request.key, "model", None) if request is not None else None
+        return model if isinstance(model, str) else None
 
     def _schedule(self, request_ids: Sequence[str]) -> tuple[str, list[str]]:
         """Move these requests into a new batch (``SCHEDULE``, fenced by the lease): its id, and the requests it
@@ -297,16 +304,19 @@ class SchedulerService:
         return batch_id, self._store.schedule(self._lease.key, self._lease.token, batch_id, ids, deadlines)
 
     @staticmethod
-    def _message(batch_id: str, request_ids: list[str]) -> BatchMessage:
-        return BatchMessage(batch_id=batch_id, request_ids=tuple(request_ids), created_at=time.time())
+    def _message(batch_id: str, request_ids: list[str], model: str | None = None) -> BatchMessage:
+        return BatchMessage(batch_id=batch_id, request_ids=tuple(request_ids), created_at=time.time(), model=model)
 
-    def _publish(self, batch_id: str, request_ids: list[str]) -> None:
-        message = self._message(batch_id, request_ids)
+    def _publish(self, batch_id: str, request_ids: list[str], model: str | None = None) -> None:
+        """Publish the batch to its model's queue (``shared.routing``; ``model`` None: read from its requests, a
+        batch published again); only workers that serve the model consume it."""
+        model = model or self._store.model_of(request_ids) or self._settings.model_id
+        message = self._message(batch_id, request_ids, model)
         self._celery.send_task(
             RUN_BATCH_TASK,
             args=[message.model_dump(mode="json")],
             task_id=batch_id,
-            queue=self._settings.queue_name,
+            queue=model_queue(self._settings, model),
             **publish_options(self._settings),
         )
         fields = ids_of(batch_id=batch_id, request_ids=request_ids)

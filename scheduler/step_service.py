@@ -107,7 +107,7 @@ class StepSchedulerService(SchedulerService):
         assert isinstance(first.key, StepKey)
         batch_id, joined = self._schedule(request_ids)
         if joined:
-            message = self._message(batch_id, joined)
+            message = self._message(batch_id, joined, first.key.model)
             cap = self._config.cap(first)
             fields = ids_of(batch_id=batch_id, worker=worker, request_ids=joined)
             if self._store.step_join(worker, _digest(first.key), message.model_dump_json(), batch_id, len(joined), cap):
@@ -119,7 +119,7 @@ class StepSchedulerService(SchedulerService):
                 log.info("%s's running set refused batch %s; publishing it", worker, batch_id, extra=fields)
                 self._sets = None  # it closed, was sealed or filled: read the sets again
                 self._free = None  # the batch takes a slot of its own now
-                self._publish(batch_id, joined)
+                self._publish(batch_id, joined, first.key.model)
         self._forget(request_ids)
 
     def _count_join(self, worker: str, count: int) -> None:

@@ -201,6 +201,17 @@ class SchedulerStore:
             out.append((RequestStatus(status) if status else None, bool(abort), batch_id))
         return out
 
+    def model_of(self, request_ids: Sequence[str]) -> str | None:
+        """The model of a batch's requests (a batch holds one: it is in the batch keys), from the stored spec of the
+        first of them still there (one round trip); None when none is."""
+        pipe = self._redis.pipeline(transaction=False)
+        for rid in request_ids:
+            pipe.hget(self.keys.request(rid), "spec")
+        for spec in pipe.execute():
+            if spec:
+                return RequestSpec.model_validate_json(spec).model
+        return None
+
     def ack(self, entry_ids: Iterable[str]) -> None:
         """Acknowledge and delete stream entries whose requests no longer need the scheduler."""
         ids = list(entry_ids)

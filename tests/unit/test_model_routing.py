@@ -1,0 +1,61 @@
+"""Routing by model on the scheduler's side (fakeredis, the real scripts; Celery's publish recorded): each batch goes
+to its model's queue and says its model, and a batch published again (handed back by a worker that fences it) goes
+to its model's queue too."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fakeredis
+
+from gpu_worker.store import WorkerStore
+from scheduler.store import SchedulerStore
+from shared.settings import Settings
+from tests.unit.test_scheduler_service import running, scheduler, wait_until, worker_up
+from tests.unit.test_scripts import submit
+
+MODELS = "sd=demo:stable-diffusion,px=demo:pixart"
+
+
+class QueuedBatches:
+    """Records each published batch with the queue it went to."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def send_task(self, name: str, args: list[dict[str, Any]], task_id: str, queue: str, **_: Any) -> None:
+        self.sent.append((queue, args[0]))
+
+
+def test_each_batch_goes_to_its_models_queue_and_a_handed_back_one_again() -> None:
+    settings = Settings(key_prefix="t", models=MODELS, max_num_seqs=4, request_batch_max_wait_ms=0)
+    client = fakeredis.FakeRedis(decode_responses=True)
+    store = SchedulerStore(client, settings)
+    store.ensure_groups()
+    submit(client, store.keys, "s1", model="sd")
+    submit(client, store.keys, "p1", model="px")
+    celery = QueuedBatches()
+    with running(scheduler(client, settings, celery)):  # type: ignore[arg-type]
+        worker_up(client, store)
+        client.zadd(store.keys.workers, {"w2": client.time()[0] * 1000})
+        assert wait_until(lambda: len(celery.sent) == 2, 5), celery.sent
+        sent = {message["model"]: (queue, message) for queue, message in celery.sent}
+        assert sent["sd"][0] == "t.batches" and sent["sd"][1]["request_ids"] == ["s1"]  # the default model
+        assert sent["px"][0] == "t.batches.px" and sent["px"][1]["request_ids"] == ["p1"]
+        # a worker that does not serve px took its message: it hands it back unclaimed, and the reaper routes it
+        WorkerStore(client, settings).give_back(sent["px"][1]["batch_id"], None)
+        assert wait_until(lambda: len(celery.sent) == 3, 5), celery.sent
+    queue, message = celery.sent[2]
+    assert (queue, message["model"], message["request_ids"]) == ("t.batches.px", "px", ["p1"])
+    assert message["batch_id"] == sent["px"][1]["batch_id"]
+    assert client.hget(store.keys.batch(message["batch_id"]), "attempts") in (None, "0")  # no attempt counted
+
+
+def test_model_of_reads_the_first_spec_still_there() -> None:
+    settings = Settings(key_prefix="t", models=MODELS)
+    client = fakeredis.FakeRedis(decode_responses=True)
+    store = SchedulerStore(client, settings)
+    submit(client, store.keys, "p1", "p2", model="px")
+    client.delete(store.keys.request("p1"))
+    assert store.model_of(["p1", "p2"]) == "px"
+    assert store.model_of(["gone"]) is None
