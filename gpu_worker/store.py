@@ -55,6 +55,10 @@ class RowSignal(IntEnum):
     NOT_OURS = 2  # re-claimed by another run after our lock lapsed, or already ended: stop spending on it
 
 
+_FinishRow = tuple[str, RequestStatus, Sequence[str], ErrorInfo | None]
+"""One request for ``finish.lua``: its id, outcome, result keys and error."""
+
+
 def _status(reply: str | bytes) -> RequestStatus | None:
     status = reply.decode() if isinstance(reply, bytes) else reply
     return RequestStatus(status) if status != "missing" else None
@@ -131,53 +135,32 @@ class WorkerStore:
     def finish_many(
         self, results: Mapping[str, Sequence[str]], errors: Mapping[str, ErrorInfo], token: str
     ) -> dict[str, RequestStatus | None]:
-        """End running requests of this claim in one round trip: those in ``results`` succeeded with the images
+        """End running requests of this claim in one script call: those in ``results`` succeeded with the images
         stored under these result keys, those in ``errors`` failed; returns each one's status after the call
         (unchanged where not ours)."""
-        if not results and not errors:
-            return {}
-        pipe = self._redis.pipeline(transaction=False)
-        for request_id, keys in results.items():
-            self._finish(*self._finish_call(request_id, token, RequestStatus.SUCCEEDED, keys=keys), client=pipe)
-        for request_id, error in errors.items():
-            self._finish(*self._finish_call(request_id, token, RequestStatus.FAILED, error=error), client=pipe)
-        ids = [*results, *errors]
-        return {rid: _status(reply) for rid, reply in zip(ids, pipe.execute(), strict=True)}
+        rows: list[_FinishRow] = [(rid, RequestStatus.SUCCEEDED, keys, None) for rid, keys in results.items()]
+        rows += [(rid, RequestStatus.FAILED, (), error) for rid, error in errors.items()]
+        return self._finish_rows(rows, token)
 
     def finish_aborted(self, result_keys: Mapping[str, Sequence[str]], token: str) -> dict[str, RequestStatus | None]:
-        """End running requests of this claim whose abort flag is set, in one round trip, without images:
+        """End running requests of this claim whose abort flag is set, in one script call, without images:
         ``finish.lua`` makes the flag win (``aborted``, no images, its terminal event, a wake-up of long polls), and
         the keys journaled for each request (``result_keys``: request id -> its keys) fall due at once, so the
         sweeper forgets them. Returns each one's status after the call (unchanged where not ours)."""
-        if not result_keys:
-            return {}
-        pipe = self._redis.pipeline(transaction=False)
-        for request_id, keys in result_keys.items():
-            call = self._finish_call(request_id, token, RequestStatus.FAILED, keys=keys, error=ABORTED)
-            self._finish(*call, client=pipe)
-        return {rid: _status(reply) for rid, reply in zip(result_keys, pipe.execute(), strict=True)}
+        rows: list[_FinishRow] = [(rid, RequestStatus.FAILED, keys, ABORTED) for rid, keys in result_keys.items()]
+        return self._finish_rows(rows, token)
 
-    def _finish_call(
-        self,
-        request_id: str,
-        token: str,
-        outcome: RequestStatus,
-        keys: Sequence[str] = (),
-        error: ErrorInfo | None = None,
-    ) -> tuple[list[str], list[str | float | int]]:
-        """KEYS and ARGV of ``finish.lua``."""
-        args: list[str | float | int] = [
-            outcome.value,
-            time.time(),
-            self._settings.result_ttl_s,
-            error.type if error else "",
-            error.message if error else "",
-            self.keys.finished,
-            request_id,
-            token,
-            *keys,
-        ]
-        return k.finish_keys(self.keys, request_id), args
+    def _finish_rows(self, rows: Sequence[_FinishRow], token: str) -> dict[str, RequestStatus | None]:
+        """One ``finish.lua`` call for ``rows`` (request id, outcome, its result keys, its error)."""
+        if not rows:
+            return {}
+        args: list[str | float | int] = [time.time(), self._settings.result_ttl_s, self.keys.finished, token]
+        for request_id, outcome, keys, error in rows:
+            args += [request_id, outcome.value, error.type if error else "", error.message if error else ""]
+            args += [len(keys), *keys]
+        ids = [row[0] for row in rows]
+        replies = self._finish(keys=k.finish_keys(self.keys, *ids), args=args)
+        return {rid: _status(reply) for rid, reply in zip(ids, replies, strict=True)}
 
     def input_images(self, request_ids: Sequence[str]) -> dict[str, tuple[bytes | None, bytes | None]]:
         """The stored (input image, input mask) bytes of each request (None where absent), one round trip: the

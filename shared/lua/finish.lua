@@ -1,44 +1,91 @@
--- End one running request, only for the claim that runs it (a late writer from an earlier claim is ignored).
--- A succeeded request's images are already in the result store under the given keys; they must still be in the
--- results journal (recorded at claim time, see results_record.lua), else the sweeper may have deleted them and the
--- request fails with ResultLost. Kept keys become due for deletion with the request (now + ttl); an abort flag wins
--- over success, and then the keys become due at once. What ending it does besides (input images dropped, the event,
--- the webhook outbox, the wake-up, the metrics) is ``end_request``'s (lib_end_request.lua, prepended).
--- KEYS[1..3] ``end_keys`` (metrics, webhooks, inputs), KEYS[4] results journal, KEYS[5..7] the request's stride
+-- End running requests of one claim, in one call, each only for the claim that runs it (a late writer from an
+-- earlier claim is ignored). A succeeded request's images are already in the result store under the given keys;
+-- they must still be in the results journal (recorded at claim time, see results_record.lua), else the sweeper may
+-- have deleted them and the request fails with ResultLost. Kept keys become due for deletion with the request
+-- (now + ttl); an abort flag wins over success, and then the keys become due at once. What ending one does besides
+-- (input images dropped, the event, the webhook outbox, the wake-up, the metrics) is ``end_request``'s
+-- (lib_end_request.lua, prepended). Per call, not per request: one TIME, one ZMSCORE and one ZADD of the journal
+-- (pages of PAGE keys), one HINCRBY per metrics counter.
+-- KEYS[1..3] ``end_keys`` (metrics, webhooks, inputs), KEYS[4] results journal, then one stride per request
 -- (``request_keys``).
--- ARGV[1] outcome (succeeded|failed), ARGV[2] now (s), ARGV[3] ttl (s), ARGV[4] error type, ARGV[5] error message,
--- ARGV[6] finished channel, ARGV[7] request id, ARGV[8] claim token, ARGV[9..] result keys of its images (in
+-- ARGV[1] now (s), ARGV[2] ttl (s), ARGV[3] finished channel, ARGV[4] claim token, then per request (KEYS order):
+-- its id, outcome (succeeded|failed), error type, error message, the count of its result keys and those keys (in
 -- image order).
--- Returns the status after the call (unchanged when the request is not running under this claim).
-local ending, journal, request = end_keys(1), KEYS[4], request_at(4, 1)
-local outcome, now, ttl, error_type, error_message = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local channel, request_id, token = ARGV[6], ARGV[7], ARGV[8]
-local results = {}
-for i = 9, #ARGV do table.insert(results, ARGV[i]) end
+-- Returns per request (KEYS order) its status after the call (unchanged when it is not running under this claim;
+-- 'missing' when it has no hash).
+local ending, journal = end_keys(1), KEYS[4]
+local FIXED, PAGE = 4, 1000
+local now, ttl, channel, token = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
-local st = redis.call('HMGET', request.hash, 'status', 'abort', 'claim')
-if st[1] ~= STATUS.running or st[3] ~= token then return st[1] or 'missing' end
-local now_in_ms = now_ms()  -- lib_time.lua
-local status = outcome
-if st[2] then status = STATUS.aborted end
-if status == STATUS.succeeded then
-  for _, key in ipairs(results) do
-    if not redis.call('ZSCORE', journal, key) then
-      status, error_type = STATUS.failed, 'ResultLost'
-      error_message = 'its image ' .. key .. ' was swept from the result store before the run finished '
-        .. '(the run outlasted result_orphan_grace_s)'
-      break
+local rows, a = {}, 5
+for j = 1, request_count(FIXED) do
+  local row = {request = request_at(FIXED, j), id = ARGV[a], outcome = ARGV[a + 1], error_type = ARGV[a + 2],
+               error_message = ARGV[a + 3], results = {}}
+  for i = 1, tonumber(ARGV[a + 4]) do row.results[i] = ARGV[a + 4 + i] end
+  a = a + 5 + #row.results
+  rows[j] = row
+end
+
+-- each key of ``keys`` with its score (false where it is not in the journal), ZMSCORE a page at a time
+local function journaled(keys)
+  local scores = {}
+  for first = 1, #keys, PAGE do
+    local page = redis.call('ZMSCORE', journal, unpack(keys, first, math.min(first + PAGE - 1, #keys)))
+    for i, score in ipairs(page) do scores[first + i - 1] = score end
+  end
+  return scores
+end
+
+local candidates = {}  -- the keys of the requests that may succeed, in row order
+for _, row in ipairs(rows) do
+  local st = redis.call('HMGET', row.request.hash, 'status', 'abort', 'claim', 'webhook_on', INPUT_COUNT_FIELD)
+  row.status = st[1] or 'missing'
+  if st[1] == STATUS.running and st[3] == token then
+    row.ends, row.known = true, {webhook_on = st[4], counted = st[5]}
+    row.status = st[2] and STATUS.aborted or row.outcome
+    if row.status == STATUS.succeeded then
+      for _, key in ipairs(row.results) do table.insert(candidates, key) end
     end
   end
 end
-if status == STATUS.succeeded then
-  for _, key in ipairs(results) do redis.call('ZADD', journal, 'XX', now_in_ms + tonumber(ttl) * 1000, key) end
-  redis.call('HSET', request.hash, 'images', #results, 'results', table.concat(results, ' '))
-else
-  for _, key in ipairs(results) do redis.call('ZADD', journal, 'XX', now_in_ms, key) end
-  if status == STATUS.failed then
-    redis.call('HSET', request.hash, 'error_type', error_type, 'error_message', error_message)
+local scores, c = journaled(candidates), 0
+local now_in_ms = now_ms()  -- lib_time.lua
+local due = {}  -- ZADD XX arguments: score, key, ...
+for _, row in ipairs(rows) do
+  if row.ends and row.status == STATUS.succeeded then
+    for _, key in ipairs(row.results) do
+      c = c + 1
+      if not scores[c] and row.status == STATUS.succeeded then
+        row.status, row.error_type = STATUS.failed, 'ResultLost'
+        row.error_message = 'its image ' .. key .. ' was swept from the result store before the run finished '
+          .. '(the run outlasted result_orphan_grace_s)'
+      end
+    end
+  end
+  if row.ends then
+    local at = now_in_ms
+    if row.status == STATUS.succeeded then
+      at = now_in_ms + tonumber(ttl) * 1000
+      row.known.fields = {'images', #row.results, 'results', table.concat(row.results, ' ')}
+    elseif row.status == STATUS.failed then
+      row.known.fields = {'error_type', row.error_type, 'error_message', row.error_message}
+      row.known.error_type = row.error_type
+    end
+    for _, key in ipairs(row.results) do
+      table.insert(due, at)
+      table.insert(due, key)
+    end
   end
 end
-end_request(request, ending, request_id, status, STATUS.running, now, ttl, channel)  -- lib_end_request.lua
-return status
+for first = 1, #due, 2 * PAGE do
+  redis.call('ZADD', journal, 'XX', unpack(due, first, math.min(first + 2 * PAGE - 1, #due)))
+end
+local tally, out = ended_tally(), {}
+for j, row in ipairs(rows) do
+  if row.ends then
+    end_request(row.request, ending, row.id, row.status, STATUS.running, now, ttl, channel, row.known, tally)
+  end
+  out[j] = row.status
+end
+flush_ended(ending, tally)
+return out

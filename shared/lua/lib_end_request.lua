@@ -1,21 +1,43 @@
 -- Library, not a script (shared/keys.py prepends it, after lib_drop_inputs.lua, to every script that ends a request:
 -- abort.lua, claim.lua, finish.lua, and fail.lua and expire.lua through lib_fail_request.lua): end one unfinished
--- request with its terminal status (a failure's error_type and error_message already in its hash). Sets the status
--- and finished_at, drops its input images, gives the hash its TTL, appends the status's event to its event stream
--- (packed: a stream reserves 4 KiB for its entries, so it is copied to ``request.packed``, which keeps only the
--- bytes used, and renamed back over it; entry ids kept, blocked readers served) and, when its webhook subscribed to
--- it, to the webhook outbox (shared/webhooks.py), wakes long polls on the finished channel and counts it in the
--- metrics hash (shared/metrics.py): finished:<status>, a failure's failed:<error type>, an abort's aborted:<the
--- status it had>.
+-- request with its terminal status (a failure's error_type and error_message already in its hash, or in
+-- ``known.fields``). Sets the status and finished_at, drops its input images, gives the hash its TTL, appends the
+-- status's event to its event stream (packed: a stream reserves 4 KiB for its entries, so it is copied to
+-- ``request.packed``, which keeps only the bytes used, and renamed back over it; entry ids kept, blocked readers
+-- served) and, when its webhook subscribed to it, to the webhook outbox (shared/webhooks.py), wakes long polls on the
+-- finished channel and counts it in the metrics hash (shared/metrics.py): finished:<status>, a failure's
+-- failed:<error type>, an abort's aborted:<the status it had>.
 -- request: its keys (``request_keys``); ending: the fleet keys (``end_keys``: metrics, webhooks, inputs).
 -- was: the status it had (queued, scheduled or running; an abort counts where it caught the request).
-local function end_request(request, ending, request_id, status, was, now, ttl, channel)
+-- known (optional): what the caller already read of the hash, so that it is not read again: {webhook_on = <the
+-- field, false when absent>, counted = <INPUT_COUNT_FIELD, false when absent>, error_type = <a failure's>}, and
+-- ``fields`` ({name, value, ...}) to write in the same HSET as the status.
+-- tally (optional): an ``ended_tally()`` that collects the metrics of several ended requests, written once by
+-- ``flush_ended`` (one HINCRBY per counter instead of one per request); nil: counted at once.
+local function ended_tally() return {counts = {}, order = {}} end
+
+local function count_ended(tally, field)
+  if not tally.counts[field] then
+    tally.counts[field] = 0
+    table.insert(tally.order, field)
+  end
+  tally.counts[field] = tally.counts[field] + 1
+end
+
+local function flush_ended(ending, tally)
+  for _, field in ipairs(tally.order) do redis.call('HINCRBY', ending.metrics, field, tally.counts[field]) end
+end
+
+local function end_request(request, ending, request_id, status, was, now, ttl, channel, known, tally)
   local hash, events = request.hash, request.events
-  redis.call('HSET', hash, 'status', status, 'finished_at', now)
-  drop_inputs(hash, ending.inputs)  -- lib_drop_inputs.lua, prepended before this library
+  local fields = {'status', status, 'finished_at', now}
+  for _, value in ipairs(known and known.fields or {}) do table.insert(fields, value) end
+  redis.call('HSET', hash, unpack(fields))
+  drop_inputs(hash, ending.inputs, known and known.counted)  -- lib_drop_inputs.lua, prepended before this library
   redis.call('EXPIRE', hash, ttl)
   local event = redis.call('XADD', events, '*', 'event', status)
-  local hook = redis.call('HGET', hash, 'webhook_on')
+  local hook
+  if known then hook = known.webhook_on else hook = redis.call('HGET', hash, 'webhook_on') end
   if hook and string.find(hook, ' ' .. status .. ' ', 1, true) then
     redis.call('XADD', ending.webhooks, '*', 'id', request_id, 'event', status, 'entry', event)
   end
@@ -23,9 +45,12 @@ local function end_request(request, ending, request_id, status, was, now, ttl, c
   redis.call('RENAME', request.packed, events)
   redis.call('EXPIRE', events, ttl)
   redis.call('PUBLISH', channel, request_id)
-  redis.call('HINCRBY', ending.metrics, 'finished:' .. status, 1)
+  local counts = tally or ended_tally()
+  count_ended(counts, 'finished:' .. status)
   if status == STATUS.failed then
-    redis.call('HINCRBY', ending.metrics, 'failed:' .. redis.call('HGET', hash, 'error_type'), 1)
+    local error_type = known and known.error_type or redis.call('HGET', hash, 'error_type')
+    count_ended(counts, 'failed:' .. error_type)
   end
-  if status == STATUS.aborted then redis.call('HINCRBY', ending.metrics, 'aborted:' .. was, 1) end
+  if status == STATUS.aborted then count_ended(counts, 'aborted:' .. was) end
+  if not tally then flush_ended(ending, counts) end
 end

@@ -117,6 +117,33 @@ def test_claim_locks_counts_attempts_and_runs_only_its_requests(
     assert 0 < client.ttl(worker.keys.batch("B1")) <= settings.result_ttl_s
 
 
+def test_finish_ends_a_claims_requests_in_one_call_and_fails_a_swept_image_result_lost(
+    client: fakeredis.FakeRedis, settings: Settings, scheduled: tuple[SchedulerStore, Lease, list[str]]
+) -> None:
+    """One ``finish.lua`` call ends every request it is given: a succeeded one whose images are all journaled keeps
+    them (due with the request), one whose image left the journal (swept) fails ``ResultLost`` and its keys fall due
+    at once, and the metrics count each outcome once; a request of another claim is left as it is."""
+    worker = WorkerStore(client, settings)
+    batch = BatchMessage(batch_id="B1", request_ids=("a", "b", "c"), created_at=0.0)
+    assert isinstance(worker.claim(batch, "tok1", "w1"), Claimed)
+    worker.record_results(["a/tok1/0.png", "a/tok1/1.png", "b/tok1/0.png"])  # b's second image: never journaled
+    client.hset(worker.keys.request("c"), "claim", "other")
+    finished = worker.finish_many(
+        {"a": ["a/tok1/0.png", "a/tok1/1.png"], "b": ["b/tok1/0.png", "b/tok1/1.png"], "c": []}, {}, "tok1"
+    )
+    assert finished == {"a": RequestStatus.SUCCEEDED, "b": RequestStatus.FAILED, "c": RequestStatus.RUNNING}
+    assert client.hget(worker.keys.request("a"), "results") == "a/tok1/0.png a/tok1/1.png"
+    b = client.hgetall(worker.keys.request("b"))
+    assert b["error_type"] == "ResultLost" and "b/tok1/1.png" in b["error_message"] and "results" not in b
+    now_ms = time.time() * 1000
+    assert client.zscore(worker.keys.results_journal, "a/tok1/1.png") > now_ms + settings.result_ttl_s * 500
+    assert client.zscore(worker.keys.results_journal, "b/tok1/0.png") <= now_ms  # due at once
+    assert client.zscore(worker.keys.results_journal, "b/tok1/1.png") is None  # never added back
+    metrics = client.hgetall(worker.keys.metrics)
+    assert metrics["finished:succeeded"] == "1" and metrics["finished:failed"] == "1"
+    assert metrics["failed:ResultLost"] == "1"
+
+
 def test_poison_batch_fails_after_max_attempts(
     client: fakeredis.FakeRedis, settings: Settings, scheduled: tuple[SchedulerStore, Lease, list[str]]
 ) -> None:
