@@ -43,7 +43,7 @@ class EndKeys(NamedTuple):
 
 
 class _Key:
-    """A key of ``RedisKeys`` that takes no argument: ``{prefix}:{suffix}``."""
+    """A key of ``RedisKeys`` that takes no argument: ``{tag}:{suffix}``."""
 
     def __init__(self, suffix: str) -> None:
         self.suffix = suffix
@@ -53,14 +53,28 @@ class _Key:
     @overload
     def __get__(self, keys: RedisKeys, owner: type) -> str: ...
     def __get__(self, keys: RedisKeys | None, owner: type) -> _Key | str:
-        return self if keys is None else f"{keys.prefix}:{self.suffix}"
+        return self if keys is None else f"{keys.tag}:{self.suffix}"
 
 
 @dataclass(frozen=True, slots=True)
 class RedisKeys:
-    """Key names under one prefix."""
+    """The key names of one fleet: every one starts with the hash tag ``{prefix}`` (``tag``), so all of them hash
+    to one Redis Cluster slot and any script, pipeline or multi-key command over them touches one node.
+
+    A later shard of a fleet is another ``RedisKeys`` whose ``tag`` is ``{prefix:shardN}``: every key a script
+    touches is one ``RedisKeys``'s, so a shard's keys stay together in their slot.
+    """
 
     prefix: str = "fusefleet"
+
+    def __post_init__(self) -> None:
+        if "{" in self.prefix or "}" in self.prefix:
+            raise ValueError(f"a key prefix cannot hold '{{' or '}}' (it becomes the hash tag): {self.prefix!r}")
+
+    @property
+    def tag(self) -> str:
+        """What every key name starts with: the Redis Cluster hash tag ``{prefix}`` (the slot is its hash)."""
+        return f"{{{self.prefix}}}"
 
     requests = _Key("requests")
     events = _Key("events")
@@ -86,20 +100,20 @@ class RedisKeys:
     webhooks_lease = _Key("webhooks:lease")
 
     def step_inbox(self, worker: str) -> str:
-        return f"{self.prefix}:step:inbox:{worker}"
+        return f"{self.tag}:step:inbox:{worker}"
 
     def step_levels(self, worker: str) -> str:
-        return f"{self.prefix}:step:levels:{worker}"
+        return f"{self.tag}:step:levels:{worker}"
 
     def step_left(self, worker: str) -> str:
-        return f"{self.prefix}:step:left:{worker}"
+        return f"{self.tag}:step:left:{worker}"
 
     def worker_quarantine(self, worker: str) -> str:
         """Set while ``worker`` is quarantined (``gpu_worker.app``'s retire; TTL ``worker_quarantine_s``)."""
-        return f"{self.prefix}:worker:stuck:{worker}"
+        return f"{self.tag}:worker:stuck:{worker}"
 
     def request(self, request_id: str) -> str:
-        return f"{self.prefix}:req:{request_id}"
+        return f"{self.tag}:req:{request_id}"
 
     def request_events(self, request_id: str) -> str:
         return f"{self.request(request_id)}:events"
@@ -125,19 +139,19 @@ class RedisKeys:
 
     def result(self, key: str) -> str:
         """Where the Redis result store keeps the object of result-store key ``key``."""
-        return f"{self.prefix}:result:{key}"
+        return f"{self.tag}:result:{key}"
 
     def batch(self, batch_id: str) -> str:
-        return f"{self.prefix}:batch:{batch_id}"
+        return f"{self.tag}:batch:{batch_id}"
 
     def batch_lock(self, batch_id: str) -> str:
-        return f"{self.prefix}:batch:{batch_id}:lock"
+        return f"{self.tag}:batch:{batch_id}:lock"
 
     def api_key_bucket(self, name: str) -> str:
-        return f"{self.prefix}:apikey:{name}:bucket"
+        return f"{self.tag}:apikey:{name}:bucket"
 
     def api_key_unfinished(self, name: str) -> str:
-        return f"{self.prefix}:apikey:{name}:unfinished"
+        return f"{self.tag}:apikey:{name}:unfinished"
 
 
 def _generated() -> str:
@@ -225,6 +239,6 @@ def abort_keys(keys: RedisKeys, request_id: str) -> list[str]:
     return [*keys.end_keys, keys.requests, keys.scheduler_aborted, *keys.request_keys(request_id)]
 
 
-def finish_keys(keys: RedisKeys, *request_ids: str) -> list[str]:
-    """``KEYS`` of ``FINISH`` ending these requests (one call ends any number of one claim's requests)."""
-    return [*keys.end_keys, keys.results_journal, *keys.request_strides(request_ids)]
+def finish_keys(keys: RedisKeys, request_id: str) -> list[str]:
+    """``KEYS`` of ``FINISH``."""
+    return [*keys.end_keys, keys.results_journal, *keys.request_keys(request_id)]

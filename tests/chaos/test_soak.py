@@ -55,8 +55,9 @@ LEAK_PATTERNS = ("req", "result", "batch")  # result: image objects (deleted by 
 def leftover_keys(fleet: Fleet) -> dict[str, int]:
     """Keys of the prefix that should expire, by kind (``req``, ``result``, ``batch``)."""
     found: Counter[str] = Counter()
-    for key in fleet.redis.scan_iter(match=f"{fleet.prefix}:*", count=1000):
-        kind = key[len(fleet.prefix) + 1 :].split(":", 1)[0]
+    tag = fleet.keys.tag
+    for key in fleet.redis.scan_iter(match=f"{tag}:*", count=1000):
+        kind = key[len(tag) + 1 :].split(":", 1)[0]
         if kind in LEAK_PATTERNS:
             found[kind] += 1
     return dict(found)

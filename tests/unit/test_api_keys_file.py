@@ -266,4 +266,4 @@ def test_submit_without_a_max_queued_keeps_no_count(client: fakeredis.FakeRedis)
     assert client.hget(keys.request("a1"), "key") == "alice"
     assert submit(client, "n1") == 1
     assert client.hget(keys.request("n1"), "key") is None
-    assert not client.keys("t:apikey:*")
+    assert not client.keys(f"{keys.tag}:apikey:*")

@@ -22,6 +22,7 @@ import pytest
 from redis import exceptions as redis_errors
 
 from api.app import create_app
+from shared.keys import RedisKeys
 from shared.results import ResultStoreError
 from shared.settings import Settings
 from shared.wire import GenerateRequest
@@ -369,7 +370,7 @@ async def test_a_failing_result_store_is_503_naming_it(tmp_path: Path) -> None:
         async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
             request_id = (await http.post("/v1/requests", json={"prompt": "a cat"})).json()["id"]
             await redis.hset(
-                f"{settings.key_prefix}:req:{request_id}",
+                RedisKeys(settings.key_prefix).request(request_id),
                 mapping={"status": "succeeded", "results": f"{request_id}/c1/0.png", "images": 1},
             )
             response = await http.get(f"/v1/requests/{request_id}/images/0")

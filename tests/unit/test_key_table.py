@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 from shared.keys import RedisKeys
@@ -29,19 +30,21 @@ def table_keys() -> list[str]:
 
 
 def member_keys() -> dict[str, str]:
-    """Each ``RedisKeys`` member that spells one key name -> that name under prefix ``P``, placeholders for
-    arguments (the members that group keys for a script, ``request_keys`` and the like, spell none of their own)."""
+    """Each ``RedisKeys`` member that spells one key name -> that name under prefix ``P``, its hash tag ``{P}``
+    written ``P`` as the table does, placeholders for arguments (the members that group keys for a script,
+    ``request_keys`` and the like, spell none of their own)."""
     keys = RedisKeys("P")
     out: dict[str, str] = {}
     for name in dir(RedisKeys):
-        if name.startswith("_") or name == "prefix":
+        if name.startswith("_") or name in ("prefix", "tag"):
             continue
         value = getattr(keys, name)
         if callable(value):
             arguments = [PLACEHOLDERS[p] for p in inspect.signature(value).parameters]
             value = value(*arguments)
         if isinstance(value, str):
-            out[name] = value
+            assert value.startswith(f"{keys.tag}:"), f"{name} is not under the fleet's hash tag: {value}"
+            out[name] = "P" + value.removeprefix(keys.tag)
     return out
 
 
@@ -61,6 +64,10 @@ def test_every_row_is_one_members_key() -> None:
 
 def test_the_key_groups_are_made_of_members_keys() -> None:
     keys, spelled = RedisKeys("P"), set(member_keys().values())
-    assert set(keys.request_keys("{id}")) <= spelled
-    assert set(keys.end_keys) <= spelled
+
+    def tabled(names: Iterable[str]) -> set[str]:
+        return {"P" + name.removeprefix(keys.tag) for name in names}
+
+    assert tabled(keys.request_keys("{id}")) <= spelled
+    assert tabled(keys.end_keys) <= spelled
     assert keys.request_strides(["{id}", "{id}"]) == [*keys.request_keys("{id}")] * 2

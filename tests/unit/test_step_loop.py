@@ -162,7 +162,7 @@ class Worker:
         assert self.client.zcard(self.keys.inflight) == 0
         assert self.client.zcard(self.keys.storing) == 0
         assert self.heartbeat.held == []
-        assert not self.client.keys("t:batch:*:lock")
+        assert not self.client.keys(f"{self.keys.tag}:batch:*:lock")
 
 
 @pytest.fixture
