@@ -2,14 +2,27 @@
 
 Every client has a socket timeout (``redis_socket_timeout_s``) and a connect timeout, so a stalled or unreachable
 Redis becomes an error after a bounded time instead of a hang; each service decides what an error means for it.
+
+``redis_cluster`` picks the ``Topology``: one Redis (``SINGLE``), or a Redis Cluster seeded by ``redis_url``
+(``CLUSTER``: redis-py's cluster clients, which find every node from the seed, follow ``MOVED`` after a failover
+and load a script on every master when a node answers ``NOSCRIPT``). Both are typed as the plain clients: every key
+of a fleet carries its hash tag (``shared.keys.RedisKeys``), so each command, script, pipeline and ``MULTI`` the
+services send names keys of one slot, which the cluster clients serve as one Redis would. Two differences remain:
+pub/sub subscribes at the node of the channel's slot (a ``PUBLISH`` reaches every node), and an async cluster
+client's ``max_connections`` bounds each node's connections, past which a call fails (``MaxConnectionsError``, a
+``ConnectionError``) instead of waiting for a free one.
 """
 
 from __future__ import annotations
 
+from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterPubSub as AsyncClusterPubSub
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
 
 from shared.settings import Settings
 
@@ -38,26 +51,80 @@ def redacted(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+class Topology:
+    """How the clients of one deployment shape reach Redis."""
+
+    def sync(self, url: str, **options: Any) -> redis.Redis:
+        raise NotImplementedError
+
+    def asyncio(self, url: str, max_connections: int, timeout_s: float, **options: Any) -> aioredis.Redis:
+        """An asyncio client with at most ``max_connections`` (per node); ``timeout_s`` bounds a wait for one."""
+        raise NotImplementedError
+
+
+class _Single(Topology):
+    def sync(self, url: str, **options: Any) -> redis.Redis:
+        return redis.Redis.from_url(url, **options)
+
+    def asyncio(self, url: str, max_connections: int, timeout_s: float, **options: Any) -> aioredis.Redis:
+        """Callers wait for a free connection (instead of failing) under bursts, at most ``timeout_s``."""
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=timeout_s, **options
+        )
+        return aioredis.Redis.from_pool(pool)
+
+
+class _InitializingPubSub(AsyncClusterPubSub):
+    """redis-py 8.1's asyncio ``ClusterPubSub`` routes a ``SUBSCRIBE`` by a slot table that only a first command
+    fills: on a client that sent nothing yet it raises ``KeyError`` (redis/redis-py#4296, fixed after 8.1 by
+    #4297). This one has its client find the cluster first, as every other command does."""
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        await self.cluster.initialize()
+        return await super().execute_command(*args, **kwargs)
+
+
+class _AsyncCluster(AsyncRedisCluster):
+    def pubsub(self, node: Any = None, host: str | None = None, port: int | None = None, **kwargs: Any) -> Any:
+        return _InitializingPubSub(self, node=node, host=host, port=port, **kwargs)
+
+
+class _Cluster(Topology):
+    def sync(self, url: str, **options: Any) -> redis.Redis:
+        return cast(redis.Redis, RedisCluster.from_url(url, **options))
+
+    def asyncio(self, url: str, max_connections: int, timeout_s: float, **options: Any) -> aioredis.Redis:
+        return cast(aioredis.Redis, _AsyncCluster.from_url(url, max_connections=max_connections, **options))
+
+
+SINGLE: Topology = _Single()
+CLUSTER: Topology = _Cluster()
+
+
+def topology(settings: Settings) -> Topology:
+    """``CLUSTER`` with ``redis_cluster`` on, else ``SINGLE``."""
+    return CLUSTER if settings.redis_cluster else SINGLE
+
+
+def _options(settings: Settings, binary: bool) -> dict[str, Any]:
+    return {
+        "decode_responses": not binary,
+        "socket_timeout": settings.redis_socket_timeout_s,
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "health_check_interval": 30,
+    }
+
+
 def sync_client(settings: Settings, *, binary: bool = False) -> redis.Redis:
-    return redis.Redis.from_url(
-        settings.redis_url,
-        decode_responses=not binary,
-        socket_timeout=settings.redis_socket_timeout_s,
-        socket_connect_timeout=CONNECT_TIMEOUT_S,
-        health_check_interval=30,
-    )
+    return topology(settings).sync(settings.redis_url, **_options(settings, binary))
 
 
 def async_client(settings: Settings, *, binary: bool = False, max_connections: int | None = None) -> aioredis.Redis:
-    """A client whose pool makes callers wait for a free connection (instead of failing) under bursts; its size is
-    ``max_connections``, by default ``redis_max_connections``."""
-    pool = aioredis.BlockingConnectionPool.from_url(
+    """A client of at most ``max_connections`` (by default ``redis_max_connections``; per node on a cluster); on one
+    Redis a call past them waits for a free one (instead of failing) under bursts."""
+    return topology(settings).asyncio(
         settings.redis_url,
-        max_connections=max_connections or settings.redis_max_connections,
-        timeout=settings.redis_socket_timeout_s,
-        decode_responses=not binary,
-        socket_timeout=settings.redis_socket_timeout_s,
-        socket_connect_timeout=CONNECT_TIMEOUT_S,
-        health_check_interval=30,
+        max_connections or settings.redis_max_connections,
+        settings.redis_socket_timeout_s,
+        **_options(settings, binary),
     )
-    return aioredis.Redis.from_pool(pool)
