@@ -89,12 +89,12 @@ class EmbeddedValkey:
     def alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
-    def start(self, timeout_s: float = 10.0) -> EmbeddedValkey:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+    def argv(self) -> list[str]:
+        """The server's command line: the binary first, then its options."""
         durability = (
             ["--appendonly", "yes", "--appendfsync", self.appendfsync] if self.persistent else ["--appendonly", "no"]
         )
-        argv = [
+        return [
             server_binary(),
             "--port",
             str(self.port),
@@ -108,9 +108,12 @@ class EmbeddedValkey:
             "noeviction",
             *durability,
         ]
+
+    def start(self, timeout_s: float = 10.0) -> EmbeddedValkey:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent
+                self.argv(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent
             )
         self._paused = False
         client = redis.Redis.from_url(self.url, socket_timeout=2.0)

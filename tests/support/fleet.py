@@ -3,6 +3,11 @@
 Shared by tests/integration (tiny demo model) and tests/chaos (placeholder runners, faults): ``Fleet`` holds the
 services plus helpers to talk to them; ``running_fleet`` starts one and always stops every process it started;
 ``fleet_fixture`` is a module's ``fleet`` fixture, one such fleet for all its tests.
+
+A fleet keeps its state on the Redis it is given, or on a Redis Cluster: ``running_fleet(cluster_url=...)`` for
+one fleet (tests/integration/test_cluster.py), ``run_on_cluster(url)`` for every fleet after it
+(``pytest --redis-cluster``, tests/conftest.py). On a cluster the Redis the test gave becomes the fleet's Celery
+broker (unless it names one) and ``Fleet.redis`` is a cluster client.
 """
 
 from __future__ import annotations
@@ -11,11 +16,12 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
 from shared.keys import RedisKeys
 from tests.support.broker import drop_queue
@@ -23,6 +29,23 @@ from tests.support.processes import Service, wait_for
 from tests.support.redis_server import RedisServer, free_port
 
 TERMINAL = {"succeeded", "failed", "aborted"}
+
+_cluster_url: str | None = None
+"""The Redis Cluster every fleet runs on when no test says otherwise (``run_on_cluster``); None: the given Redis."""
+
+
+def run_on_cluster(url: str | None) -> None:
+    """Run every fleet started from now on on the Redis Cluster seeded at ``url`` (None: back to the given Redis)."""
+    global _cluster_url
+    _cluster_url = url
+
+
+def fleet_client(url: str, *, cluster: bool, **options: Any) -> redis.Redis:
+    """A client (string replies) of a fleet's Redis at ``url``: a cluster client when ``cluster`` (typed as the
+    plain one, as ``shared.redis_conn`` does: a fleet's keys share one slot)."""
+    if cluster:
+        return cast(redis.Redis, RedisCluster.from_url(url, decode_responses=True, **options))
+    return redis.Redis.from_url(url, decode_responses=True, **options)
 
 
 def new_prefix(kind: str = "test") -> str:
@@ -50,8 +73,11 @@ class Fleet:
         self.env = dict(env)
         self.log_dir = log_dir
         self.prefix = prefix
-        self.redis = redis.Redis.from_url(
-            redis_url, decode_responses=True, socket_timeout=redis_socket_timeout_s, socket_connect_timeout=5
+        self.redis = fleet_client(
+            redis_url,
+            cluster=self.env.get("FUSEFLEET_REDIS_CLUSTER") == "true",
+            socket_timeout=redis_socket_timeout_s,
+            socket_connect_timeout=5,
         )
         self.keys = RedisKeys(prefix)
         port = free_port()
@@ -167,12 +193,18 @@ class Fleet:
         return response.content
 
 
-def base_env(redis_url: str, prefix: str) -> dict[str, str]:
-    """Wiring every fleet needs: its Redis, its own key prefix and its own Celery queue."""
+def base_env(redis_url: str, prefix: str, *, cluster_url: str | None = None) -> dict[str, str]:
+    """Wiring every fleet needs: its Redis, its own key prefix and its own Celery queue. With a cluster
+    (``cluster_url``, else ``run_on_cluster``'s) the state lives there and ``redis_url`` is the Celery broker."""
+    cluster_url = cluster_url or _cluster_url
+    wiring = {"FUSEFLEET_KEY_PREFIX": prefix, "FUSEFLEET_QUEUE_NAME": f"{prefix}.batches"}
+    if cluster_url is None:
+        return {"FUSEFLEET_REDIS_URL": redis_url, **wiring}
     return {
-        "FUSEFLEET_REDIS_URL": redis_url,
-        "FUSEFLEET_KEY_PREFIX": prefix,
-        "FUSEFLEET_QUEUE_NAME": f"{prefix}.batches",
+        "FUSEFLEET_REDIS_URL": cluster_url,
+        "FUSEFLEET_REDIS_CLUSTER": "true",
+        "FUSEFLEET_BROKER_URL": redis_url,
+        **wiring,
     }
 
 
@@ -188,13 +220,22 @@ def running_fleet(
     start_timeout: float = 180,
     stop_timeout: float = 20.0,
     broker_url: str | None = None,
+    cluster_url: str | None = None,
 ) -> Iterator[Fleet]:
     """A started fleet under ``prefix`` (fresh by default); ``env`` is added to the wiring. Always stopped.
     ``broker_url``: the Celery broker (``tests/support/broker.py``) instead of the fleet's Redis; the fleet's queue
-    there is dropped once the fleet has stopped."""
+    there is dropped once the fleet has stopped. ``cluster_url``: its state on that Redis Cluster (``base_env``)."""
     prefix = prefix or new_prefix()
-    full_env = {**base_env(redis_url, prefix), **({"FUSEFLEET_BROKER_URL": broker_url} if broker_url else {}), **env}
-    fleet = Fleet(full_env, log_dir, redis_url, prefix, workers=workers, redis_socket_timeout_s=redis_socket_timeout_s)
+    wiring = base_env(redis_url, prefix, cluster_url=cluster_url)
+    full_env = {**wiring, **({"FUSEFLEET_BROKER_URL": broker_url} if broker_url else {}), **env}
+    fleet = Fleet(
+        full_env,
+        log_dir,
+        wiring["FUSEFLEET_REDIS_URL"],
+        prefix,
+        workers=workers,
+        redis_socket_timeout_s=redis_socket_timeout_s,
+    )
     try:
         yield fleet.start(start_timeout)
     finally:
