@@ -98,6 +98,7 @@ class RedisKeys:
     metrics_recent = _Key("metrics:recent")
     webhooks = _Key("webhooks")
     webhooks_lease = _Key("webhooks:lease")
+    videos = _Key("videos")
 
     def step_inbox(self, worker: str) -> str:
         return f"{self.tag}:step:inbox:{worker}"
@@ -152,6 +153,10 @@ class RedisKeys:
 
     def api_key_unfinished(self, name: str) -> str:
         return f"{self.tag}:apikey:{name}:unfinished"
+
+    def api_key_videos(self, name: str) -> str:
+        """API key ``name``'s video jobs (``GET /v1/videos``); ``videos`` without API keys."""
+        return f"{self.tag}:apikey:{name}:videos"
 
 
 def _generated() -> str:
