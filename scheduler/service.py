@@ -260,9 +260,13 @@ class SchedulerService:
             self._store.ack([r.entry_id for r in expired])
 
     def _free_slots(self) -> int:
-        """Free worker slots: counted in Redis when unknown, stale, or exhausted; else the running estimate."""
+        """Free worker slots: counted in Redis when unknown (a worker event said they changed: ``_forget_capacity``)
+        or stale (counted ``CAPACITY_TTL_S`` ago); else the running estimate, our dispatches since taken off. An
+        exhausted estimate is trusted as long: a slot frees with a worker event (``forward_done.lua``,
+        ``batch_done.lua``, a set's close, a first heartbeat), which forgets it, so while every worker is busy each
+        arrival costs no count."""
         now = self._clock()
-        if self._free is None or self._free <= 0 or now - self._free_at > CAPACITY_TTL_S:
+        if self._free is None or now - self._free_at > CAPACITY_TTL_S:
             self._free, self._free_at = self._store.free_slots(), now
         return self._free
 
