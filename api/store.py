@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -33,6 +33,20 @@ SubmitOutcome = Literal["accepted", "queue_full", "max_queued", "input_budget"]
 """What ``RequestStore.submit`` did: queued everything, or nothing because the queue, the key or the input budget
 is full."""
 _SUBMIT_OUTCOMES: dict[int, SubmitOutcome] = {1: "accepted", 0: "queue_full", -1: "max_queued", -2: "input_budget"}
+_OWNED_STATE_FIELDS = (*STATE_FIELDS, OWNER_FIELD)
+VIDEO_LIST_PRUNE = 4
+"""Oldest entries of a video list checked (and dropped when their request is gone) at each addition."""
+VIDEO_PAGE_READS = 4
+"""Most reads of one ``GET /v1/videos`` page (each past the first follows ids found gone, and drops them)."""
+
+
+def _owned_state(values: Sequence[bytes | str | None], owner: str | None) -> RequestState | None:
+    """The state of an HMGET of ``_OWNED_STATE_FIELDS``; None when the request is gone or, with ``owner``, not that
+    API key's."""
+    raw = {field: value for field, value in zip(_OWNED_STATE_FIELDS, values, strict=True) if value is not None}
+    if "spec" not in raw or "status" not in raw or (owner is not None and raw.get(OWNER_FIELD) != owner):
+        return None
+    return parse_state({str(k): str(v) for k, v in raw.items()})
 
 
 class SubmissionCounters(Protocol):
@@ -147,12 +161,76 @@ class RequestStore:
     async def get(self, request_id: str, owner: str | None = None) -> RequestState | None:
         """The state of a request, or None when it is unknown (never submitted, or expired) or, with ``owner``,
         not submitted with that API key."""
-        fields = (*STATE_FIELDS, OWNER_FIELD)
-        values = await self._bounded(self._redis.hmget(self._keys.request(request_id), fields))
-        raw = {field: value for field, value in zip(fields, values, strict=True) if value is not None}
-        if "spec" not in raw or "status" not in raw or (owner is not None and raw.get(OWNER_FIELD) != owner):
-            return None
-        return parse_state({str(k): str(v) for k, v in raw.items()})
+        values = await self._bounded(self._redis.hmget(self._keys.request(request_id), _OWNED_STATE_FIELDS))
+        return _owned_state(values, owner)
+
+    def _video_list(self, owner: str | None) -> str:
+        return self._keys.videos if owner is None else self._keys.api_key_videos(owner)
+
+    async def add_video(self, request_id: str, created_at: float, owner: str | None) -> None:
+        """Add an accepted video job to ``owner``'s video list (``GET /v1/videos``), scored by its creation (ms), and
+        drop the oldest ``VIDEO_LIST_PRUNE`` entries whose request is gone (expired or deleted): the list holds its
+        live jobs plus at most the few that ended since its last addition or page."""
+        videos = self._video_list(owner)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zadd(videos, {request_id: int(created_at * 1000)})
+        pipe.zrange(videos, 0, VIDEO_LIST_PRUNE - 1)
+        _, oldest = await self._bounded(pipe.execute())
+        await self._drop_gone(videos, [str(request_id) for request_id in oldest])
+
+    async def _drop_gone(self, videos: str, request_ids: Sequence[str]) -> list[str]:
+        """Remove from list ``videos`` the ids whose request hash is gone; the ids that are gone."""
+        if not request_ids:
+            return []
+        pipe = self._redis.pipeline(transaction=False)
+        for request_id in request_ids:
+            pipe.exists(self._keys.request(request_id))
+        exists = await self._bounded(pipe.execute())
+        gone = [request_id for request_id, there in zip(request_ids, exists, strict=True) if not there]
+        if gone:
+            await self._bounded(self._redis.zrem(videos, *gone))
+        return gone
+
+    async def is_video(self, request_id: str, owner: str | None) -> bool:
+        """Whether ``request_id`` is a video job of ``owner`` (in its video list)."""
+        return await self._bounded(self._redis.zscore(self._video_list(owner), request_id)) is not None
+
+    async def drop_video(self, request_id: str, owner: str | None) -> None:
+        """Take a deleted video job off ``owner``'s video list."""
+        await self._bounded(self._redis.zrem(self._video_list(owner), request_id))
+
+    async def video_page(
+        self, owner: str | None, after: str | None, limit: int, newest_first: bool
+    ) -> tuple[list[RequestState], bool] | None:
+        """Up to ``limit`` video jobs of ``owner`` after job ``after`` (None: from the first), newest or oldest
+        first, and whether more follow; None when ``after`` is not in the list. Jobs whose request is gone are
+        dropped from the list on the way (at most ``VIDEO_PAGE_READS`` reads of ``limit + 1`` ids)."""
+        videos = self._video_list(owner)
+        start = 0
+        if after is not None:
+            rank = await self._bounded(
+                self._redis.zrevrank(videos, after) if newest_first else self._redis.zrank(videos, after)
+            )
+            if rank is None:
+                return None
+            start = cast(int, rank) + 1
+        states: list[RequestState] = []
+        for _ in range(VIDEO_PAGE_READS):
+            want = limit + 1 - len(states)  # one more than the page: whether more follow
+            ids = [
+                str(i)
+                for i in await self._bounded(self._redis.zrange(videos, start, start + want - 1, desc=newest_first))
+            ]
+            pipe = self._redis.pipeline(transaction=False)
+            for request_id in ids:
+                pipe.hmget(self._keys.request(request_id), _OWNED_STATE_FIELDS)
+            read = [_owned_state(values, owner) for values in await self._bounded(pipe.execute())] if ids else []
+            states += [state for state in read if state is not None]
+            if len(states) > limit or len(ids) < want:
+                return states[:limit], len(states) > limit
+            gone = await self._drop_gone(videos, [i for i, state in zip(ids, read, strict=True) if state is None])
+            start += len(ids) - len(gone)
+        return states[:limit], True
 
     async def owns(self, request_id: str, owner: str | None) -> bool:
         """Whether API key ``owner`` submitted the request (always, with no ``owner``: the api has no keys)."""

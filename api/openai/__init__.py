@@ -2,7 +2,8 @@
 
 ``POST /v1/images/generations``, ``POST /v1/images/edits``, ``GET /v1/models`` and ``GET /v1/models/{id}``: each
 image call is one ordinary, batchable fleet request (visible under ``/v1/requests/{id}``), answered in OpenAI's
-shapes. These routes are left out of the served OpenAPI document (OpenAI's own specification describes them;
+shapes; ``/v1/videos`` (``api.openai.videos``) serves OpenAI's asynchronous video jobs, each a native request too.
+These routes are left out of the served OpenAPI document (OpenAI's own specification describes them;
 docs/api.md says what differs). ``install`` adds them to an app.
 """
 
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 
 from fastapi import FastAPI, params
 
-from api.openai import images, models
+from api.openai import images, models, videos
 from api.openai.errors import OpenAIBodyLimitShape
 
 
@@ -22,4 +23,5 @@ def install(app: FastAPI, dependencies: Sequence[params.Depends] = ()) -> None:
     shape on the OpenAI paths."""
     app.include_router(images.router, dependencies=dependencies)
     app.include_router(models.router, dependencies=dependencies)
+    app.include_router(videos.router, dependencies=dependencies)
     app.add_middleware(OpenAIBodyLimitShape)
