@@ -4,13 +4,13 @@ Every client has a socket timeout (``redis_socket_timeout_s``) and a connect tim
 Redis becomes an error after a bounded time instead of a hang; each service decides what an error means for it.
 
 ``redis_cluster`` picks the ``Topology``: one Redis (``SINGLE``), or a Redis Cluster seeded by ``redis_url``
-(``CLUSTER``: redis-py's cluster clients, which find every node from the seed, follow ``MOVED`` after a failover
-and load a script on every master when a node answers ``NOSCRIPT``). Both are typed as the plain clients: every key
-of a fleet carries its hash tag (``shared.keys.RedisKeys``), so each command, script, pipeline and ``MULTI`` the
-services send names keys of one slot, which the cluster clients serve as one Redis would. Two differences remain:
-pub/sub subscribes at the node of the channel's slot (a ``PUBLISH`` reaches every node), and an async cluster
-client's ``max_connections`` bounds each node's connections, past which a call fails (``MaxConnectionsError``, a
-``ConnectionError``) instead of waiting for a free one.
+(``CLUSTER``: redis-py's cluster clients as ``shared.redis_cluster`` adapts them; they find every node from the
+seed, follow ``MOVED`` after a failover and load a script on every master when a node answers ``NOSCRIPT``). Both
+are typed as the plain clients: every key of a fleet carries its hash tag (``shared.keys.RedisKeys``), so each
+command, script, pipeline and ``MULTI`` the services send names keys of one slot, which the cluster clients serve as
+one Redis would. Two differences remain: pub/sub subscribes at the node of the channel's slot (a ``PUBLISH``
+reaches every node), and an async cluster client's ``max_connections`` bounds each node's connections, past which
+a call fails (``MaxConnectionsError``, a ``ConnectionError``) instead of waiting for a free one.
 """
 
 from __future__ import annotations
@@ -20,10 +20,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import ClusterPubSub as AsyncClusterPubSub
-from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-from redis.cluster import RedisCluster
 
+from shared.redis_cluster import AsyncCluster, SyncCluster
 from shared.settings import Settings
 
 CONNECT_TIMEOUT_S = 5.0
@@ -74,27 +72,12 @@ class _Single(Topology):
         return aioredis.Redis.from_pool(pool)
 
 
-class _InitializingPubSub(AsyncClusterPubSub):
-    """redis-py 8.1's asyncio ``ClusterPubSub`` routes a ``SUBSCRIBE`` by a slot table that only a first command
-    fills: on a client that sent nothing yet it raises ``KeyError`` (redis/redis-py#4296, fixed after 8.1 by
-    #4297). This one has its client find the cluster first, as every other command does."""
-
-    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        await self.cluster.initialize()
-        return await super().execute_command(*args, **kwargs)
-
-
-class _AsyncCluster(AsyncRedisCluster):
-    def pubsub(self, node: Any = None, host: str | None = None, port: int | None = None, **kwargs: Any) -> Any:
-        return _InitializingPubSub(self, node=node, host=host, port=port, **kwargs)
-
-
 class _Cluster(Topology):
     def sync(self, url: str, **options: Any) -> redis.Redis:
-        return cast(redis.Redis, RedisCluster.from_url(url, **options))
+        return cast(redis.Redis, SyncCluster.from_url(url, **options))
 
     def asyncio(self, url: str, max_connections: int, timeout_s: float, **options: Any) -> aioredis.Redis:
-        return cast(aioredis.Redis, _AsyncCluster.from_url(url, max_connections=max_connections, **options))
+        return cast(aioredis.Redis, AsyncCluster.from_url(url, max_connections=max_connections, **options))
 
 
 SINGLE: Topology = _Single()
