@@ -38,7 +38,7 @@ SERVER_ERROR = "server_error"
 PARAM_OF_FIELD: Mapping[str, str] = {"width": "size", "height": "size", "mask_image": "mask"}
 """Native ``GenerateRequest`` fields whose OpenAI parameter has another name; the others keep theirs."""
 
-OPENAI_PATH_PREFIXES = ("/v1/images/",)
+OPENAI_PATH_PREFIXES = ("/v1/images/", "/v1/videos")
 """Paths whose 413 (from ``api.body_limit``) is answered in OpenAI's shape."""
 
 

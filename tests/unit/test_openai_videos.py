@@ -349,3 +349,9 @@ async def test_with_api_keys_each_key_sees_its_own_videos(keyed_api: Api) -> Non
         assert openai_error(response, 404)["code"] == "video_not_found"
     assert openai_error(await keyed_api.http.get(VIDEOS), 401)["code"] == "missing_api_key"
     assert (await keyed_api.http.get(f"{VIDEOS}/{bobs}", headers=auth("bob"))).json()["status"] == "queued"
+
+
+async def test_a_body_over_the_limit_is_openais_413(tmp_path: Path) -> None:
+    async for harness in api_harness(unit_settings(tmp_path, max_body_bytes=1024)):
+        response = await harness.http.post(VIDEOS, json={"prompt": "x" * 2048})
+        assert openai_error(response, 413)["code"] == "request_too_large"
