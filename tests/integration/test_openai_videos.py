@@ -1,0 +1,133 @@
+"""The OpenAI Videos API of a real fleet serving the tiny LTX-Video demo pipeline (``FUSEFLEET_DEMO_FAMILY=ltx-video``,
+the real diffusers runner), called with the official ``openai`` client: ``create_and_poll`` completes and
+``download_content`` is an MP4 that decodes to the asked frames and size, two compatible jobs share one forward,
+``list`` pages, ``delete`` of a running job ends it aborted natively and the client sees the failure, and a bad
+``size`` or ``seconds`` is a 400 naming ``param``."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import openai
+import pytest
+from PIL import Image
+
+from demo_models import ensure_demo_model
+from gpu_worker.video import decode_mp4
+from tests.integration.conftest import Fleet, running_fleet
+from tests.support.processes import wait_for
+from tests.support.redis_server import RedisServer
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")]
+
+SIZE, SECONDS, FPS, FRAMES = "32x32", "1", 8, 9  # 1 s at 8 fps: 9 frames, LTX's 8k + 1
+EXTRA = {"fps": FPS, "num_inference_steps": 2, "guidance_scale": 3.0}
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    redis_server: RedisServer, model_cache: Path, lora_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Fleet]:
+    ensure_demo_model(model_cache, "ltx-video")  # built once here, not under the worker's start timeout
+    with running_fleet(
+        redis_server,
+        model_cache,
+        lora_dir,
+        tmp_path_factory.mktemp("openai-videos-logs"),
+        FUSEFLEET_RUNNER="gpu_worker.diffusers_runner:DiffusersRunner",
+        FUSEFLEET_DEMO_FAMILY="ltx-video",
+        FUSEFLEET_REQUEST_BATCH_MAX_WAIT_MS="1000",
+    ) as one:
+        yield one
+
+
+@pytest.fixture(scope="module")
+def client(fleet: Fleet) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=fleet.base_url + "/v1", api_key="unused", max_retries=0, timeout=120) as one:
+        yield one
+
+
+def test_create_and_poll_then_download_an_mp4_of_the_asked_frames(fleet: Fleet, client: openai.OpenAI) -> None:
+    video = client.videos.create_and_poll(
+        prompt="a lighthouse at dusk",
+        size=SIZE,
+        seconds=SECONDS,
+        poll_interval_ms=200,
+        extra_body={**EXTRA, "seed": 1},  # type: ignore[arg-type]
+    )
+    assert (video.status, video.progress, video.size, video.seconds) == ("completed", 100, SIZE, "1.125"), video
+    native = fleet.get(video.id)  # the job is a native request, same id
+    assert native["status"] == "succeeded" and native["params"]["num_frames"] == FRAMES
+
+    mp4 = client.videos.download_content(video.id).content
+    frames = decode_mp4(mp4)
+    assert len(frames) == FRAMES and {frame.size for frame in frames} == {(32, 32)}
+    assert mp4 == fleet.http.get(f"/v1/requests/{video.id}/video").content
+    with Image.open(io.BytesIO(client.videos.download_content(video.id, variant="thumbnail").content)) as still:
+        assert (still.format, still.size) == ("PNG", (32, 32))
+    events = fleet.http.get(f"/v1/requests/{video.id}/events", timeout=30)  # its live events, as any request's
+    names = [line.removeprefix("event: ") for line in events.text.splitlines() if line.startswith("event: ")]
+    assert names[0] == "queued" and "running" in names and names[-1] == "succeeded", names
+
+
+def test_two_compatible_jobs_share_one_forward(fleet: Fleet, client: openai.OpenAI) -> None:
+    def one(seed: int) -> openai.types.Video:
+        return client.videos.create_and_poll(
+            prompt=f"a fox, take {seed}",
+            size=SIZE,
+            seconds=SECONDS,
+            poll_interval_ms=200,
+            extra_body={**EXTRA, "seed": seed},  # type: ignore[arg-type]
+        )
+
+    with ThreadPoolExecutor(2) as pool:
+        videos = list(pool.map(one, (11, 12)))
+    assert [video.status for video in videos] == ["completed", "completed"]
+    states = [fleet.get(video.id) for video in videos]
+    assert states[0]["batch_id"] == states[1]["batch_id"] and states[0]["batch_size"] == 2, states
+    assert decode_mp4(client.videos.download_content(videos[0].id).content) != []
+
+
+def test_list_pages_newest_first(client: openai.OpenAI) -> None:
+    ids = [client.videos.create(prompt=f"clip {i}", size=SIZE, seconds=SECONDS, extra_body=EXTRA).id for i in range(3)]  # type: ignore[arg-type]
+    page = client.videos.list(limit=2)
+    assert [video.id for video in page.data] == ids[:-3:-1] and page.has_more
+    listed = [video.id for video in client.videos.list(limit=2)]  # the client follows the pages
+    assert listed[:3] == ids[::-1] and len(listed) == len(set(listed))
+    for video_id in ids:
+        assert client.videos.poll(video_id, poll_interval_ms=200).status == "completed"
+
+
+def test_delete_of_a_running_job_aborts_it(fleet: Fleet, client: openai.OpenAI) -> None:
+    job = client.videos.create(
+        prompt="a long clip", size=SIZE, seconds=SECONDS, extra_body={**EXTRA, "num_inference_steps": 400}
+    )  # type: ignore[arg-type]
+    wait_for(lambda: client.videos.retrieve(job.id).progress > 0, 120, f"video {job.id} to make progress")
+    deleted = client.videos.delete(job.id)
+    assert (deleted.id, deleted.deleted) == (job.id, False)  # aborted, kept until deleted again
+    video = client.videos.poll(job.id, poll_interval_ms=200)
+    assert video.status == "failed" and video.error is not None and video.error.code == "aborted", video
+    native = fleet.get(job.id)
+    assert native["status"] == "aborted" and native["progress"]["step"] < 400, native
+    assert client.videos.delete(job.id).deleted is True
+    with pytest.raises(openai.NotFoundError):
+        client.videos.retrieve(job.id)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"size": "48x32"}, "size"),
+        ({"size": "720x1280"}, "size"),
+        ({"seconds": "abc"}, "seconds"),
+        ({"seconds": "600"}, "seconds"),
+    ],
+)
+def test_a_bad_size_or_seconds_is_a_400_naming_param(client: openai.OpenAI, body: dict[str, str], param: str) -> None:
+    fields = {"size": SIZE, "seconds": SECONDS, **body}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.videos.create(prompt="a fox", **fields, extra_body=EXTRA)  # type: ignore[arg-type]
+    assert (refused.value.param, refused.value.code) == (param, "invalid_value"), refused.value.body
