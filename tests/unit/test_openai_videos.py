@@ -187,6 +187,7 @@ async def test_the_openai_client_creates_polls_and_downloads(video_api: Api, cli
         ({"seconds": "0"}, "seconds", "invalid_value"),
         ({"seconds": True}, "seconds", "invalid_type"),
         ({"seconds": "60"}, "seconds", "invalid_value"),  # 1497 frames: past max_num_frames (the native bound)
+        ({"size": "512x512", "seconds": "10"}, "size", "invalid_value"),  # 249 frames of 512x512: the pixel budget
         ({"fps": 0, "seconds": "1"}, "fps", "invalid_value"),
         ({"fps": 500}, "fps", "invalid_value"),
         ({"input_reference": "data:image/png;base64,AAAA"}, "input_reference", "unsupported_parameter"),
@@ -347,7 +348,15 @@ async def test_with_api_keys_each_key_sees_its_own_videos(keyed_api: Api) -> Non
     for method, path in (("GET", ""), ("GET", "/content"), ("DELETE", "")):
         response = await keyed_api.http.request(method, f"{VIDEOS}/{bobs}{path}", headers=auth("alice"))
         assert openai_error(response, 404)["code"] == "video_not_found"
-    assert openai_error(await keyed_api.http.get(VIDEOS), 401)["code"] == "missing_api_key"
+    for method, path in (
+        ("POST", ""),
+        ("GET", ""),
+        ("GET", f"/{bobs}"),
+        ("GET", f"/{bobs}/content"),
+        ("DELETE", f"/{bobs}"),
+    ):
+        response = await keyed_api.http.request(method, f"{VIDEOS}{path}", json={"prompt": "a fox"})
+        assert openai_error(response, 401)["code"] == "missing_api_key", (method, path)
     assert (await keyed_api.http.get(f"{VIDEOS}/{bobs}", headers=auth("bob"))).json()["status"] == "queued"
 
 
