@@ -364,3 +364,17 @@ async def test_a_body_over_the_limit_is_openais_413(tmp_path: Path) -> None:
     async for harness in api_harness(unit_settings(tmp_path, max_body_bytes=1024)):
         response = await harness.http.post(VIDEOS, json={"prompt": "x" * 2048})
         assert openai_error(response, 413)["code"] == "request_too_large"
+
+
+async def test_a_job_keeps_its_webhook(tmp_path: Path) -> None:
+    settings = unit_settings(tmp_path, webhook_allowed_hosts=["127.0.0.1"], webhook_secret="s3cret")
+    async for harness in api_harness(settings):
+        await announce(harness, "w1", LTX, "LTXPipeline")
+        hook = "http://127.0.0.1:9/hook"
+        job = await create(harness, webhook=hook, webhook_events=["start", "completed"])
+        stored = await harness.redis.hmget(harness.keys.request(job["id"]), ["webhook", "webhook_on"])
+        assert stored[0] == hook and stored[1]  # its events reach the webhook outbox as any request's
+        error = openai_error(
+            await harness.http.post(VIDEOS, json={"prompt": "a fox", "webhook": "http://10.0.0.1/"}), 400
+        )
+        assert error["param"] == "webhook"
