@@ -69,7 +69,7 @@ class SchedulerService:
         self._config = PolicyConfig.from_settings(settings)
         self._window = max(HEAD_WINDOW_MIN, 4 * settings.max_num_seqs)
         self._queue = QUEUES[settings.scheduling_policy]()  # the requests read and not yet dispatched
-        self._fresh: set[str] = set()  # admitted this round: certainly still queued unless aborted just now
+        self._fresh: set[str] = set()  # queued and unaborted as far as we know: see _head_window
         self._free: int | None = None  # free worker slots as last counted (minus our dispatches since)
         self._free_at = 0.0
 
@@ -101,10 +101,11 @@ class SchedulerService:
                 if deadline is not None:
                     block_s = min(block_s, deadline - now)
                 block_ms = max(1, min(self._settings.scheduler_block_ms, int(block_s * 1000) + 1))
-                self._fresh.clear()
                 read = self._store.read_new(block_ms, room=self._settings.max_queue_len - len(self._queue))
                 if read.woken:
                     self._forget_capacity()  # a batch finished, a set closed or a worker joined
+                if len(read.aborted) >= self._settings.max_queue_len:
+                    self._fresh.clear()  # abort.lua drops ids while the set is this full: look at every request
                 self._admit(read.entries)
                 self._forget(read.aborted)  # after admitting: an id read in this round is dropped too
                 deadline = self._dispatch_ready()
@@ -243,8 +244,8 @@ class SchedulerService:
                 if free <= 0 and room:
                     self._when_full(head, room, free)
                 break
-            self._dispatch(decision)
-            self._free = free - 1
+            if self._dispatch(decision):
+                self._free = free - 1
         next_deadline = self._queue.next_deadline()
         if next_deadline is not None:  # wake for it: on the policy's clock, from now
             due = self._clock() + max(0.0, next_deadline - self._wall_clock())
@@ -254,6 +255,7 @@ class SchedulerService:
     def _expire_queued(self) -> None:
         """Fail the waiting requests past their deadline (``Timeout``), then acknowledge their entries."""
         expired = self._queue.pop_expired(self._wall_clock())
+        self._fresh.difference_update(r.id for r in expired)
         if expired:
             statuses = self._store.expire([r.id for r in expired])
             log.info("%d queued requests past their deadline: %s", len(expired), sorted(set(statuses)))
@@ -273,25 +275,32 @@ class SchedulerService:
     def _head_window(self, check: bool) -> list[WaitingRequest]:
         window = self._queue.head(self._window)
         ids = [request.id for request in window]
-        # Requests that waited since an earlier round may have been aborted meanwhile: look (one round trip) when
-        # something could be dispatched (``check``), once per round. SCHEDULE re-checks every request anyway.
+        # A request aborted while queued comes back through the aborted set (``take_aborted``, every round), which
+        # abort.lua fills only while it holds fewer than max_queue_len ids: so a request admitted (or looked at)
+        # since the set last was that full (``_fresh``) is queued and unaborted unless its id is on its way. The
+        # others may have been aborted unseen: look (one round trip) when something could be dispatched
+        # (``check``). SCHEDULE re-checks every request anyway.
         stale = [rid for rid in ids if rid not in self._fresh] if check else []
         aborted: set[str] = set()
         if stale:
             for rid, (status, abort, _) in zip(stale, self._store.statuses(stale), strict=True):
                 if abort or status is not RequestStatus.QUEUED:
                     aborted.add(rid)
-            self._fresh.update(stale)  # known this round: the next batch of the round need not look again
+            self._fresh.update(stale)  # known now: the aborted set brings what changes
         return [
             WaitingRequest(r.id, r.key, r.arrived_at, aborted=r.id in aborted, cost=r.cost, level=self._queue.level(r))
             for r in window
         ]
 
-    def _dispatch(self, decision: Dispatch) -> None:
+    def _dispatch(self, decision: Dispatch) -> bool:
+        """Schedule and publish the decision's batch; whether a batch was published (it took a slot)."""
         batch_id, joined = self._schedule(decision.request_ids)
         if joined:
             self._publish(batch_id, joined, self._model_of(decision.request_ids))
+        if len(joined) < len(decision.request_ids):  # some had ended unseen (not by the aborted set): look again
+            self._fresh.clear()
         self._forget(decision.request_ids)
+        return bool(joined)
 
     def _model_of(self, request_ids: Sequence[str]) -> str | None:
         """The model of these waiting requests (one batch holds one: it is in both batch keys); None when unknown."""
@@ -329,4 +338,5 @@ class SchedulerService:
     def _forget(self, request_ids: Sequence[str]) -> None:
         """Drop requests from the queue and acknowledge their entries (after any publish)."""
         entries = [request.entry_id for rid in request_ids if (request := self._queue.remove(rid))]
+        self._fresh.difference_update(request_ids)
         self._store.ack(entries)
