@@ -18,6 +18,8 @@ import openai
 import pytest
 
 from api.openai.video_schemas import VideoCreateRequest, frames_for, played_seconds, video_of
+from api.outage import StoreUnavailable
+from api.store import RequestStore
 from gpu_worker.families import FAMILIES
 from shared import keys as k
 from shared.api_keys import ApiKey, key_table, token_hash
@@ -378,3 +380,17 @@ async def test_a_job_keeps_its_webhook(tmp_path: Path) -> None:
             await harness.http.post(VIDEOS, json={"prompt": "a fox", "webhook": "http://10.0.0.1/"}), 400
         )
         assert error["param"] == "webhook"
+
+
+async def test_a_job_the_list_cannot_record_is_aborted_and_refused(
+    video_api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def list_down(self: RequestStore, request_id: str, created_at: float, owner: str | None) -> None:
+        raise StoreUnavailable(ConnectionError("list write lost"))
+
+    monkeypatch.setattr(RequestStore, "add_video", list_down)
+    response = await video_api.http.post(VIDEOS, json={"prompt": "a fox", "size": "32x32"})
+    error = openai_error(response, 503)
+    assert error["code"] == "service_unavailable" and "retry-after" in response.headers
+    hashes = [key for key in await video_api.redis.keys(video_api.keys.request("*")) if not key.endswith(":events")]
+    assert [await video_api.redis.hget(key, "status") for key in hashes] == ["aborted"]  # submitted, then aborted
