@@ -11,6 +11,7 @@ import redis
 
 from scheduler.deadlines import NOT_STARTED, RAN_PAST, InFlightRequest
 from shared import keys as k
+from shared.celery_config import queue_in_fleet_redis
 from shared.contracts import TIMEOUT_ERROR, RequestSpec, RequestStatus, StepEviction
 from shared.settings import Settings
 from shared.streams import by_stream
@@ -334,7 +335,8 @@ class SchedulerStore:
         unheld = [(b, m) for b, held, m in zip(batch_ids, read[::2], read[1::2], strict=True) if not held]
         if not unheld:
             return Reaped(republish=[], removed=0, request_ids={})
-        keys = [self.keys.inflight, self._settings.queue_name, self.keys.storing]
+        broker_queue = queue_in_fleet_redis(self._settings) or self.keys.inflight  # reap.lua: KEYS[1] = none here
+        keys = [self.keys.inflight, broker_queue, self.keys.storing]
         args: list[str | int] = [int(self._settings.batch_claim_timeout_s * 1000), self._settings.result_ttl_s]
         for batch_id, members in unheld:
             request_ids = str(members or "").split()

@@ -120,6 +120,14 @@ def broker_transport(settings: Settings) -> BrokerTransport:
     return transport
 
 
+def queue_in_fleet_redis(settings: Settings) -> str | None:
+    """The key of the fleet's batch queue in its own Redis when that Redis is the broker (kombu's Redis transport
+    keeps a queue's waiting messages in a list named after it), else None: on any other broker the scheduler's
+    reaper cannot see whether a batch's message still waits, and publishes an unclaimed batch again after
+    ``batch_claim_timeout_s`` (a copy still waiting then finds it claimed or done)."""
+    return settings.queue_name if settings.celery_broker_url == settings.redis_url else None
+
+
 def publish_options(settings: Settings) -> dict[str, Any]:
     """The keyword arguments the scheduler gives every ``send_task`` on this broker."""
     return broker_transport(settings).publish_options(settings)

@@ -13,8 +13,10 @@
 -- The caller names the batches (those it read in flight, in score order) and their requests (each batch's ``ids``,
 -- written once by schedule.lua); a batch no longer in flight is passed over, a request of a batch it did not name
 -- counts as unfinished.
--- KEYS[1] inflight zset, KEYS[2] broker queue (list of Celery messages), KEYS[3] storing zset; then per batch: its
--- hash, its lock, and one stride per request of it (``request_keys``).
+-- KEYS[1] inflight zset, KEYS[2] broker queue (list of Celery messages; KEYS[1] again when the broker is not this
+-- Redis: nothing here to read, so a batch unclaimed past the claim timeout is published again, and a copy still
+-- waiting in that broker finds it claimed or done), KEYS[3] storing zset; then per batch: its hash, its lock, and
+-- one stride per request of it (``request_keys``).
 -- ARGV[1] claim timeout (ms), ARGV[2] ttl of a finished batch hash (s); then per batch: its id, its number of
 -- requests, their ids (KEYS order).
 -- Returns {{batch id, its request ids (space separated), ...} to publish again, number taken out of flight}.
@@ -61,7 +63,8 @@ for _, b in ipairs(batches) do
   end
 end
 if #overdue > 0 then
-  local queued = redis.call('LRANGE', broker_queue, 0, -1)
+  local queued = {}
+  if broker_queue ~= inflight then queued = redis.call('LRANGE', broker_queue, 0, -1) end
   for _, b in ipairs(overdue) do
     local waiting = false
     for _, message in ipairs(queued) do

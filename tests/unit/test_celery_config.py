@@ -3,9 +3,13 @@ names another) or RabbitMQ, each with its own options, the same delivery semanti
 
 from __future__ import annotations
 
+import time
+
+import fakeredis
 import pytest
 from pydantic import ValidationError
 
+from scheduler.store import SchedulerStore
 from shared.celery_config import (
     BROKER_HEARTBEAT_S,
     RUN_BATCH_TASK,
@@ -15,8 +19,10 @@ from shared.celery_config import (
     broker_transport,
     make_celery,
     publish_options,
+    queue_in_fleet_redis,
 )
 from shared.settings import Settings
+from tests.unit.test_executor import scheduled_batch
 
 REDIS = "redis://127.0.0.1:6390/0"
 RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
@@ -90,3 +96,25 @@ def test_rabbitmq_warns_of_batches_longer_than_its_consumer_timeout() -> None:
     assert "batch_time_limit_s (2400)" in warning and "consumer_timeout" in warning
     redis_long = long.model_copy(update={"broker_url": None})
     assert broker_transport(redis_long).warnings(redis_long) == []
+
+
+def test_the_reaper_reads_the_queue_in_the_fleets_redis_only_when_that_redis_is_the_broker() -> None:
+    assert queue_in_fleet_redis(Settings(redis_url=REDIS, key_prefix="blue")) == "blue.batches"
+    assert queue_in_fleet_redis(Settings(redis_url=REDIS, broker_url=REDIS, key_prefix="blue")) == "blue.batches"
+    for other in ("redis://broker:6379/0", RABBITMQ):
+        assert queue_in_fleet_redis(Settings(redis_url=REDIS, broker_url=other)) is None
+
+
+@pytest.mark.parametrize("broker", ["redis://broker:6379/0", RABBITMQ])
+def test_on_another_broker_an_unclaimed_batch_is_published_again_whatever_lies_in_the_fleets_redis(
+    client: fakeredis.FakeRedis, broker: str
+) -> None:
+    settings = Settings(redis_url=REDIS, broker_url=broker, key_prefix="t", batch_claim_timeout_s=1.0, queue_name="q")
+    scheduled_batch(client, settings, ["a"])
+    reaper = SchedulerStore(client, settings)
+    assert reaper.reap().republish == []  # just published
+    # a message left in the fleet's Redis by the broker it had before: no worker takes it from there any more
+    client.lpush("q", '{"headers": {"id": "B1", "task": "fusefleet.run_batch"}}')
+    time.sleep(1.2)
+    assert reaper.reap().republish == ["B1"]  # unclaimed past the claim timeout: published again on the broker
+    assert reaper.reap().republish == []  # stamped: not again before another timeout
