@@ -1,11 +1,14 @@
-"""Refusing up front what the fleet's model cannot do, from what its live workers announce.
+"""Refusing up front a model the fleet does not have, and what a model cannot do, from what its live workers announce.
 
-Each worker announces its model's ``ModelTraits`` and tasks with its heartbeat (``P:capabilities``). A request
-that asks for what the model does not take — a size that is not a multiple of its patch size, a negative prompt a
-guidance-distilled model would ignore, frames for an image model, a task its family has no pipeline for — is
-refused with a 422 naming the field, instead of failing (or silently doing something else) on a worker. Nothing is
-refused while no worker has announced itself. All workers of a fleet serve one model; where they differ, a request
-is accepted when any live worker can run it.
+A request names its model (``model``; unset = the fleet's default, ``Settings.model_id``). A name that is not one of
+the fleet's models (``Settings.catalog``) is refused with a 422 naming ``model`` (a model of the fleet that no live
+worker serves yet is accepted: it waits for one, as every request waits while no worker is up). Each worker
+announces, per model it serves, the model's ``ModelTraits`` and tasks with its heartbeat (``P:capabilities``,
+``WorkerCapabilities.served``). A request that asks for what its model does not take — a size that is not a
+multiple of its patch size, a negative prompt a guidance-distilled model would ignore, frames for an image model, a
+task its family has no pipeline for — is refused with a 422 naming the field, instead of failing (or silently doing
+something else) on a worker. Only the workers of the request's model count: nothing is refused while none of them
+has announced itself, and where they differ a request is accepted when any of them can run it.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from api.limits import ErrorDict, Loc
-from shared.contracts import ModelTraits, WorkerCapabilities
+from shared.contracts import ModelCapabilities, ModelTraits, WorkerCapabilities
+from shared.settings import Settings
 from shared.wire import GenerateRequest
 
 
@@ -70,8 +74,8 @@ def _frame_errors(request: GenerateRequest, traits: ModelTraits, name: str, loc:
     return errors
 
 
-def task_errors(request: GenerateRequest, worker: WorkerCapabilities, loc: Loc) -> list[ErrorDict]:
-    """The request's task, when the worker's runner does not do it."""
+def task_errors(request: GenerateRequest, worker: ModelCapabilities, loc: Loc) -> list[ErrorDict]:
+    """The request's task, when the worker's runner of its model does not do it."""
     if request.task in worker.tasks:
         return []
     does = ", ".join(sorted(task.value for task in worker.tasks))
@@ -79,18 +83,41 @@ def task_errors(request: GenerateRequest, worker: WorkerCapabilities, loc: Loc) 
     return [_error("task_unsupported", loc, "image", message, "<image>")]
 
 
+def served_models(fleet: Sequence[WorkerCapabilities]) -> dict[str, list[ModelCapabilities]]:
+    """Each model some live worker serves, with what each of those workers announces for it, in announcement order."""
+    served: dict[str, list[ModelCapabilities]] = {}
+    for worker in fleet:
+        for model in worker.served:
+            served.setdefault(model.model, []).append(model)
+    return served
+
+
+def request_model(request: GenerateRequest, settings: Settings) -> str:
+    """The model ``request`` is for: the one it names, or the fleet's default."""
+    return request.model or settings.model_id
+
+
 def capability_errors(
-    requests: Sequence[GenerateRequest], fleet: Sequence[WorkerCapabilities], locs: Sequence[Loc]
+    requests: Sequence[GenerateRequest],
+    fleet: Sequence[WorkerCapabilities],
+    locs: Sequence[Loc],
+    settings: Settings,
 ) -> list[ErrorDict]:
-    """What no live worker can run, for every request (each error at its request's ``loc``)."""
-    if not fleet:
-        return []
+    """What the fleet cannot run, for every request (each error at its request's ``loc``): a model it does not have,
+    or what no live worker of the request's model can do."""
+    served = served_models(fleet)
+    known = settings.catalog
     errors: list[ErrorDict] = []
     for request, loc in zip(requests, locs, strict=True):
+        model = request_model(request, settings)
+        if model not in known:
+            message = f"unknown model {model!r}; this fleet serves {', '.join(known)} (GET /v1/models)"
+            errors.append(_error("model_unknown", loc, "model", message, model))
+            continue
         per_worker = [
             task_errors(request, worker, loc) + trait_errors(request, worker.traits, worker.model, loc)
-            for worker in fleet
+            for worker in served.get(model, ())
         ]
-        if all(per_worker):
+        if per_worker and all(per_worker):
             errors += per_worker[0]
     return errors

@@ -21,7 +21,7 @@ from fastapi import HTTPException, status
 from fastapi.exceptions import RequestValidationError
 
 from api.auth import KeyRefused
-from api.capabilities import capability_errors
+from api.capabilities import capability_errors, request_model
 from api.input_budget import budget_full, too_large
 from api.input_images import StoredInputs, prepare_inputs
 from api.key_limits import batch_errors, max_queued_reached, take_tokens
@@ -68,7 +68,7 @@ async def accept(
         errors += limit_errors(request, settings, loc)
     errors += await webhook_errors(requests, settings, locs)
     if not errors:
-        errors = capability_errors(requests, await store.fleet_capabilities(), locs)
+        errors = capability_errors(requests, await store.fleet_capabilities(), locs, settings)
     if errors:
         _count_refused(store, "invalid")
         raise RequestValidationError(errors)
@@ -82,12 +82,11 @@ async def accept(
         if oversized is not None:
             _count_refused(store, "input_budget")
             raise oversized
-    model = settings.model_id
     now = time.time()
     specs = [
         request.to_spec(
             request_id=new_request_id(),
-            model=model,
+            model=request_model(request, settings),
             seed=request.seed if request.seed is not None else secrets.randbelow(MAX_SEED + 1),
             created_at=now,
             default_priority=settings.default_priority,

@@ -82,6 +82,13 @@ class GenerateRequest(SamplingParams):
         json_schema_extra={"allOf": [*(_needs_image(f) for f in IMAGE_OPTIONS), LOSSY_ONLY, EVENTS_NEED_WEBHOOK]},
     )
 
+    model: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1000,
+        description="The model it is for, by name (GET /v1/models); unset = the fleet's default model. A name the "
+        "fleet does not have is refused (422 naming model).",
+    )
     image: str | None = Field(
         None,
         description="Input image (image-to-image, inpainting): base64 PNG, JPEG or WebP, or a data: URL. It is "

@@ -2,10 +2,11 @@
 
 Status codes follow OpenAI's: 400 for an invalid parameter (never 422; ``param`` names it in OpenAI's terms,
 e.g. ``size`` for the native ``width``), 401 without a valid API key (``invalid_api_key``, ``missing_api_key``),
-404 for an unknown model, 413 for a body over ``max_body_bytes``, 429 with ``Retry-After`` for an API key's limit
-(``rate_limit_exceeded``, ``max_queued_exceeded``), 413 / 429 (``input_bytes_too_large``, ``input_budget_exceeded``,
-``param`` = ``image``) past the input budget (``api.input_budget``), 503 with ``Retry-After`` when the queue is full
-or Redis fails. The outcomes of a generation (failed, aborted, timed out) are in ``api.openai.generation``.
+404 for a model the fleet does not have, 413 for a body over ``max_body_bytes``, 429 with ``Retry-After`` for an
+API key's limit (``rate_limit_exceeded``, ``max_queued_exceeded``), 413 / 429 (``input_bytes_too_large``,
+``input_budget_exceeded``, ``param`` = ``image``) past the input budget (``api.input_budget``), 503 with
+``Retry-After`` when the queue is full or Redis fails. The outcomes of a generation (failed, aborted, timed out)
+are in ``api.openai.generation``.
 
 ``OpenAIRoute`` gives these answers to its routes only: the native routes keep the app-wide handlers and their
 ``{"detail": ...}`` format. ``OpenAIBodyLimitShape`` rewrites the body-limit middleware's 413 for the OpenAI paths.
@@ -73,11 +74,12 @@ class OpenAIError(Exception):
         return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
 
 
-def model_not_found(model: str) -> OpenAIError:
-    """404 for a ``model`` this fleet does not serve (OpenAI's own wording and code)."""
+def model_not_found(model: str, known: Iterable[str] = ()) -> OpenAIError:
+    """404 for a ``model`` that is not one of the fleet's models, ``known`` (OpenAI's own wording and code)."""
+    serves = f"this server serves {', '.join(known)}" if known else "this server does not serve it"
     return OpenAIError(
         status.HTTP_404_NOT_FOUND,
-        f"The model '{model}' does not exist; this server serves one model (GET /v1/models)",
+        f"The model '{model}' does not exist; {serves} (GET /v1/models)",
         param="model",
         code="model_not_found",
     )

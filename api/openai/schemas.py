@@ -5,7 +5,8 @@ A call's native fields are validated by ``GenerateRequest`` itself and its limit
 
 - ``size`` ``"WIDTHxHEIGHT"`` (``"auto"`` or absent: the native default, the demo model's 64x64), each side a
   multiple of 8 between 8 and the fleet's ``max_image_side``;
-- ``model``: the fleet's model id (``GET /v1/models``) or absent;
+- ``model``: one of the fleet's models (``GET /v1/models``; 404 ``model_not_found`` otherwise), or absent for its
+  default model;
 - ``response_format`` ``b64_json`` (default) or ``url``; ``user`` / ``safety_identifier``: accepted and ignored;
 - ``output_format`` ``png`` (default), ``jpeg`` or ``webp``: the native ``output_format``, which ``b64_json`` (and
   the image URLs) then carry, and which the answer reports; ``output_compression`` 0-100: the native quality of
@@ -31,12 +32,22 @@ from fastapi import UploadFile, status
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api.openai.errors import OpenAIError, invalid_request, model_not_found
-from shared.contracts import DEFAULT_SIDE, OutputFormat
+from shared.contracts import DEFAULT_SIDE, OutputFormat, Task
 from shared.settings import Settings
 from shared.wire import GenerateRequest
 
 ResponseFormat = Literal["b64_json", "url"]
-PASSED_ON = ("prompt", "n", "negative_prompt", "num_inference_steps", "guidance_scale", "seed", "priority", "timeout_s")
+PASSED_ON = (
+    "model",
+    "prompt",
+    "n",
+    "negative_prompt",
+    "num_inference_steps",
+    "guidance_scale",
+    "seed",
+    "priority",
+    "timeout_s",
+)
 """The native parameters both calls take under their native names and pass on as sent (validated natively)."""
 AUTO_SIZE = "auto"
 LOSSLESS_COMPRESSION = 100
@@ -84,7 +95,7 @@ class OpenAIImageParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str | None = Field(None, description="The fleet's model id (GET /v1/models); omit it for that one.")
+    model: str | None = Field(None, description="One of the fleet's models (GET /v1/models); omit it for its default.")
     size: str | None = Field(None, description="'WIDTHxHEIGHT', each side a multiple of 8; 'auto' = 64x64.")
     response_format: ResponseFormat | None = Field(None, description="b64_json (default) or url.")
     user: str | None = Field(None, description="Accepted and ignored.")
@@ -102,9 +113,10 @@ class OpenAIImageParams(BaseModel):
         return self.response_format or "b64_json"
 
     def check(self, settings: Settings) -> None:
-        """Raise the OpenAI error of the served model or an unsupported value; the native fields come next."""
-        if self.model is not None and self.model != settings.model_id:
-            raise model_not_found(self.model)
+        """Raise the OpenAI error of a model the fleet does not have or an unsupported value; the native fields come
+        next."""
+        if self.model is not None and self.model not in settings.catalog:
+            raise model_not_found(self.model, settings.catalog)
         for param, rule in UNSUPPORTED.items():
             value = getattr(self, param, None)
             if value is not None and _token(value) not in rule.accepted:
@@ -274,10 +286,18 @@ class ImagesResponse(BaseModel):
 
 
 class ModelObject(BaseModel):
+    """One model in OpenAI's shape, with what the fleet adds: its family, its tasks and how many live workers serve
+    it (each loaded it at start: ``resident`` when any does). ``family`` is None and ``tasks`` empty while none
+    does."""
+
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "fusefleet"
+    family: str | None = None
+    tasks: list[Task] = Field(default_factory=list)
+    workers: int = 0
+    resident: bool = False
 
 
 class ModelList(BaseModel):

@@ -19,9 +19,11 @@ from starlette.types import ASGIApp, Message
 
 from api.app import create_app
 from api.openai import generation
+from gpu_worker.families import FAMILIES
 from shared.contracts import OutputFormat, RequestSpec
 from shared.settings import Settings
 from tests.support.api import Api, api_harness, unit_settings
+from tests.unit.test_api_capabilities import announce
 
 pytestmark = pytest.mark.anyio
 
@@ -574,14 +576,31 @@ async def test_cancelled_call_aborts_the_request(api: Api) -> None:
 # --- models ------------------------------------------------------------------------------------------------------
 
 
-async def test_models_lists_the_served_model(api: Api) -> None:
+async def test_models_lists_the_served_model(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("api.store.CAPABILITIES_TTL_S", 0.0)  # each call reads what the workers announce
+    assert (await api.http.get("/v1/models")).json() == {"object": "list", "data": []}  # no live worker yet
+    idle = (await api.http.get("/v1/models/demo")).json()  # one of the fleet's models: known, served by none
+    assert (idle["id"], idle["family"], idle["tasks"], idle["workers"], idle["resident"]) == (
+        "demo",
+        None,
+        [],
+        0,
+        False,
+    )
+    await announce(api, "w1", FAMILIES["stable-diffusion"].traits, "StableDiffusionPipeline")
     response = await api.http.get("/v1/models")
     assert response.status_code == 200
     body = response.json()
     assert body["object"] == "list"
     [model] = body["data"]
-    assert set(model) == {"id", "object", "created", "owned_by"}
+    assert set(model) == {"id", "object", "created", "owned_by", "family", "tasks", "workers", "resident"}
     assert (model["id"], model["object"], model["owned_by"]) == ("demo", "model", "fusefleet")
+    assert (model["family"], model["tasks"], model["workers"], model["resident"]) == (
+        "stable-diffusion",
+        ["text-to-image"],
+        1,
+        True,
+    )
     assert (await api.http.get("/v1/models/demo")).json() == model
     error = openai_error(await api.http.get("/v1/models/gpt-image-1"), 404)
     assert (error["param"], error["code"]) == ("model", "model_not_found")
@@ -589,7 +608,6 @@ async def test_models_lists_the_served_model(api: Api) -> None:
 
 async def test_model_id_is_the_fleets_model(settings: Settings) -> None:
     async for api in api_harness(settings.model_copy(update={"model": "org/sd-tiny"})):
-        assert [m["id"] for m in (await api.http.get("/v1/models")).json()["data"]] == ["org/sd-tiny"]
         assert (await api.http.get("/v1/models/org/sd-tiny")).json()["id"] == "org/sd-tiny"
         openai_error(await api.http.post(GENERATIONS, json={"prompt": "a cat", "model": "demo"}), 404)
         response = await generate(api, model="org/sd-tiny")
