@@ -2,7 +2,8 @@
 
 The step callback only records the step and returns what is known of the rows (``RowSignal``): it never waits on
 Redis. A thread writes the latest step (``progress.lua``, one round trip for the whole forward) at most once per
-``WRITE_EVERY_S`` (the first step at once), and keeps the signals that write answers: aborted rows, and rows another
+``WRITE_EVERY_S``, the first one interval into the forward (so a forward shorter than that writes only its last
+step), and keeps the signals that write answers: aborted rows, and rows another
 run claimed since (a stalled worker replaced after its lock lapsed). The forward stops at the step after every row
 is known to be aborted or not ours, so an abort reaches the loop within ``WRITE_EVERY_S`` plus one Redis round trip
 plus one step, and a slow or stalled Redis slows nothing but the reports. While Redis fails, reports pause for
@@ -85,6 +86,7 @@ class StepReporter:
         self._thread.join(CLOSE_TIMEOUT_S)
 
     def _run(self) -> None:
+        self._closed.wait(WRITE_EVERY_S)  # the first write one interval in (close ends the wait: the last step)
         while True:
             self._wake.wait()
             self._wake.clear()
