@@ -13,7 +13,8 @@ What maps to what (docs/api.md#post-v1videos-openai-videos-api says it for users
   set explicitly on the native request, so the stored parameters say what ran;
 - the answer's ``seconds`` is the clip's played duration, ``num_frames / fps`` (the frame rule may round what was
   asked: ``"1"`` at 8 fps is 9 frames, ``"1.125"``);
-- ``model``: the fleet's model id (``GET /v1/models``) or absent; ``input_reference`` is refused (no image-to-video
+- ``model``: one of the fleet's models (``GET /v1/models``; 404 ``model_not_found`` otherwise) that makes videos,
+  passed on natively, or absent for the fleet's default model; ``input_reference`` is refused (no image-to-video
   yet), as is ``n`` (one video per job);
 - extensions with their native meaning and bounds: ``seed``, ``num_inference_steps``, ``guidance_scale``,
   ``negative_prompt``, ``fps``, ``priority``, ``timeout_s``, ``webhook``, ``webhook_events``.
@@ -42,6 +43,7 @@ from shared.wire import GenerateRequest
 AUTO_SIZE = "auto"
 _SIZE = re.compile(r"(\d{1,6})x(\d{1,6})")
 PASSED_ON = (
+    "model",
     "prompt",
     "negative_prompt",
     "num_inference_steps",
@@ -143,7 +145,7 @@ class VideoCreateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     prompt: Any = Field(description="The text prompt (one string).")
-    model: str | None = Field(None, description="The fleet's model id (GET /v1/models); omit it for that one.")
+    model: str | None = Field(None, description="One of the fleet's models (GET /v1/models); omit it for its default.")
     size: str | None = Field(None, description="'WIDTHxHEIGHT', each side a multiple of the model's size multiple.")
     seconds: Any = Field(None, description="Clip length in seconds; frames follow the model's frame rule.")
     input_reference: Any = Field(None, description="Refused: image-to-video is not served yet.")
@@ -158,11 +160,17 @@ class VideoCreateRequest(BaseModel):
     webhook: Any = None
     webhook_events: Any = None
 
+    def served_model(self, settings: Settings) -> str:
+        """The model this call is for (its ``model``, else the fleet's default); 404 ``model_not_found`` for a
+        model the fleet does not have."""
+        if self.model is not None and self.model not in settings.catalog:
+            raise model_not_found(self.model, settings.catalog)
+        return self.model or settings.model_id
+
     def native(self, settings: Settings, traits: ModelTraits) -> GenerateRequest:
-        """The native request of this call on a video model with ``traits``, or the OpenAI 400 naming what it
-        cannot do."""
-        if self.model is not None and self.model != settings.model_id:
-            raise model_not_found(self.model)
+        """The native request of this call on its video model (``served_model``), whose traits are ``traits``, or
+        the OpenAI 400 naming what it cannot do."""
+        self.served_model(settings)
         if self.input_reference is not None:
             raise bad_param(
                 "input_reference",

@@ -33,8 +33,9 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from api.auth import CallerDep, OwnerDep
+from api.capabilities import served_models
 from api.deps import SettingsDep, StoreDep
-from api.openai.errors import SERVER_ERROR, OpenAIError, OpenAIRoute, invalid_request, model_not_found
+from api.openai.errors import SERVER_ERROR, OpenAIError, OpenAIRoute, invalid_request
 from api.openai.generation import REQUEST_ID_HEADER
 from api.openai.video_schemas import (
     Video,
@@ -75,7 +76,7 @@ def video_not_found(video_id: str) -> OpenAIError:
 def video_traits(fleet: list[WorkerCapabilities], model: str) -> ModelTraits:
     """The traits of ``model`` as its live workers announce them; a 503 while none does, a 400 naming ``model``
     when it makes images."""
-    served = [capabilities for worker in fleet for capabilities in worker.served if capabilities.model == model]
+    served = served_models(fleet).get(model, [])
     if not served:
         raise OpenAIError(
             status.HTTP_503_SERVICE_UNAVAILABLE,
@@ -128,10 +129,8 @@ async def create_video(
 ) -> JSONResponse:
     """Queue a video job: its Video object (``queued``), its id in ``x-request-id`` too."""
     body = await create_body(request)
-    model = body.model or settings.model_id
-    if model != settings.model_id:
-        raise model_not_found(model)
-    native = body.native(settings, video_traits(await store.fleet_capabilities(), model))
+    traits = video_traits(await store.fleet_capabilities(), body.served_model(settings))
+    native = body.native(settings, traits)
     try:
         (spec,) = await accept([native], settings, store, [("body",)], caller)
     except RequestValidationError as exc:

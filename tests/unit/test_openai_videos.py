@@ -23,7 +23,15 @@ from api.store import RequestStore
 from gpu_worker.families import FAMILIES
 from shared import keys as k
 from shared.api_keys import ApiKey, key_table, token_hash
-from shared.contracts import ModelTraits, RequestSpec, RequestState, RequestStatus
+from shared.contracts import (
+    ModelCapabilities,
+    ModelTraits,
+    RequestSpec,
+    RequestState,
+    RequestStatus,
+    Task,
+    WorkerCapabilities,
+)
 from shared.settings import Settings
 from tests.support.api import Api, api_harness, unit_settings
 from tests.unit.test_api_capabilities import announce
@@ -32,6 +40,7 @@ from tests.unit.test_openai_api import encoded, openai_error, spec_of
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")]
 
 LTX = FAMILIES["ltx-video"].traits
+SD = FAMILIES["stable-diffusion"].traits
 VIDEOS = "/v1/videos"
 MP4 = b"\x00\x00\x00\x18ftypmp42fake-mp4"
 
@@ -394,3 +403,29 @@ async def test_a_job_the_list_cannot_record_is_aborted_and_refused(
     assert error["code"] == "service_unavailable" and "retry-after" in response.headers
     hashes = [key for key in await video_api.redis.keys(video_api.keys.request("*")) if not key.endswith(":events")]
     assert [await video_api.redis.hget(key, "status") for key in hashes] == ["aborted"]  # submitted, then aborted
+
+
+# --- several models ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def two_models(tmp_path: Path) -> AsyncIterator[Api]:
+    async for harness in api_harness(unit_settings(tmp_path, models="img=demo:stable-diffusion,clip=demo:ltx-video")):
+        served = (
+            ModelCapabilities(model="img", pipeline="StableDiffusionPipeline", tasks=(Task.TEXT_TO_IMAGE,), traits=SD),
+            ModelCapabilities(model="clip", pipeline="LTXPipeline", tasks=(Task.TEXT_TO_IMAGE,), traits=LTX),
+        )
+        await harness.redis.zadd(harness.keys.workers, {"w1": 1})
+        await harness.redis.hset(harness.keys.capabilities, "w1", WorkerCapabilities.of(served).model_dump_json())
+        yield harness
+
+
+async def test_a_job_names_its_video_model(two_models: Api) -> None:
+    job = await create(two_models, model="clip", seconds="1", fps=8)
+    spec = await spec_of(two_models, job["id"])
+    assert (job["model"], spec.model, spec.num_frames) == ("clip", "clip", 9)  # by the clip model's frame rule
+    for model in (None, "img"):  # the default model, img, makes images
+        error = await refused(two_models, **({"model": model} if model else {}))
+        assert (error["param"], error["code"]) == ("model", "invalid_value") and "'img'" in error["message"]
+    error = await refused(two_models, 404, model="sora-2")
+    assert error["code"] == "model_not_found" and "img, clip" in error["message"]
