@@ -53,7 +53,7 @@ if retry then
   if dropped > 0 then redis.call('SET', used_key, used) end
   return {dropped, 0}
 end
-redis.call('ZREM', order, object)
+if old > 0 then redis.call('ZREM', order, object) end  -- a retried put: it was stored (its size is in sizes)
 -- scores strictly increase, so puts within one millisecond keep their order (ties would sort by key name)
 local score = now
 local newest = redis.call('ZRANGE', order, -1, -1, 'WITHSCORES')
