@@ -3,7 +3,7 @@
 Pure: no I/O. ``api.openai.videos`` reads the body (JSON, or the multipart form the ``openai`` client sends) and the
 served model's ``ModelTraits`` (what its workers announce) and calls ``VideoCreateRequest.native``.
 
-What maps to what (docs/api.md#post-v1videos-openai-videos-api says it for users):
+What maps to what (docs/api.md#openai-videos-api says it for users):
 
 - ``size`` ``"WIDTHxHEIGHT"`` -> ``width``, ``height``: each side a multiple of the model's ``size_multiple`` (32 for
   LTX-Video), between that and the fleet's ``max_image_side``; absent or ``"auto"``: the native default (64x64);
@@ -20,7 +20,7 @@ What maps to what (docs/api.md#post-v1videos-openai-videos-api says it for users
   ``negative_prompt``, ``fps``, ``priority``, ``timeout_s``, ``webhook``, ``webhook_events``.
 
 Every refusal is an OpenAI 400 naming ``param`` in OpenAI's terms: a native error at ``num_frames`` is reported at
-``seconds``, one at ``width`` or ``height`` at ``size`` (``param_of``).
+``seconds``, one at ``width`` or ``height`` at ``size`` (``relocated``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any, Literal
 from fastapi import status
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from api.openai.errors import OpenAIError, invalid_request, model_not_found, param_name
+from api.openai.errors import OpenAIError, invalid_request, model_not_found
 from api.openai.generation import CLIENT_FAULTS
 from shared.contracts import DEFAULT_SIDE, TIMEOUT_ERROR, ModelTraits, RequestState, RequestStatus
 from shared.settings import Settings
@@ -71,14 +71,6 @@ STATUS_OF: Mapping[RequestStatus, VideoStatus] = {
 
 def bad_param(param: str, message: str, code: str = "invalid_value") -> OpenAIError:
     return OpenAIError(status.HTTP_400_BAD_REQUEST, message, param=param, code=code)
-
-
-def param_of(loc: Iterable[str | int]) -> str | None:
-    """The OpenAI parameter of a native error's ``loc`` on a video call: ``num_frames`` is ``seconds``."""
-    parts = [str(part) for part in loc]
-    if len(parts) >= 2 and parts[0] == "body" and parts[1] in PARAM_OF_VIDEO_FIELD:
-        parts[1] = PARAM_OF_VIDEO_FIELD[parts[1]]
-    return param_name(parts)
 
 
 def relocated(errors: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -193,7 +185,9 @@ class VideoCreateRequest(BaseModel):
 
 def _whole(value: Any) -> int | None:
     """A frame rate as sent, when it is a whole positive number (``8`` or ``8.0``); else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 1 or value != int(value):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    if value < 1 or value != int(value):
         return None
     return int(value)
 

@@ -201,6 +201,7 @@ async def test_the_openai_client_creates_polls_and_downloads(video_api: Api, cli
         ({"size": "512x512", "seconds": "10"}, "size", "invalid_value"),  # 249 frames of 512x512: the pixel budget
         ({"fps": 0, "seconds": "1"}, "fps", "invalid_value"),
         ({"fps": 500}, "fps", "invalid_value"),
+        ({"fps": 8.5, "seconds": "1"}, "fps", "invalid_type"),
         ({"input_reference": "data:image/png;base64,AAAA"}, "input_reference", "unsupported_parameter"),
         ({"n": 2}, "n", "unknown_parameter"),
         ({"steps": 4}, "steps", "unknown_parameter"),
@@ -369,6 +370,12 @@ async def test_with_api_keys_each_key_sees_its_own_videos(keyed_api: Api) -> Non
         response = await keyed_api.http.request(method, f"{VIDEOS}{path}", json={"prompt": "a fox"})
         assert openai_error(response, 401)["code"] == "missing_api_key", (method, path)
     assert (await keyed_api.http.get(f"{VIDEOS}/{bobs}", headers=auth("bob"))).json()["status"] == "queued"
+
+
+async def test_non_finite_numbers_are_400s_not_500s(video_api: Api) -> None:
+    for body in ('{"prompt": "a fox", "fps": Infinity, "seconds": "1"}', '{"prompt": "a fox", "seconds": NaN}'):
+        response = await video_api.http.post(VIDEOS, content=body, headers={"content-type": "application/json"})
+        assert openai_error(response, 400)["param"] in ("fps", "seconds"), body
 
 
 async def test_a_body_over_the_limit_is_openais_413(tmp_path: Path) -> None:
