@@ -195,7 +195,7 @@ async def list_videos(
     size = _limit(limit)
     page = await store.video_page(owner, after, size, newest_first=order != "asc")
     if page is None:
-        raise bad_param("after", f"Invalid value for 'after': {after!r} is not one of your videos.")
+        raise bad_param("after", f"Invalid value for 'after': {(after or '')[:40]!r} is not one of your videos.")
     states, more = page
     data = [video_of(state, settings.result_ttl_s) for state in states]
     first, last = (data[0].id, data[-1].id) if data else (None, None)
