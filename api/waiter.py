@@ -1,7 +1,8 @@
 """Long-polling support: wake waiting ``GET /v1/requests/{id}?wait_s=`` calls when their request finishes.
 
-One pub/sub subscription per API process listens on ``P:finished`` (published by the Lua scripts when a request
-reaches a terminal status) and resolves the futures of the requests waited on. A missed message (reconnect)
+One pub/sub subscription per API process listens on ``P:finished`` (published by the Lua scripts when requests
+reach a terminal status: a message is one or more request ids, space-separated, one message per script call) and
+resolves the futures of the requests waited on. A missed message (reconnect)
 costs nothing but latency: every wait is bounded and the route reads the state again afterwards. While Redis is
 down the listener keeps resubscribing; long polls then simply last ``wait_s``.
 """
@@ -76,7 +77,8 @@ class CompletionWaiter:
                     lost = False
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
-                        self._wake(str(message["data"]))
+                        for request_id in str(message["data"]).split():
+                            self._wake(request_id)
             except (RedisError, OSError, TimeoutError) as exc:
                 if not lost:
                     log.warning(

@@ -5,7 +5,7 @@
 -- (now + ttl); an abort flag wins over success, and then the keys become due at once. What ending one does besides
 -- (input images dropped, the event, the webhook outbox, the wake-up, the metrics) is ``end_request``'s
 -- (lib_end_request.lua, prepended). Per call, not per request: one TIME, one ZMSCORE and one ZADD of the journal
--- (pages of PAGE keys), one HINCRBY per metrics counter.
+-- (pages of PAGE keys), one PUBLISH of the ended ids on the finished channel, one HINCRBY per metrics counter.
 -- KEYS[1..3] ``end_keys`` (metrics, webhooks, inputs), KEYS[4] results journal, then one stride per request
 -- (``request_keys``).
 -- ARGV[1] now (s), ARGV[2] ttl (s), ARGV[3] finished channel, ARGV[4] claim token, then per request (KEYS order):
@@ -87,5 +87,5 @@ for j, row in ipairs(rows) do
   end
   out[j] = row.status
 end
-flush_ended(ending, tally)
+flush_ended(ending, tally, channel)
 return out

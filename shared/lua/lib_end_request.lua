@@ -12,9 +12,11 @@
 -- known (optional): what the caller already read of the hash, so that it is not read again: {webhook_on = <the
 -- field, false when absent>, counted = <INPUT_COUNT_FIELD, false when absent>, error_type = <a failure's>}, and
 -- ``fields`` ({name, value, ...}) to write in the same HSET as the status.
--- tally (optional): an ``ended_tally()`` that collects the metrics of several ended requests, written once by
--- ``flush_ended`` (one HINCRBY per counter instead of one per request); nil: counted at once.
-local function ended_tally() return {counts = {}, order = {}} end
+-- tally (optional): an ``ended_tally()`` that collects the wake-ups and metrics of several ended requests, written
+-- once by ``flush_ended`` (one PUBLISH of their ids, space-separated, and one HINCRBY per counter, instead of one of
+-- each per request); nil: published and counted at once. A finished channel message is one or more request ids,
+-- separated by spaces (api/waiter.py).
+local function ended_tally() return {counts = {}, order = {}, ids = {}} end
 
 local function count_ended(tally, field)
   if not tally.counts[field] then
@@ -24,7 +26,8 @@ local function count_ended(tally, field)
   tally.counts[field] = tally.counts[field] + 1
 end
 
-local function flush_ended(ending, tally)
+local function flush_ended(ending, tally, channel)
+  if #tally.ids > 0 then redis.call('PUBLISH', channel, table.concat(tally.ids, ' ')) end
   for _, field in ipairs(tally.order) do redis.call('HINCRBY', ending.metrics, field, tally.counts[field]) end
 end
 
@@ -44,13 +47,13 @@ local function end_request(request, ending, request_id, status, was, now, ttl, c
   redis.call('COPY', events, request.packed, 'REPLACE')
   redis.call('RENAME', request.packed, events)
   redis.call('EXPIRE', events, ttl)
-  redis.call('PUBLISH', channel, request_id)
   local counts = tally or ended_tally()
+  table.insert(counts.ids, request_id)
   count_ended(counts, 'finished:' .. status)
   if status == STATUS.failed then
     local error_type = known and known.error_type or redis.call('HGET', hash, 'error_type')
     count_ended(counts, 'failed:' .. error_type)
   end
   if status == STATUS.aborted then count_ended(counts, 'aborted:' .. was) end
-  if not tally then flush_ended(ending, counts) end
+  if not tally then flush_ended(ending, counts, channel) end
 end

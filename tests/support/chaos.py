@@ -143,12 +143,12 @@ class FinishedWatcher:
         message = pubsub.get_message(timeout=0.05)
         seen = 0
         while message is not None and seen < most:
-            if message.get("type") == "message":
-                request_id = str(message["data"])
+            if message.get("type") == "message":  # one or more ids, space-separated (one per script call)
                 with self._lock:
-                    self._counts[request_id] += 1
-                    if self._counts[request_id] == 1:
-                        self._to_read.append(request_id)
+                    for request_id in str(message["data"]).split():
+                        self._counts[request_id] += 1
+                        if self._counts[request_id] == 1:
+                            self._to_read.append(request_id)
             seen += 1
             message = pubsub.get_message(timeout=0)
 

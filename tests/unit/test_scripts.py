@@ -122,16 +122,21 @@ def test_finish_ends_a_claims_requests_in_one_call_and_fails_a_swept_image_resul
 ) -> None:
     """One ``finish.lua`` call ends every request it is given: a succeeded one whose images are all journaled keeps
     them (due with the request), one whose image left the journal (swept) fails ``ResultLost`` and its keys fall due
-    at once, and the metrics count each outcome once; a request of another claim is left as it is."""
+    at once, the metrics count each outcome once and one message on the finished channel names the ended ones; a
+    request of another claim is left as it is."""
     worker = WorkerStore(client, settings)
     batch = BatchMessage(batch_id="B1", request_ids=("a", "b", "c"), created_at=0.0)
     assert isinstance(worker.claim(batch, "tok1", "w1"), Claimed)
     worker.record_results(["a/tok1/0.png", "a/tok1/1.png", "b/tok1/0.png"])  # b's second image: never journaled
     client.hset(worker.keys.request("c"), "claim", "other")
-    finished = worker.finish_many(
-        {"a": ["a/tok1/0.png", "a/tok1/1.png"], "b": ["b/tok1/0.png", "b/tok1/1.png"], "c": []}, {}, "tok1"
-    )
+    with client.pubsub() as sub:
+        sub.subscribe(worker.keys.finished)
+        finished = worker.finish_many(
+            {"a": ["a/tok1/0.png", "a/tok1/1.png"], "b": ["b/tok1/0.png", "b/tok1/1.png"], "c": []}, {}, "tok1"
+        )
+        woken = [m["data"] for m in iter(lambda: sub.get_message(timeout=0.1), None) if m["type"] == "message"]
     assert finished == {"a": RequestStatus.SUCCEEDED, "b": RequestStatus.FAILED, "c": RequestStatus.RUNNING}
+    assert woken == ["a b"]  # one wake-up message for the call, naming every request it ended
     assert client.hget(worker.keys.request("a"), "results") == "a/tok1/0.png a/tok1/1.png"
     b = client.hgetall(worker.keys.request("b"))
     assert b["error_type"] == "ResultLost" and "b/tok1/1.png" in b["error_message"] and "results" not in b
