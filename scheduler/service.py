@@ -70,6 +70,7 @@ class SchedulerService:
         self._window = max(HEAD_WINDOW_MIN, 4 * settings.max_num_seqs)
         self._queue = QUEUES[settings.scheduling_policy]()  # the requests read and not yet dispatched
         self._fresh: set[str] = set()  # queued and unaborted as far as we know: see _head_window
+        self._served: frozenset[str] | None = None  # the models live workers serve (None: one model, not read)
         self._free: int | None = None  # free worker slots as last counted (minus our dispatches since)
         self._free_at = 0.0
 
@@ -270,10 +271,27 @@ class SchedulerService:
         now = self._clock()
         if self._free is None or now - self._free_at > CAPACITY_TTL_S:
             self._free, self._free_at = self._store.free_slots(), now
+            if len(self._settings.catalog) > 1:  # with the count: a model whose workers are gone waits aside
+                self._served = self._store.served_models()
         return self._free
 
+    def _servable(self, request: QueuedRequest) -> bool:
+        """Whether a live worker serves the request's model (a fleet of several models: the others wait aside, so
+        their batches neither block the head of their level nor hold slots in flight with no worker to run them)."""
+        return self._served is None or getattr(request.key, "model", None) in self._served
+
+    def _servable_head(self) -> list[QueuedRequest]:
+        """The first ``_window`` waiting requests, in service order, of models a live worker serves."""
+        looked = self._window
+        while True:
+            head = self._queue.head(looked)
+            window = [request for request in head if self._servable(request)]
+            if len(window) >= self._window or len(head) < looked:
+                return window[: self._window]
+            looked *= 4
+
     def _head_window(self, check: bool) -> list[WaitingRequest]:
-        window = self._queue.head(self._window)
+        window = self._servable_head() if self._served is not None else self._queue.head(self._window)
         ids = [request.id for request in window]
         # A request aborted while queued comes back through the aborted set (``take_aborted``, every round), which
         # abort.lua fills only while it holds fewer than max_queue_len ids: so a request admitted (or looked at)

@@ -13,6 +13,7 @@ from scheduler.deadlines import NOT_STARTED, RAN_PAST, InFlightRequest
 from shared import keys as k
 from shared.celery_config import queue_in_fleet_redis
 from shared.contracts import TIMEOUT_ERROR, RequestSpec, RequestStatus, StepEviction
+from shared.fleet_state import parse_capabilities
 from shared.settings import Settings
 from shared.streams import by_stream
 
@@ -212,6 +213,19 @@ class SchedulerStore:
             if spec:
                 return RequestSpec.model_validate_json(spec).model
         return None
+
+    def served_models(self) -> frozenset[str]:
+        """The models the live workers serve, as their heartbeats announce them (one round trip)."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zrange(self.keys.workers, 0, -1)
+        pipe.hgetall(self.keys.capabilities)
+        workers, announced = pipe.execute()
+        served: set[str] = set()
+        for worker in workers:
+            capabilities = parse_capabilities(announced.get(worker))
+            if capabilities is not None:
+                served.update(model.model for model in capabilities.served)
+        return frozenset(served)
 
     def ack(self, entry_ids: Iterable[str]) -> None:
         """Acknowledge and delete stream entries whose requests no longer need the scheduler."""

@@ -1,17 +1,19 @@
 """Routing by model on the scheduler's side (fakeredis, the real scripts; Celery's publish recorded): each batch goes
-to its model's queue and says its model, and a batch published again (handed back by a worker that fences it) goes
-to its model's queue too."""
+to its model's queue and says its model, a batch published again (handed back by a worker that fences it) goes to
+its model's queue too, and the requests of a model no live worker serves wait aside."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import fakeredis
 
 from gpu_worker.store import WorkerStore
 from scheduler.store import SchedulerStore
+from shared.contracts import ModelCapabilities, Task, WorkerCapabilities
 from shared.settings import Settings
-from tests.unit.test_scheduler_service import running, scheduler, wait_until, worker_up
+from tests.unit.test_scheduler_service import running, scheduler, wait_until
 from tests.unit.test_scripts import submit
 
 MODELS = "sd=demo:stable-diffusion,px=demo:pixart"
@@ -36,8 +38,8 @@ def test_each_batch_goes_to_its_models_queue_and_a_handed_back_one_again() -> No
     submit(client, store.keys, "p1", model="px")
     celery = QueuedBatches()
     with running(scheduler(client, settings, celery)):  # type: ignore[arg-type]
-        worker_up(client, store)
-        client.zadd(store.keys.workers, {"w2": client.time()[0] * 1000})
+        announce(client, store, "w1", "sd")
+        announce(client, store, "w2", "px")
         assert wait_until(lambda: len(celery.sent) == 2, 5), celery.sent
         sent = {message["model"]: (queue, message) for queue, message in celery.sent}
         assert sent["sd"][0] == "t.batches" and sent["sd"][1]["request_ids"] == ["s1"]  # the default model
@@ -59,3 +61,31 @@ def test_model_of_reads_the_first_spec_still_there() -> None:
     client.delete(store.keys.request("p1"))
     assert store.model_of(["p1", "p2"]) == "px"
     assert store.model_of(["gone"]) is None
+
+
+def announce(client: fakeredis.FakeRedis, store: SchedulerStore, worker: str, *models: str) -> None:
+    """A live worker serving ``models`` (its heartbeat, as heartbeat.lua writes it), and the scheduler woken."""
+    served = tuple(ModelCapabilities(model=m, pipeline="P", tasks=(Task.TEXT_TO_IMAGE,)) for m in models)
+    client.hset(store.keys.capabilities, worker, WorkerCapabilities.of(served).model_dump_json())
+    client.zadd(store.keys.workers, {worker: client.time()[0] * 1000})
+    client.xadd(store.keys.events, {"type": "worker_up"})
+
+
+def test_a_model_no_live_worker_serves_waits_aside_without_blocking_or_holding_a_slot() -> None:
+    settings = Settings(key_prefix="t", models=MODELS, max_num_seqs=4, request_batch_max_wait_ms=0)
+    client = fakeredis.FakeRedis(decode_responses=True)
+    store = SchedulerStore(client, settings)
+    store.ensure_groups()
+    submit(client, store.keys, "p1", model="px")  # first in line, but px's workers are gone
+    submit(client, store.keys, "s1", model="sd")
+    celery = QueuedBatches()
+    with running(scheduler(client, settings, celery)):  # type: ignore[arg-type]
+        announce(client, store, "w1", "sd")
+        announce(client, store, "w2", "sd")
+        assert wait_until(lambda: len(celery.sent) == 1, 5), celery.sent
+        time.sleep(0.5)  # two free slots, and still only sd's batch went
+        assert [(q, m["request_ids"]) for q, m in celery.sent] == [("t.batches", ["s1"])]
+        assert client.zcard(store.keys.inflight) == 1
+        announce(client, store, "w3", "px")
+        assert wait_until(lambda: len(celery.sent) == 2, 5), celery.sent
+    assert (celery.sent[1][0], celery.sent[1][1]["request_ids"]) == ("t.batches.px", ["p1"])
