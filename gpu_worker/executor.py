@@ -200,7 +200,8 @@ class BatchExecutor:
                     outcome.statuses.update(self._fail({spec.id: error_info(exc) for spec in specs}, run.token))
             run.outputs.clear()
             self._release(batch_id, run.token)
-            self._redis(lambda: self._store.batch_done(batch_id, run.token), "releasing the batch")
+            seen = dict(outcome.statuses)  # every request of the batch, as this run saw it
+            self._redis(lambda: self._store.batch_done(batch_id, run.token, seen), "releasing the batch")
             log.info("batch %s done: %s", batch_id, {rid: str(status) for rid, status in outcome.statuses.items()})
         except BaseException as exc:
             self._release(batch_id, run.token)

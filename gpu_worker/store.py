@@ -172,9 +172,13 @@ class WorkerStore:
             pipe.hmget(self.keys.request(request_id), ["input_image", "input_mask"])
         return {rid: (image, mask) for rid, (image, mask) in zip(request_ids, pipe.execute(), strict=True)}
 
-    def batch_done(self, batch_id: str, token: str) -> bool:
-        """Release this run's hold on the batch; True when the batch left flight (nothing of it unfinished)."""
-        ids = self._batch_ids(batch_id)
+    def batch_done(self, batch_id: str, token: str, statuses: Mapping[str, RequestStatus | None] | None = None) -> bool:
+        """Release this run's hold on the batch; True when the batch left flight (nothing of it unfinished).
+        ``statuses``: what this run saw of every request of the batch (its claim's and finishes' replies, keyed by
+        the batch's ids): then the batch's ids are not read, nor the hashes of those it saw terminal; None: both
+        read."""
+        ids = list(statuses) if statuses is not None else self._batch_ids(batch_id)
+        ended = [rid for rid, status in (statuses or {}).items() if status is not None and status.terminal]
         keys = [
             self.keys.batch_lock(batch_id),
             self.keys.inflight,
@@ -183,7 +187,7 @@ class WorkerStore:
             self.keys.storing,
             *self.keys.request_strides(ids),
         ]
-        args: list[str | int] = [token, batch_id, k.EVENTS_MAXLEN, self._settings.result_ttl_s, *ids]
+        args: list[str | int] = [token, batch_id, k.EVENTS_MAXLEN, self._settings.result_ttl_s, *ids, *ended]
         return bool(self._batch_done(keys=keys, args=args))
 
     def _batch_ids(self, batch_id: str) -> list[str]:

@@ -9,14 +9,16 @@
 -- pass counts as unfinished (the batch stays in flight for the reaper).
 -- KEYS[1] batch lock, KEYS[2] inflight zset, KEYS[3] events stream, KEYS[4] batch hash, KEYS[5] storing zset, then
 -- one stride per request of the batch (``request_keys``).
--- ARGV[1] claim token, ARGV[2] batch id, ARGV[3] events maxlen, ARGV[4] ttl (s), ARGV[5..] the request ids (KEYS
--- order).
+-- ARGV[1] claim token, ARGV[2] batch id, ARGV[3] events maxlen, ARGV[4] ttl (s), ARGV[5..4 + n] the request ids (KEYS
+-- order), then those of them the caller saw terminal (a claim's or finish's reply): a terminal status never changes,
+-- so their hashes are not read.
 -- Returns 1 when the batch left flight, 0 when it stays.
 local lock, inflight, wake_ups, batch, storing = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local FIXED = 5
 local token, batch_id, events_maxlen, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local given = {}
-for j = 1, request_count(FIXED) do given[ARGV[4 + j]] = request_at(FIXED, j) end
+local given, ended, n = {}, {}, request_count(FIXED)
+for j = 1, n do given[ARGV[4 + j]] = request_at(FIXED, j) end
+for i = 5 + n, #ARGV do ended[ARGV[i]] = true end
 
 if redis.call('GET', lock) == token then redis.call('DEL', lock) end
 if redis.call('EXISTS', lock) == 1 then return 0 end
@@ -25,8 +27,10 @@ if tonumber(st[2] or '0') >= tonumber(st[3] or '0') then redis.call('ZREM', stor
 for id in string.gmatch(st[1] or '', '%S+') do
   local request = given[id]
   if not request then return 0 end
-  local req = redis.call('HMGET', request.hash, 'status', 'batch_id')
-  if (req[1] == STATUS.scheduled or req[1] == STATUS.running) and req[2] == batch_id then return 0 end
+  if not ended[id] then
+    local req = redis.call('HMGET', request.hash, 'status', 'batch_id')
+    if (req[1] == STATUS.scheduled or req[1] == STATUS.running) and req[2] == batch_id then return 0 end
+  end
 end
 redis.call('ZREM', inflight, batch_id)
 redis.call('ZREM', storing, batch_id)

@@ -149,6 +149,25 @@ def test_finish_ends_a_claims_requests_in_one_call_and_fails_a_swept_image_resul
     assert metrics["failed:ResultLost"] == "1"
 
 
+def test_batch_done_with_what_the_run_saw_reads_only_the_requests_it_did_not_see_end(
+    client: fakeredis.FakeRedis, settings: Settings, scheduled: tuple[SchedulerStore, Lease, list[str]]
+) -> None:
+    """``batch_done`` given the run's statuses takes the batch's ids from them and trusts the terminal ones (a
+    terminal status never changes); one it saw unfinished is read, and while it is the batch stays in flight."""
+    worker = WorkerStore(client, settings)
+    batch = BatchMessage(batch_id="B1", request_ids=("a", "b", "c"), created_at=0.0)
+    assert isinstance(worker.claim(batch, "tok1", "w1"), Claimed)
+    seen: dict[str, RequestStatus | None] = {**worker.finish_many({"a": [], "b": []}, {}, "tok1")}
+    seen["c"] = RequestStatus.RUNNING
+    assert not worker.batch_done("B1", "tok1", seen)  # c is unfinished: in flight for the reaper
+    again = worker.claim(batch, "tok2", "w1")
+    assert isinstance(again, Claimed) and again.running == ["c"]
+    seen |= worker.finish_many({"c": []}, {}, "tok2")
+    client.hset(worker.keys.request("a"), "status", "running")  # never happens: shows a's hash is not read
+    assert worker.batch_done("B1", "tok2", seen)
+    assert client.zscore(worker.keys.inflight, "B1") is None
+
+
 def test_poison_batch_fails_after_max_attempts(
     client: fakeredis.FakeRedis, settings: Settings, scheduled: tuple[SchedulerStore, Lease, list[str]]
 ) -> None:
