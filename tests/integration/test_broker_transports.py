@@ -1,5 +1,5 @@
 """The broker as its own setting (FUSEFLEET_BROKER_URL): a fleet whose Celery broker is RabbitMQ, and one whose
-broker is a second plain Redis, both with real api, scheduler and worker processes (placeholder runner, no torch).
+broker is a second plain Redis, both with real api, scheduler and worker processes (the simulated GPU, no torch).
 
 On each: requests finish in fused batches that run once, through the broker (the fleet's Redis holds no message);
 an abort ends a running request; a worker SIGKILLed mid-batch is recovered within the documented bound (its lock
@@ -29,7 +29,7 @@ LOCK_TTL_S = 3.0
 REAPER_S = 1.0
 CLAIM_TIMEOUT_S = 3.0
 ENV = {
-    "FUSEFLEET_RUNNER": "tests.support.runners:ChaosRunner",
+    "FUSEFLEET_RUNNER": "bench.runners:SimulatedGpuRunner",
     # a 4-step request takes 40 ms, a SLOW one 3 s (10 ms a step, whatever the batch size)
     "FUSEFLEET_SIM_BASE_MS": "200",
     "FUSEFLEET_SIM_PER_IMAGE_MS": "0",
