@@ -8,9 +8,8 @@ Redis becomes an error after a bounded time instead of a hang; each service deci
 seed, follow ``MOVED`` after a failover and load a script on every master when a node answers ``NOSCRIPT``). Both
 are typed as the plain clients: every key of a fleet carries its hash tag (``shared.keys.RedisKeys``), so each
 command, script, pipeline and ``MULTI`` the services send names keys of one slot, which the cluster clients serve as
-one Redis would. Two differences remain: pub/sub subscribes at the node of the channel's slot (a ``PUBLISH``
-reaches every node), and an async cluster client's ``max_connections`` bounds each node's connections, past which
-a call fails (``MaxConnectionsError``, a ``ConnectionError``) instead of waiting for a free one.
+one Redis would; past ``max_connections`` an asyncio call waits for a free connection on either. One difference
+remains: pub/sub subscribes at the node of the channel's slot (a ``PUBLISH`` reaches every node).
 """
 
 from __future__ import annotations
@@ -56,7 +55,8 @@ class Topology:
         raise NotImplementedError
 
     def asyncio(self, url: str, max_connections: int, timeout_s: float, **options: Any) -> aioredis.Redis:
-        """An asyncio client with at most ``max_connections`` (per node); ``timeout_s`` bounds a wait for one."""
+        """An asyncio client of at most ``max_connections`` calls at once; the next waits for a free connection
+        (instead of failing) under bursts, at most ``timeout_s``."""
         raise NotImplementedError
 
 
@@ -65,7 +65,6 @@ class _Single(Topology):
         return redis.Redis.from_url(url, **options)
 
     def asyncio(self, url: str, max_connections: int, timeout_s: float, **options: Any) -> aioredis.Redis:
-        """Callers wait for a free connection (instead of failing) under bursts, at most ``timeout_s``."""
         pool = aioredis.BlockingConnectionPool.from_url(
             url, max_connections=max_connections, timeout=timeout_s, **options
         )
@@ -77,7 +76,8 @@ class _Cluster(Topology):
         return cast(redis.Redis, SyncCluster.from_url(url, **options))
 
     def asyncio(self, url: str, max_connections: int, timeout_s: float, **options: Any) -> aioredis.Redis:
-        return cast(aioredis.Redis, AsyncCluster.from_url(url, max_connections=max_connections, **options))
+        client = AsyncCluster.from_url(url, max_connections=max_connections, wait_s=timeout_s, **options)
+        return cast(aioredis.Redis, client)
 
 
 SINGLE: Topology = _Single()
@@ -103,8 +103,8 @@ def sync_client(settings: Settings, *, binary: bool = False) -> redis.Redis:
 
 
 def async_client(settings: Settings, *, binary: bool = False, max_connections: int | None = None) -> aioredis.Redis:
-    """A client of at most ``max_connections`` (by default ``redis_max_connections``; per node on a cluster); on one
-    Redis a call past them waits for a free one (instead of failing) under bursts."""
+    """A client of at most ``max_connections`` connections (by default ``redis_max_connections``); a call past
+    them waits for a free one (instead of failing) under bursts."""
     return topology(settings).asyncio(
         settings.redis_url,
         max_connections or settings.redis_max_connections,

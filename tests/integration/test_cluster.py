@@ -11,13 +11,17 @@ the cluster too (tests/conftest.py).
 
 from __future__ import annotations
 
+import asyncio
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from fusefleet.client import Client
+from shared.redis_conn import async_client
+from shared.settings import Settings
 from tests.support import fleet as support_fleet
 from tests.support.fleet import Fleet
 from tests.support.redis_cluster import LocalRedisCluster
@@ -120,3 +124,41 @@ def test_every_key_of_the_fleet_is_in_its_one_slot(fleet: Fleet, redis_cluster: 
         assert len(keys) > 10 and slots == {cluster.keyslot(fleet.keys.tag)}, sorted(keys)
         assert fleet.keys.request(request_id) in keys and fleet.keys.requests in keys
         assert not [key for key in keys if not key.startswith(f"{fleet.keys.tag}:")], "a key outside the tag"
+
+
+@pytest.mark.anyio
+async def test_concurrent_first_calls_of_a_fresh_asyncio_client_succeed(redis_cluster: LocalRedisCluster) -> None:
+    """A fresh client's first calls, all at once and more of them than its connections: ``MULTI`` and plain
+    pipelines and blocking reads (the api's event feeds) and a subscription (its completion listener) while the
+    client is still finding the cluster (``shared.redis_cluster``). With redis-py 8.1's own clients the ``MULTI``
+    deadlocks the event loop, the subscription raises ``KeyError``, and calls past ``max_connections`` break the
+    connections of the others."""
+    settings = Settings(redis_url=redis_cluster.url, redis_cluster=True, broker_url="redis://127.0.0.1:1/0")
+    client = async_client(settings, max_connections=3)
+    tag = f"{{ff-fresh-{uuid.uuid4().hex[:8]}}}"
+
+    async def one_moment(i: int) -> list[object]:
+        pipe = client.pipeline(transaction=True)
+        pipe.hset(f"{tag}:h{i}", "status", "queued")
+        pipe.hget(f"{tag}:h{i}", "status")
+        pipe.xrevrange(f"{tag}:s{i}", count=1)
+        replies = list(await pipe.execute())
+        plain = client.pipeline(transaction=False)
+        plain.exists(f"{tag}:h{i}")
+        replies += await plain.execute()
+        replies.append(await client.xread({f"{tag}:s{i}": "0-0"}, count=1, block=200))
+        return replies
+
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    try:
+        replies = await asyncio.gather(pubsub.subscribe(f"{tag}:finished"), *(one_moment(i) for i in range(8)))
+        assert replies[1:] == [[1, "queued", [], 1, []]] * 8
+        await client.publish(f"{tag}:finished", "done")
+        deadline = time.monotonic() + 5
+        message = None
+        while message is None and time.monotonic() < deadline:  # None while it reads the subscribe reply
+            message = await pubsub.get_message(timeout=1)
+        assert message is not None and message["data"] == "done"
+    finally:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await client.aclose()

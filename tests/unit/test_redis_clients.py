@@ -4,6 +4,8 @@ and a cluster no node of which answers fails as one Redis does, with a ``redis.C
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import redis
 import redis.asyncio as aioredis
@@ -44,4 +46,18 @@ async def test_an_async_cluster_client_with_no_node_answering_is_a_connection_er
     with pytest.raises(ClusterUnreachable):  # redis-py 8.1 alone: KeyError (redis/redis-py#4296)
         await pubsub.subscribe("{t}:finished")
     await pubsub.aclose()  # type: ignore[no-untyped-call]
+    await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_an_async_cluster_call_past_max_connections_waits_then_fails_bounded() -> None:
+    client = AsyncCluster(host="127.0.0.1", port=free_port(), max_connections=1, wait_s=0.2)
+    async with client.call_slot():
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(redis.ConnectionError, match="no free Redis connection within 0.2 s"):
+            async with client.call_slot():
+                pass
+        assert 0.15 <= asyncio.get_running_loop().time() - started < 2.0
+    async with client.call_slot():  # given back
+        pass
     await client.aclose()
