@@ -5,7 +5,8 @@ Every image equals its model's solo run (within 1/255); each request ran on the 
 announces or runs a model it was not given; ``GET /v1/models`` lists both; an unknown model is refused (422 naming
 ``model`` natively, 404 ``model_not_found`` on the OpenAI surface). Last, a worker whose configuration routes the
 default model's queue to it (another default model: a rolling change) fences the batches of the model it does not
-serve: they are handed back, routed again, and run on the right worker with no attempt lost.
+serve: they are handed back, routed again, and run on the right worker with no attempt lost; and a worker of both
+models (each loaded at start) runs each request on its own model's pipeline.
 """
 
 from __future__ import annotations
@@ -161,3 +162,18 @@ def test_a_worker_routed_another_models_batches_fences_them(fleet: Fleet) -> Non
         assert fleet.redis.hget(batch, "attempts") == "1"  # the one run that ran it: a fenced delivery counts none
     wait_for(lambda: "handed back: its model sd is not served here" in rogue.log(), 5, "the rogue worker to fence")
     rogue.stop()
+
+
+def test_a_worker_of_both_models_runs_each_on_its_own_pipeline(fleet: Fleet, solo: dict[str, DiffusersRunner]) -> None:
+    for model in FAMILIES:  # the one-model workers leave: only the worker of every model (the default) is left
+        fleet.worker_named(node(fleet, model)).stop()
+    both = fleet.add_worker("both")
+    caps = WorkerCapabilities.model_validate_json(fleet.redis.hget(fleet.keys.capabilities, f"both@{fleet.prefix}"))
+    assert [(served.model, served.traits.family) for served in caps.served] == list(FAMILIES.items())
+    ids = [fleet.submit(model=model, seed=70 + i) for i, model in enumerate(["px", "sd", "px", "sd"])]
+    states = fleet.wait_done(ids)
+    for rid in ids:
+        state = states[rid]
+        assert (state["status"], state["worker"]) == ("succeeded", both.env["FUSEFLEET_WORKER_NAME"]), state
+        model = state["params"]["model"]
+        assert np.abs(png_array(fleet.image(rid)) - solo_image(solo[model], state)).max() <= 1, f"{rid} != solo"
