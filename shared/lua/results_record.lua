@@ -5,6 +5,14 @@
 -- Returns the number of keys recorded.
 local journal, grace_ms = KEYS[1], tonumber(ARGV[1])
 
+local PAGE = 1000  -- keys per ZADD (one ZADD for a batch's keys, not one per key)
 local due = now_ms() + grace_ms  -- lib_time.lua
-for i = 2, #ARGV do redis.call('ZADD', journal, due, ARGV[i]) end
+for first = 2, #ARGV, PAGE do
+  local members = {}
+  for i = first, math.min(first + PAGE - 1, #ARGV) do
+    table.insert(members, due)
+    table.insert(members, ARGV[i])
+  end
+  redis.call('ZADD', journal, unpack(members))
+end
 return #ARGV - 1
