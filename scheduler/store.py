@@ -175,12 +175,10 @@ class SchedulerStore:
             self._discard_events(ids)
 
     def _discard_events(self, entry_ids: list[str]) -> None:
-        """Acknowledge and delete wake-up events once read (the stream stays empty between wake-ups)."""
+        """Acknowledge wake-up events once read; the stream itself is bounded by its writers (every XADD to it trims
+        it to about ``EVENTS_MAXLEN`` entries), so they are not deleted one by one."""
         if entry_ids:
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.xack(self.keys.events, k.SCHEDULER_GROUP, *entry_ids)
-            pipe.xdel(self.keys.events, *entry_ids)
-            pipe.execute()
+            self._redis.xack(self.keys.events, k.SCHEDULER_GROUP, *entry_ids)
 
     @staticmethod
     def _entry(entry_id: str, fields: dict[str, str] | None) -> StreamEntry:
