@@ -37,7 +37,7 @@ from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.runner import load_runners
 from gpu_worker.step_loop import StepLoop
 from gpu_worker.store import Locked, WorkerStore
-from shared.celery_config import RUN_BATCH_TASK, broker_transport, make_celery
+from shared.celery_config import RUN_BATCH_TASK, broker_transport, make_celery, publish_options
 from shared.contracts import BatchMessage, ModelCapabilities, WorkerCapabilities
 from shared.redis_conn import sync_client
 from shared.results import build_result_store
@@ -214,7 +214,7 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
             return
         if isinstance(outcome, Locked):
             # another worker runs this batch (a duplicate delivery): look again when its lock could lapse
-            raise self.retry(countdown=outcome.retry_after_s)
+            raise self.retry(countdown=outcome.retry_after_s, **publish_options(settings))  # a bounded publish
 
     return app
 
