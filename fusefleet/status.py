@@ -30,10 +30,13 @@ def _worker_line(worker: WorkerState, batch: RunningBatch | None) -> str:
     beat = f"last beat {worker.last_beat_s:.1f} s ago"
     caps = worker.capabilities
     what = "(announced nothing)"
-    if caps is not None:
-        tasks = ", ".join(task.value for task in caps.tasks)
-        fused = "fused" if caps.traits.fused else "request by request"
-        what = f"{caps.model} {caps.pipeline} [{caps.traits.family}, {fused}; {tasks}]"
+    if caps is not None:  # each model it serves
+        what = "; ".join(
+            f"{model.model} {model.pipeline} [{model.traits.family}, "
+            f"{'fused' if model.traits.fused else 'request by request'}; "
+            f"{', '.join(task.value for task in model.tasks)}]"
+            for model in caps.served
+        )
     return f"  {worker.name}: {state}, {busy}, {beat}, {what}"
 
 

@@ -1,16 +1,21 @@
 """Requests name their model (native ``model``, OpenAI ``model``), the capability checks are per model, and
-``GET /v1/models`` lists what the live workers serve: the api on fakeredis, workers' announcements written as
-heartbeat.lua writes them."""
+``GET /v1/models`` (and ``fusefleet status``) lists what the live workers serve: the api on fakeredis, workers'
+announcements written as heartbeat.lua writes them."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import fakeredis
 import pytest
 
+from fusefleet.status import FleetStatus, render
 from gpu_worker.families import FAMILIES
 from shared.contracts import ModelCapabilities, RequestSpec, Task, WorkerCapabilities
+from shared.fleet_state import FleetReader
+from shared.keys import RedisKeys
 from tests.support.api import Api, api_harness, unit_settings
 from tests.unit.test_openai_api import GENERATIONS, call_while, openai_error
 
@@ -118,3 +123,16 @@ async def test_the_openai_surface_takes_the_model_and_refuses_others_with_404(ap
     unknown = await api.http.post(GENERATIONS, json={"prompt": "a fox", "model": "dall-e-3"})
     error = openai_error(unknown, 404)
     assert (error["code"], error["param"]) == ("model_not_found", "model")
+
+
+async def test_status_shows_every_model_a_worker_serves() -> None:
+    redis = fakeredis.FakeAsyncRedis(decode_responses=True)
+    keys = RedisKeys("t")
+    await redis.zadd(keys.workers, {"gpu0@host": int(time.time() * 1000)})
+    await redis.hset(keys.capabilities, "gpu0@host", WorkerCapabilities.of((SD, FX)).model_dump_json())
+    snapshot = await FleetReader(redis, keys, worker_ttl_s=5, timeout_s=2).read()
+    assert snapshot is not None
+    assert render(FleetStatus(snapshot)).endswith(
+        " s ago, sd StableDiffusionPipeline [stable-diffusion, fused; text-to-image, image-to-image]; "
+        "fx FluxPipeline [flux, fused; text-to-image]"
+    )
