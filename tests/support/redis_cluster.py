@@ -139,6 +139,24 @@ class LocalRedisCluster:
             owner = client.get_node_from_key(key)
         return next(node for node in self.nodes if node.port == owner.port)
 
+    def serving(self, key: str, *, instead_of: ClusterNode) -> bool:
+        """Whether a live node other than ``instead_of`` is the master of ``key``'s slot, as a live node says while
+        it reports ``cluster_state:ok`` (a failover is over)."""
+        for node in self.nodes:
+            if node is instead_of or not node.alive():
+                continue
+            with redis.Redis(port=node.port, decode_responses=True, socket_timeout=2) as client:
+                try:
+                    if client.cluster("info")["cluster_state"] != "ok":
+                        return False
+                    slot = int(client.cluster("keyslot", key))
+                    ranges = client.cluster("slots")
+                except redis.RedisError:
+                    continue
+            owner = next(int(r[2][1]) for r in ranges if int(r[0]) <= slot <= int(r[1]))
+            return owner != instead_of.port and any(n.port == owner and n.alive() for n in self.nodes)
+        return False
+
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
