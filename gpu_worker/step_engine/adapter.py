@@ -57,6 +57,9 @@ class FamilyAdapter(ABC):
     """Whether the pipeline multiplies initial latents by ``scheduler.init_noise_sigma``."""
     rescales_guidance: ClassVar[bool]
     """Whether the pipeline applies ``guidance_rescale``."""
+    passes_eta_and_generator: ClassVar[bool] = False
+    """Whether the pipeline passes ``eta`` (0.0) and the generator to ``scheduler.step`` where the step takes them
+    (``prepare_extra_step_kwargs``: the UNet families, PixArt)."""
 
     def __init__(self, pipe: Any, canvas: Canvas) -> None:
         self.pipe = pipe
@@ -137,8 +140,15 @@ class FamilyAdapter(ABC):
         return guided
 
     def step_kwargs(self, row: Row) -> dict[str, Any]:
-        """Extra arguments of the row's ``scheduler.step``: none unless the family passes some."""
-        return {}
+        """Extra arguments of the row's ``scheduler.step``: ``eta`` and the row's generator where the family passes
+        them and the step takes them, else none."""
+        kwargs: dict[str, Any] = {}
+        if self.passes_eta_and_generator:
+            if "eta" in self._step_takes:
+                kwargs["eta"] = 0.0
+            if "generator" in self._step_takes:
+                kwargs["generator"] = row.generator
+        return kwargs
 
     @abstractmethod
     def decode(self, latents: torch.Tensor, output_type: str) -> list[Any]:

@@ -24,14 +24,17 @@ import torch
 
 from gpu_worker.families import family_of
 from gpu_worker.step_engine.adapter import Canvas, FamilyAdapter, Prompt
+from gpu_worker.step_engine.pixart import PixArtAdapter
 from gpu_worker.step_engine.rows import Finished, Row, RowProgress
 from gpu_worker.step_engine.stable_diffusion import StableDiffusionAdapter
 from gpu_worker.step_engine.stable_diffusion_3 import StableDiffusion3Adapter
+from gpu_worker.step_engine.stable_diffusion_xl import StableDiffusionXLAdapter
 from shared.compat import StepKey
 from shared.contracts import Task
 
 ADAPTERS: Mapping[str, type[FamilyAdapter]] = {
-    adapter.family: adapter for adapter in (StableDiffusionAdapter, StableDiffusion3Adapter)
+    adapter.family: adapter
+    for adapter in (StableDiffusionAdapter, StableDiffusionXLAdapter, StableDiffusion3Adapter, PixArtAdapter)
 }
 """Family name (``gpu_worker.families``) -> its step-mode adapter; every other family runs request-level."""
 

@@ -25,6 +25,7 @@ class StableDiffusionAdapter(FamilyAdapter):
     denoiser_name: ClassVar[str] = "unet"
     scales_initial_noise: ClassVar[bool] = True
     rescales_guidance: ClassVar[bool] = True
+    passes_eta_and_generator: ClassVar[bool] = True
 
     def __init__(self, pipe: Any, canvas: Canvas) -> None:
         super().__init__(pipe, canvas)
@@ -59,15 +60,6 @@ class StableDiffusionAdapter(FamilyAdapter):
             return_dict=False,
         )[0]
         return out
-
-    def step_kwargs(self, row: Row) -> dict[str, Any]:
-        # StableDiffusionPipeline.prepare_extra_step_kwargs: eta (0.0, its default) and the generator, where taken
-        kwargs: dict[str, Any] = {}
-        if "eta" in self._step_takes:
-            kwargs["eta"] = 0.0
-        if "generator" in self._step_takes:
-            kwargs["generator"] = row.generator
-        return kwargs
 
     def decode(self, latents: torch.Tensor, output_type: str) -> list[Any]:
         vae = self.pipe.vae
