@@ -12,8 +12,8 @@
 -- (hash: object key -> bytes), KEYS[4] bytes in use (counter), then per candidate KEYS[3 + 2j] its object key and
 -- KEYS[4 + 2j] its request's hash key (the object key again when the object's key names no request: nothing marked).
 -- ARGV[1] the bytes, ARGV[2] cap (bytes), ARGV[3] backstop ttl (s), then ARGV[3 + j] candidate j's claim token.
--- Returns {dropped, 1} once the object is written after dropping that many, {dropped, 0} to retry (nothing
--- written), or {-1, 0} when the object alone exceeds the cap (nothing written).
+-- Returns {dropped, 1, used} once the object is written after dropping that many (used: the bytes in use after it),
+-- {dropped, 0} to retry (nothing written), or {-1, 0} when the object alone exceeds the cap (nothing written).
 local object, order, sizes, used_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local FIXED = 4
 local data, cap, backstop_ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3]
@@ -62,4 +62,4 @@ redis.call('SET', object, data, 'EX', backstop_ttl)
 redis.call('ZADD', order, score, object)
 redis.call('HSET', sizes, object, size)
 redis.call('SET', used_key, used - old + size)
-return {dropped, 1}
+return {dropped, 1, used - old + size}

@@ -4,7 +4,9 @@ Beyond ``max_bytes`` the oldest objects are dropped first (``shared/lua/redis_re
 of each one that its current run stored records when (``evicted_at``: the api then answers 410 for its images and
 says why); an earlier, fenced run's orphan marks nothing. ``put`` reads the oldest objects that would make room
 (candidates) and the script drops them in the same call that marks their requests; when a concurrent put or delete
-changed the order in between, it reads again (at most ``PUT_TRIES`` calls).
+changed the order in between, it reads again (at most ``PUT_TRIES`` calls). An object that fits in the room the
+last put left (the bytes in use it answered; other writers may have taken it since) is put with no read first: the
+script answers retry when room must be made after all, and the put goes on as above.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class RedisResultStore:
         self._ttl_s = keep_s + BACKSTOP_TTL_S
         self._put = client.register_script(REDIS_RESULT_PUT)
         self._delete = client.register_script(REDIS_RESULT_DELETE)
+        self._room = 0  # bytes free as the last put left them (0 until one ran: read first)
 
     def put(self, key: str, data: bytes) -> None:
         k = self._keys
@@ -43,16 +46,18 @@ class RedisResultStore:
         if len(data) > self.max_bytes:
             raise self._too_large(data)
         fixed = [object_key, k.redis_results_order, k.redis_results_sizes, k.redis_results_used]
-        for _ in range(PUT_TRIES):
-            strides = [self._stride(victim) for victim in self._candidates(object_key, len(data))]
+        for attempt in range(PUT_TRIES):
+            read = attempt > 0 or len(data) > self._room
+            strides = [self._stride(victim) for victim in self._candidates(object_key, len(data))] if read else []
             reply = self._put(
                 keys=[*fixed, *(slot for victim, request, _ in strides for slot in (victim, request))],
                 args=[data, self.max_bytes, self._ttl_s, *(token for _, _, token in strides)],
             )
-            dropped, written = (int(part) for part in reply)
+            dropped, written = int(reply[0]), int(reply[1])
             if dropped < 0:
                 raise self._too_large(data)
             if written:
+                self._room = self.max_bytes - int(reply[2])
                 return
         raise ResultStoreError(
             f"storing {key}: the Redis result store's oldest objects kept changing under {PUT_TRIES} tries to make room"

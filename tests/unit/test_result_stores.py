@@ -567,8 +567,9 @@ def script_calls(
 
     def recorded(**kwargs: Any) -> Any:
         before(len(replies))
-        replies.append([int(part) for part in script(**kwargs)])
-        return replies[-1]
+        reply = script(**kwargs)
+        replies.append([int(part) for part in reply[:2]])  # dropped, written (a written put adds the bytes in use)
+        return reply
 
     monkeypatch.setattr(store, "_put", recorded)
     return replies
@@ -677,3 +678,24 @@ def test_redis_objects_get_a_backstop_ttl() -> None:
     store.put("r1/tok/0.png", PNG[:10])
     ttl = client.ttl(RedisKeys(PREFIX).result("r1/tok/0.png"))
     assert 600 < ttl <= 600 + 86_400
+
+
+def test_redis_put_within_the_room_left_reads_nothing_first(
+    capped: tuple[RedisResultStore, fakeredis.FakeRedis], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put that fits in the room the last put left calls the script at once (no candidates read); when another
+    writer took that room since, the script answers retry and the put reads its candidates then."""
+    store, client = capped
+    other = RedisResultStore(client, RedisKeys(PREFIX), max_bytes=100, keep_s=60)  # another worker's store
+    claimed(client, "a", "b", "c", "d")
+    reads: list[int] = []
+    candidates = store._candidates
+    monkeypatch.setattr(store, "_candidates", lambda key, size: reads.append(size) or candidates(key, size))
+    store.put("a/tok/0.png", b"a" * 40)  # no put yet: it reads first
+    replies = script_calls(store, monkeypatch)
+    store.put("b/tok/0.png", b"b" * 40)  # 60 free: no read
+    assert reads == [40] and replies == [[0, 1]]
+    other.put("c/tok/0.png", b"c" * 20)  # the room is 0 now, unknown to store
+    store.put("d/tok/0.png", b"d" * 20)  # 20 free as it knows: tries, must make room, reads, drops a
+    assert replies == [[0, 1], [0, 0], [1, 1]] and reads == [40, 20]
+    assert backend_keys(client) == {"b/tok/0.png", "c/tok/0.png", "d/tok/0.png"} and accounted(store, client) == 80
