@@ -30,8 +30,9 @@ class FleetWorker(Frozen):
     name: str
     live: bool = Field(description="Its heartbeat is newer than worker_ttl_s.")
     last_beat_s: float = Field(description="Seconds since its last heartbeat (Redis time).")
-    model: str | None = Field(description="The model it announced (null: announced nothing).")
-    pipeline: str | None = Field(description="Its pipeline (or runner) class.")
+    model: str | None = Field(description="The first model it announced (null: announced nothing).")
+    pipeline: str | None = Field(description="Its pipeline (or runner) class of that model.")
+    models: tuple[str, ...] = Field((), description="Every model it serves (FUSEFLEET_WORKER_MODELS), loaded.")
     batch: FleetBatch | None = Field(description="The batch it runs now; null when idle.")
 
 
@@ -60,6 +61,7 @@ def _worker(state: WorkerState, batch: FleetBatch | None) -> FleetWorker:
         last_beat_s=round(state.last_beat_s, 3),
         model=caps.model if caps is not None else None,
         pipeline=caps.pipeline if caps is not None else None,
+        models=tuple(model.model for model in caps.served) if caps is not None else (),
         batch=batch,
     )
 

@@ -419,7 +419,8 @@ function renderFleet(view) {
     : "none formed since this page opened";
   const rows = view.workers.map((worker) => {
     const row = document.createElement("tr");
-    const cells = [worker.name, worker.model || "(not announced)", workerNow(worker)];
+    const models = worker.models && worker.models.length ? worker.models.join(", ") : worker.model;
+    const cells = [worker.name, models || "(not announced)", workerNow(worker)];
     for (const text of cells) {
       const cell = document.createElement("td");
       cell.textContent = text;
