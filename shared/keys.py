@@ -244,6 +244,6 @@ def abort_keys(keys: RedisKeys, request_id: str) -> list[str]:
     return [*keys.end_keys, keys.requests, keys.scheduler_aborted, *keys.request_keys(request_id)]
 
 
-def finish_keys(keys: RedisKeys, request_id: str) -> list[str]:
-    """``KEYS`` of ``FINISH``."""
-    return [*keys.end_keys, keys.results_journal, *keys.request_keys(request_id)]
+def finish_keys(keys: RedisKeys, *request_ids: str) -> list[str]:
+    """``KEYS`` of ``FINISH`` ending these requests (one call ends any number of one claim's requests)."""
+    return [*keys.end_keys, keys.results_journal, *keys.request_strides(request_ids)]
