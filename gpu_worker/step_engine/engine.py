@@ -24,6 +24,7 @@ import torch
 
 from gpu_worker.families import family_of
 from gpu_worker.step_engine.adapter import Canvas, FamilyAdapter, Prompt
+from gpu_worker.step_engine.flux import FluxAdapter
 from gpu_worker.step_engine.pixart import PixArtAdapter
 from gpu_worker.step_engine.rows import Finished, Row, RowProgress
 from gpu_worker.step_engine.stable_diffusion import StableDiffusionAdapter
@@ -34,7 +35,13 @@ from shared.contracts import Task
 
 ADAPTERS: Mapping[str, type[FamilyAdapter]] = {
     adapter.family: adapter
-    for adapter in (StableDiffusionAdapter, StableDiffusionXLAdapter, StableDiffusion3Adapter, PixArtAdapter)
+    for adapter in (
+        StableDiffusionAdapter,
+        StableDiffusionXLAdapter,
+        StableDiffusion3Adapter,
+        PixArtAdapter,
+        FluxAdapter,
+    )
 }
 """Family name (``gpu_worker.families``) -> its step-mode adapter; every other family runs request-level."""
 

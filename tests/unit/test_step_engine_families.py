@@ -1,12 +1,14 @@
-"""The step engine's adapters for the transformer-era families (SDXL, PixArt-Sigma), on their tiny demo pipelines
-saved and loaded through ``from_pretrained`` as the worker loads them (float32, CPU).
+"""The step engine's adapters for SDXL, PixArt-Sigma and Flux, on their tiny demo pipelines saved and loaded through
+``from_pretrained`` as the worker loads them (float32, CPU), and Flux with a guidance embedding (Flux-dev-like: the
+demo's transformer has none).
 
 The same claims as ``tests/unit/test_step_engine.py`` makes for Stable Diffusion 1.x/2.x and SD3, per family:
 
 * a row run alone equals the standard pipeline call (with the family's fixed call arguments, as the request-level
   runner calls it) bit for bit, guided with and without a negative prompt and unguided;
 * rows with different step counts, guidance scales and negative prompts share each step (one denoiser call over 2
-  rows per guided row and 1 per unguided row) and equal their solo calls within the tolerances;
+  rows per guided row and 1 per unguided row; 1 per row for Flux, whose guidance is an embedding per row) and equal
+  their solo calls within the tolerances;
 * a row joining mid-flight and the peers of an aborted row equal their solo calls within the tolerances.
 """
 
@@ -22,7 +24,8 @@ import torch
 
 diffusers = pytest.importorskip("diffusers")
 
-from demo_models import ensure_demo_model  # noqa: E402
+from demo_models import ensure_demo_model, flux  # noqa: E402
+from demo_models.components import seeded, sizes  # noqa: E402
 from gpu_worker.diffusers_runner import absent_components  # noqa: E402
 from gpu_worker.families import family_of  # noqa: E402
 from gpu_worker.step_engine import ADAPTERS, Finished, StepEngine, supports  # noqa: E402
@@ -33,13 +36,14 @@ from tests.unit.test_step_engine import (  # noqa: E402
     Case,
     Reference,
     assert_matches,
-    batch_size,
     denoiser_calls,
     run,
 )
 
-SIZES = {"stable-diffusion-xl": 32, "pixart": 16}
+SIZES = {"stable-diffusion-xl": 32, "pixart": 16, "flux": 32}
 """The image side each family's test runs at (a multiple of its size multiple; small latents)."""
+VARIANTS = [*SIZES, "flux+guidance"]
+"""Each family's demo pipeline, and Flux with a guidance-embedding transformer."""
 
 GUIDED_BY_DEFAULT = Case("a cat on a mat", steps=3, guidance=4.0, seed=3)
 """A guided row without a negative prompt: SDXL guides it by zeros (force_zeros_for_empty_prompt), PixArt by ''."""
@@ -57,7 +61,22 @@ def pipes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         pipe = diffusers.DiffusionPipeline.from_pretrained(source, **absent_components(source))
         pipe.set_progress_bar_config(disable=True)
         loaded[family] = pipe
+    source = str(ensure_demo_model(Path(cache), "flux"))
+    guided = diffusers.DiffusionPipeline.from_pretrained(source, **absent_components(source))
+    transformer = seeded(diffusers.FluxTransformer2DModel, **sizes(flux.__file__)["transformer"], guidance_embeds=True)
+    guided.transformer = transformer.eval()
+    guided.set_progress_bar_config(disable=True)
+    loaded["flux+guidance"] = guided
     return loaded
+
+
+def side_of(variant: str) -> int:
+    return SIZES[variant.partition("+")[0]]
+
+
+def batch_size(engine: StepEngine, cases: list[Case], steps_done: int) -> int:
+    """The fused call's batch at a step: two halves per live row the adapter guides, one per other live row."""
+    return sum(2 if engine.adapter.guided(case.row("count")) else 1 for case in cases if case.steps > steps_done)
 
 
 def reference(pipe: Any, side: int, case: Case) -> Reference:
@@ -98,11 +117,12 @@ def reference(pipe: Any, side: int, case: Case) -> Reference:
 @pytest.mark.parametrize("family", SIZES)
 def test_the_family_has_an_adapter(pipes: dict[str, Any], family: str) -> None:
     assert family in ADAPTERS and supports(pipes[family])
+    assert family_of(pipes[family]).name == family
 
 
-@pytest.mark.parametrize("family", SIZES)
+@pytest.mark.parametrize("family", VARIANTS)
 def test_a_row_alone_is_the_pipeline_call_bit_for_bit(pipes: dict[str, Any], family: str) -> None:
-    pipe, side = pipes[family], SIZES[family]
+    pipe, side = pipes[family], side_of(family)
     for case in (GUIDED, GUIDED_BY_DEFAULT, UNGUIDED):
         engine = StepEngine(pipe, side, side)
         finished, at = run(engine, {0: [case.row("solo")]})
@@ -114,9 +134,9 @@ def test_a_row_alone_is_the_pipeline_call_bit_for_bit(pipes: dict[str, Any], fam
         assert np.array_equal(np.asarray(image, dtype=np.int16), expected.pixels)
 
 
-@pytest.mark.parametrize("family", SIZES)
+@pytest.mark.parametrize("family", VARIANTS)
 def test_different_step_counts_guidance_and_negatives_share_each_step(pipes: dict[str, Any], family: str) -> None:
-    pipe, side = pipes[family], SIZES[family]
+    pipe, side = pipes[family], side_of(family)
     cases = [*MIXED, GUIDED_BY_DEFAULT]
     engine = StepEngine(pipe, side, side)
     engine.join([case.row(f"r{i}") for i, case in enumerate(cases)])
@@ -128,7 +148,7 @@ def test_different_step_counts_guidance_and_negatives_share_each_step(pipes: dic
             step += 1
             for done in engine.step():
                 finished[done.row.id], at[done.row.id] = done, step
-    assert sizes == [batch_size(cases, done) for done in range(step)], "one denoiser call per step, every row"
+    assert sizes == [batch_size(engine, cases, done) for done in range(step)], "one denoiser call per step, every row"
     assert at == {f"r{i}/0": case.steps for i, case in enumerate(cases)}
     images = engine.decode([finished[f"r{i}/0"] for i in range(len(cases))])  # one batched decode
     assert len({image.tobytes() for image in images}) == len(cases), "rows are not distinct"
@@ -136,11 +156,11 @@ def test_different_step_counts_guidance_and_negatives_share_each_step(pipes: dic
         assert_matches(engine, finished[f"r{i}/0"], reference(pipe, side, case))
 
 
-@pytest.mark.parametrize("family", SIZES)
+@pytest.mark.parametrize("family", VARIANTS)
 def test_a_joiner_mid_flight_and_the_peers_of_an_aborted_row_equal_their_solo_runs(
     pipes: dict[str, Any], family: str
 ) -> None:
-    pipe, side = pipes[family], SIZES[family]
+    pipe, side = pipes[family], side_of(family)
     first = Case("a red fox", steps=5, guidance=5.0, seed=21, negative="blurry")
     doomed = Case("a blue whale", steps=5, guidance=3.0, seed=22)
     joiner = Case("a lighthouse at night", steps=3, guidance=1.0, seed=23)
@@ -151,7 +171,18 @@ def test_a_joiner_mid_flight_and_the_peers_of_an_aborted_row_equal_their_solo_ru
         engine.step()
         assert engine.abort("b/0") and engine.live == ("a/0",)
         finished, at = run(engine, {0: [joiner.row("c")]})
-    assert sizes == [4, 4, 2 + 1, 2 + 1, 2 + 1], "the aborted row's halves leave, the joiner's half comes in"
+    pair, after = batch_size(engine, [first, doomed], 0), batch_size(engine, [first, joiner], 0)
+    assert sizes == [pair, pair, after, after, after], "the aborted row's halves leave, the joiner's come in"
     assert at == {"a/0": 3, "c/0": 3} and sorted(finished) == ["a/0", "c/0"]
     assert_matches(engine, finished["a/0"], reference(pipe, side, first))
     assert_matches(engine, finished["c/0"], reference(pipe, side, joiner))
+
+
+def test_flux_rows_carry_their_own_guidance_embedding(pipes: dict[str, Any]) -> None:
+    pipe, side = pipes["flux+guidance"], side_of("flux")
+    low, high = Case("a red fox", steps=3, guidance=1.5, seed=5), Case("a red fox", steps=3, guidance=6.0, seed=5)
+    engine = StepEngine(pipe, side, side)
+    finished, _ = run(engine, {0: [low.row("low"), high.row("high")]})
+    assert not torch.equal(finished["low/0"].latents, finished["high/0"].latents), "guidance must reach the model"
+    assert_matches(engine, finished["low/0"], reference(pipe, side, low))
+    assert_matches(engine, finished["high/0"], reference(pipe, side, high))
