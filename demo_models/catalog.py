@@ -29,6 +29,7 @@ DEMO_FAMILIES: dict[str, str] = {
     "sana": "demo_models.sana:build",
     "qwen-image": "demo_models.qwen_image:build",
     "ltx-video": "demo_models.video:build",
+    "wan": "demo_models.wan:build",
 }
 """Family name (as ``gpu_worker.families`` names it) -> 'module:function' building its tiny pipeline."""
 _MARKER = "model_index.json"

@@ -67,6 +67,14 @@ def t5_encoder(tokenizer: Any) -> Any:
     return seeded(T5EncoderModel, T5Config(vocab_size=vocab_size(tokenizer), **_SHARED["t5_encoder"]))
 
 
+def umt5_encoder(tokenizer: Any) -> Any:
+    """A UMT5 encoder (Wan's: T5 with a relative attention bias in every layer) of :func:`t5_encoder`'s sizes,
+    seeded."""
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    return seeded(UMT5EncoderModel, UMT5Config(vocab_size=vocab_size(tokenizer), **_SHARED["t5_encoder"]))
+
+
 def flow_vae(latent_channels: int) -> Any:
     """diffusers' tiny ``AutoencoderKL`` of its SD3 and Flux tests (one block of 4 channels, no quant convs, SD3's
     shift and scaling factors), seeded."""

@@ -124,6 +124,17 @@ FAMILIES: Mapping[str, PipelineFamily] = MappingProxyType(
                 default_fps=25,
                 fps_kwarg="frame_rate",
             ),
+            _family(
+                "wan",
+                {"WanPipeline"},
+                size_multiple=16,  # its VAE's 8x times its 2x2 patches (it checks 16)
+                guidance_rescale=False,
+                max_sequence_length=512,
+                video=True,
+                frames_multiple=4,
+                default_frames=81,  # WanPipeline's own default; 16 fps is Wan 2.1's (the call takes no frame rate)
+                default_fps=16,
+            ),
         ]
     )
 )

@@ -30,6 +30,7 @@ PIPELINES = {
     "sana": "SanaPipeline",
     "qwen-image": "QwenImagePipeline",
     "ltx-video": "LTXPipeline",
+    "wan": "WanPipeline",
 }
 
 
@@ -84,7 +85,7 @@ def test_different_sizes_never_share_a_call() -> None:
         check_batch([small, large])
 
 
-LORA_FAMILIES = ["stable-diffusion-xl", "stable-diffusion-3", "flux", "sana", "qwen-image", "ltx-video"]
+LORA_FAMILIES = ["stable-diffusion-xl", "stable-diffusion-3", "flux", "sana", "qwen-image", "ltx-video", "wan"]
 
 
 @pytest.mark.parametrize("family", LORA_FAMILIES)
