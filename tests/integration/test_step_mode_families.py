@@ -1,0 +1,89 @@
+"""Step mode end to end for the families with adapters beyond Stable Diffusion 1.x/2.x (SDXL, PixArt-Sigma, Flux):
+real api, scheduler and worker processes (``FUSEFLEET_STEP_MODE=1``, ``FUSEFLEET_DEMO_FAMILY``) on each family's
+tiny demo pipeline, black-box. Requests with other step counts and guidance scales (and, where the family takes
+them, negative prompts) join a long request's running set at a step boundary and leave it when done, each image
+equal to its solo run within 1/255; the long request, aborted, leaves the set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from demo_models import ensure_demo_model
+from gpu_worker.diffusers_runner import DiffusersRunner
+from gpu_worker.families import FAMILIES
+from shared.settings import Settings
+from tests.integration.conftest import Fleet, running_fleet
+from tests.support.redis_server import RedisServer
+from tests.support.solo import png_array, solo_image
+
+pytestmark = pytest.mark.timeout(600)
+
+STEP_FAMILIES = ["stable-diffusion-xl", "pixart", "flux"]
+SIDE = 32
+LONG_STEPS = 900  # runs while the others join and leave, aborted at the end (DDIM takes at most 1000 steps)
+
+
+@pytest.fixture(scope="module", params=STEP_FAMILIES)
+def family_fleet(
+    request: pytest.FixtureRequest,
+    redis_server: RedisServer,
+    model_cache: Path,
+    lora_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[str, Fleet]]:
+    family = str(request.param)
+    ensure_demo_model(model_cache, family)  # built once here, not under the worker's start timeout
+    env = {
+        "FUSEFLEET_RUNNER": "gpu_worker.diffusers_runner:DiffusersRunner",
+        "FUSEFLEET_DEMO_FAMILY": family,
+        "FUSEFLEET_STEP_MODE": "1",
+        "FUSEFLEET_REQUEST_BATCH_MAX_WAIT_MS": "0",
+    }
+    with running_fleet(redis_server, model_cache, lora_dir, tmp_path_factory.mktemp(f"{family}-logs"), **env) as fleet:
+        yield family, fleet
+
+
+def joiner_bodies(family: str) -> list[dict[str, Any]]:
+    """Requests of other step counts and guidance scales; negative prompts where the family takes them."""
+    negative = FAMILIES[family].traits.negative_prompt
+    return [
+        {"prompt": "a cat", "num_inference_steps": 3, "guidance_scale": 1.0, "seed": 5},
+        {"prompt": "a dog", "num_inference_steps": 5, "guidance_scale": 5.0, "seed": 6}
+        | ({"negative_prompt": "blurry"} if negative else {}),
+        {"prompt": "two owls", "num_inference_steps": 4, "guidance_scale": 7.5, "seed": 7},
+    ]
+
+
+def test_mixed_requests_join_a_running_set_and_equal_their_solo_runs(
+    family_fleet: tuple[str, Fleet], model_cache: Path, lora_dir: Path
+) -> None:
+    family, fleet = family_fleet
+    long = fleet.submit(prompt="the long one", num_inference_steps=LONG_STEPS, width=SIDE, height=SIDE)
+    fleet.wait_running(long, min_step=2, timeout=120)
+    joiners = [fleet.submit(width=SIDE, height=SIDE, **body) for body in joiner_bodies(family)]
+    states = fleet.wait_done(joiners, timeout=180)
+    assert {s["status"] for s in states.values()} == {"succeeded"}, states
+    assert fleet.get(long)["status"] == "running", "the joiners waited for the long request instead of joining it"
+    workers = {fleet.redis.hget(fleet.keys.request(rid), "worker") for rid in [long, *joiners]}
+    assert len(workers) == 1, workers
+
+    answer = fleet.http.post(f"/v1/requests/{long}/abort")
+    assert answer.status_code == 200, answer.text
+    aborted = fleet.wait_done([long], timeout=30)[long]
+    assert aborted["status"] == "aborted" and aborted["progress"]["step"] < LONG_STEPS
+
+    solo_runner = DiffusersRunner(
+        Settings(model_cache_dir=model_cache, lora_dir=lora_dir, torch_threads=2, demo_family=family)
+    )
+    assert solo_runner.traits.family == family
+    for rid, state in states.items():
+        total = state["params"]["num_inference_steps"]
+        assert state["progress"] == {"step": total, "total": total}, state["progress"]
+        difference = np.abs(png_array(fleet.image(rid)) - solo_image(solo_runner, state)).max()
+        assert difference <= 1, f"{family}: {rid} differs from its solo run by {difference}/255"
