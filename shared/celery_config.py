@@ -12,10 +12,12 @@ What differs between the two is one ``BrokerTransport`` each, chosen by the URL'
   batch is never delivered twice for that reason); the scheduler's reaper republishes a lost run's batch long before.
   Kombu's Redis transport has no socket timeouts unless given: a Redis that stops answering would block a publish.
 - RabbitMQ (``amqp://``, py-amqp): a publish waits for the broker's confirm (``confirm_publish``), so a message the
-  broker did not take raises instead of vanishing; an unacknowledged message comes back as soon as its consumer's
-  connection closes (a worker killed, a broker restart), and RabbitMQ closes a consumer that holds a message longer
-  than its ``consumer_timeout`` (30 min by default: keep ``batch_time_limit_s`` below it). The worker's connection
-  carries AMQP heartbeats (``BROKER_HEARTBEAT_S``), so a silent broker is noticed without waiting on TCP.
+  broker did not take raises instead of vanishing, and the sockets have read and write timeouts, so a broker that
+  stops reading (a resource alarm blocks publishers) fails a publish instead of hanging it; an unacknowledged
+  message comes back as soon as its consumer's connection closes (a worker killed, a broker restart), and RabbitMQ
+  closes a consumer that holds a message longer than its ``consumer_timeout`` (30 min by default: keep
+  ``batch_time_limit_s`` below it). The worker's connection carries AMQP heartbeats (``BROKER_HEARTBEAT_S``), so a
+  silent broker is noticed without waiting on TCP.
 """
 
 from __future__ import annotations
@@ -80,9 +82,16 @@ class AmqpTransport(BrokerTransport):
     """py-amqp on RabbitMQ: durable queue, persistent messages, publisher confirms, heartbeats on the worker."""
 
     def conf(self, settings: Settings) -> dict[str, Any]:
+        timeout = settings.redis_socket_timeout_s
         return {
-            # each publish waits for RabbitMQ's basic.ack: a message it refuses (nack, a closed channel) raises
-            "broker_transport_options": {"confirm_publish": True},
+            "broker_transport_options": {
+                # each publish waits for RabbitMQ's basic.ack: a message it refuses (nack, a closed channel) raises
+                "confirm_publish": True,
+                # socket timeouts: a broker that stops reading (a resource alarm blocks publishers) fails a call
+                # instead of hanging it; kombu's closing of a failed channel waits on the socket too
+                "read_timeout": timeout,
+                "write_timeout": timeout,
+            },
             "broker_heartbeat": BROKER_HEARTBEAT_S,
         }
 

@@ -21,6 +21,7 @@ import pytest
 
 from tests.chaos.conftest import FleetFactory, RedisFactory
 from tests.support.chaos import FinishedWatcher, assert_every_request_ended_once, body
+from tests.support.processes import wait_for
 from tests.support.rabbitmq_server import RabbitMQServer
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(300)]
@@ -83,3 +84,37 @@ def test_a_broker_crash_loses_no_request(
         f"batches ended {slow_done - killed:.1f} s after the kill)"
     )
     assert took_s <= bound_s, f"took {took_s:.1f} s after the broker came back, over {bound_s:.0f} s"
+
+
+def test_a_broker_that_blocks_publishers_delays_requests_and_hangs_nothing(
+    chaos_redis: RedisFactory, chaos_fleet: FleetFactory, chaos_stack: ExitStack, tmp_path: Path
+) -> None:
+    """A RabbitMQ memory alarm blocks every publishing connection (it stops reading them) until it clears. The
+    scheduler's publish fails within its bound (write and confirm timeouts, ``redis_socket_timeout_s``, 2 s here;
+    Celery's 3 retries) instead of hanging: it stands by, leads again and publishes the batch again once the
+    broker reads again; the requests then run, each once."""
+    if not RabbitMQServer.available():
+        pytest.skip("no rabbitmq-server installed (Debian's rabbitmq-server package)")
+    broker = RabbitMQServer(tmp_path / "rabbitmq").start()
+    chaos_stack.callback(broker.stop)
+    server = chaos_redis()
+    fleet = chaos_fleet(server, workers=1, FUSEFLEET_BROKER_URL=broker.url)
+    with FinishedWatcher(server.url, fleet.keys) as watcher:
+        broker.ctl("set_vm_memory_high_watermark", "0.00001")  # the alarm: publishers blocked
+        blocked, logged = time.monotonic(), len(fleet.scheduler.log())
+        ids = fleet.submit_batch([body(f"blocked {i}") for i in range(6)])
+        wait_for(
+            lambda: "standing by" in fleet.scheduler.log()[logged:],
+            60,
+            f"the scheduler's publish to fail and the scheduler to stand by ({fleet.scheduler.log_path})",
+        )
+        failed_after_s = time.monotonic() - blocked
+        assert fleet.scheduler.alive() and watcher.unseen(ids) == ids  # nothing ran, nothing died
+        broker.ctl("set_vm_memory_high_watermark", "0.4")
+        cleared = time.time()
+        finishes = assert_every_request_ended_once(fleet, watcher, ids, timeout=60)
+    took_s = max(float(f.finished_at or 0) for f in finishes.values()) - cleared
+    print(
+        f"\nRabbitMQ blocking publishers: the scheduler's publish failed and it stood by {failed_after_s:.1f} s in; "
+        f"all {len(ids)} requests ended once, the last {took_s:.1f} s after the alarm cleared"
+    )

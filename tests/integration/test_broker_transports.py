@@ -42,6 +42,8 @@ ENV = {
     "FUSEFLEET_WORKER_TTL_S": "3",
     "FUSEFLEET_BATCH_LOCK_TTL_S": str(LOCK_TTL_S),
     "FUSEFLEET_BATCH_CLAIM_TIMEOUT_S": str(CLAIM_TIMEOUT_S),
+    # the broker's socket timeouts too (RabbitMQ: read and write): an idle worker's connection must outlive them
+    "FUSEFLEET_REDIS_SOCKET_TIMEOUT_S": "2",
 }
 SLOW_STEPS = 300
 RUN_S = 3.0
@@ -86,6 +88,14 @@ def test_requests_finish_in_batches_that_run_once_through_the_broker(fleet: Flee
     state = queue_state(broker_url, queue)
     assert state.waiting == 0
     assert state.consumers in (None, len(fleet.workers))  # RabbitMQ counts the consumers: both workers
+
+
+def test_an_idle_workers_broker_connection_outlives_its_socket_timeout(fleet: Fleet) -> None:
+    time.sleep(3 * float(ENV["FUSEFLEET_REDIS_SOCKET_TIMEOUT_S"]))
+    rid = fleet.submit(prompt="after a quiet while")
+    assert fleet.wait_done([rid], timeout=20)[rid]["status"] == "succeeded"
+    for worker in fleet.workers:
+        assert "Connection to broker lost" not in worker.log(), worker.log_path
 
 
 def test_an_abort_ends_a_running_request(fleet: Fleet) -> None:

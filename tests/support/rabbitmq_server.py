@@ -20,6 +20,7 @@ from kombu import Connection
 from tests.support.redis_server import free_port
 
 RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+RABBITMQCTL = RABBITMQ_SERVER.with_name("rabbitmqctl")
 
 
 class RabbitMQServer:
@@ -84,6 +85,16 @@ class RabbitMQServer:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=10)
         self.process = None
+
+    def ctl(self, *args: str) -> str:
+        """``rabbitmqctl`` on this node (e.g. ``set_vm_memory_high_watermark 0.00001``: a memory alarm, which blocks
+        every publishing connection until it is raised again); its output."""
+        run = subprocess.run(
+            [str(RABBITMQCTL), "-n", self.node, *args], env=self._env(), capture_output=True, text=True, timeout=60
+        )
+        if run.returncode != 0:
+            raise RuntimeError(f"rabbitmqctl {' '.join(args)}: {run.stderr or run.stdout}")
+        return run.stdout
 
     def kill(self) -> None:
         """SIGKILL the node (a crash): what it had confirmed is on disk, the rest is lost."""

@@ -77,7 +77,8 @@ def test_redis_has_socket_timeouts_and_a_visibility_timeout_above_the_hard_limit
 def test_rabbitmq_confirms_each_publish_within_a_bound_and_beats() -> None:
     settings = Settings(redis_url=REDIS, broker_url=RABBITMQ, redis_socket_timeout_s=3)
     conf = make_celery(settings).conf
-    assert conf.broker_transport_options == {"confirm_publish": True}  # no Redis-only options (visibility timeout)
+    assert conf.broker_transport_options == {"confirm_publish": True, "read_timeout": 3, "write_timeout": 3}
+    assert "visibility_timeout" not in conf.broker_transport_options  # Redis only
     assert conf.broker_heartbeat == BROKER_HEARTBEAT_S > 0
     assert publish_options(settings) == {"timeout": 3, "confirm_timeout": 3}
 
