@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpu_worker.step_engine.engine import StepEngine
+from gpu_worker.families import family_of
+from gpu_worker.step_engine.engine import ADAPTERS, StepEngine
 from gpu_worker.step_engine.rows import Finished, Row
 
-FAMILIES = ("stable-diffusion", "stable-diffusion-3")
+FAMILIES = tuple(ADAPTERS)
 SD_SCHEDULERS = (
     "DDIMScheduler",
     "EulerDiscreteScheduler",
@@ -103,11 +104,19 @@ def _pipeline(pipe: Any, side: int, rows: Sequence[Row]) -> tuple[torch.Tensor, 
         final[:] = [tensors["latents"].clone()]
         return tensors
 
+    def keep_latents(step: int, timestep: Any, latents: torch.Tensor) -> None:  # the older callback (PixArt)
+        final[:] = [latents.clone()]
+
     head = rows[0]
-    kwargs: dict[str, Any] = {}
+    accepts = inspect.signature(pipe.__call__).parameters
+    kwargs: dict[str, Any] = {name: value for name, value in family_of(pipe).fixed_kwargs.items() if name in accepts}
+    if "callback_on_step_end" in accepts:
+        kwargs["callback_on_step_end"] = keep
+    else:
+        kwargs.update(callback=keep_latents, callback_steps=1)
     if head.negative_prompt is not None:
         kwargs["negative_prompt"] = [row.negative_prompt for row in rows]
-    if head.guidance_rescale and "guidance_rescale" in inspect.signature(pipe.__call__).parameters:
+    if head.guidance_rescale and family_of(pipe).traits.guidance_rescale:
         kwargs["guidance_rescale"] = head.guidance_rescale
     images = pipe(
         prompt=[row.prompt for row in rows],
@@ -116,7 +125,6 @@ def _pipeline(pipe: Any, side: int, rows: Sequence[Row]) -> tuple[torch.Tensor, 
         guidance_scale=head.guidance_scale,
         width=side,
         height=side,
-        callback_on_step_end=keep,
         **kwargs,
     ).images
     return final[0], np.stack([np.asarray(image, dtype=np.int16) for image in images])
