@@ -10,8 +10,8 @@ per-row timesteps, plain classifier-free guidance (no ``guidance_rescale``: the 
 sigma channels dropped after guidance (``out_channels == 2 x in_channels``), ``eta`` (0) and the row's generator
 to the scheduler step where it takes them, and ``vae.decode(latents / scaling_factor)``.
 
-PixArt-Alpha transformers of sample size 128 (1024 px) take resolution and aspect-ratio conditions; they are not
-carried (they run request-level: the adapter refuses them).
+Transformers that take resolution and aspect-ratio conditions (``use_additional_conditions``: PixArt-Alpha at
+1024 px) are refused: they run request-level.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ class PixArtAdapter(FamilyAdapter):
 
     def __init__(self, pipe: Any, canvas: Canvas) -> None:
         super().__init__(pipe, canvas)
-        if pipe.transformer.config.sample_size == 128 and type(pipe).__name__ == "PixArtAlphaPipeline":
-            raise ValueError("step mode: PixArt-Alpha 1024 (resolution and aspect-ratio conditions) runs request-level")
+        if pipe.transformer.use_additional_conditions:
+            raise ValueError("step mode: PixArt transformers with resolution conditions (Alpha 1024) run request-level")
         default = inspect.signature(type(pipe).__call__).parameters["max_sequence_length"].default
         self.max_sequence_length: int = canvas.max_sequence_length or default
         config = pipe.transformer.config

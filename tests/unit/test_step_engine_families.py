@@ -186,3 +186,17 @@ def test_flux_rows_carry_their_own_guidance_embedding(pipes: dict[str, Any]) -> 
     assert not torch.equal(finished["low/0"].latents, finished["high/0"].latents), "guidance must reach the model"
     assert_matches(engine, finished["low/0"], reference(pipe, side, low))
     assert_matches(engine, finished["high/0"], reference(pipe, side, high))
+
+
+def test_what_the_adapters_refuse(pipes: dict[str, Any]) -> None:
+    for family, pipe in pipes.items():
+        assert StepEngine(pipe, side_of(family), side_of(family)).adapter.size_multiple > 1
+        with pytest.raises(ValueError, match="width"):
+            StepEngine(pipe, side_of(family) + 1, side_of(family))
+    transformer = pipes["pixart"].transformer
+    transformer.use_additional_conditions = True  # PixArt-Alpha 1024's resolution and aspect-ratio conditions
+    try:
+        with pytest.raises(ValueError, match="resolution conditions"):
+            StepEngine(pipes["pixart"], 16, 16)
+    finally:
+        transformer.use_additional_conditions = False
