@@ -100,13 +100,18 @@ class _QueuedTransaction(TransactionStrategy):
 
 
 class _BoundedPipeline(ClusterPipeline):
-    """A pipeline that executes in one of its client's call slots (``AsyncCluster``)."""
+    """A pipeline that executes in one of its client's call slots (``AsyncCluster``) and takes ``TIME``."""
 
     cluster_client: AsyncCluster
 
     async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> list[Any]:
         async with self.cluster_client.call_slot():
             return await super().execute(raise_on_error, allow_redirections)
+
+    def time(self, **kwargs: Any) -> Any:
+        """``TIME`` (the fleet's reads of its clock, ``shared.fleet_state``), which redis-py refuses in a cluster
+        pipeline since it names no key: sent to any node, whose clock is the slot's master's on synced hosts."""
+        return self.execute_command("TIME", **kwargs)
 
 
 class AsyncCluster(AsyncRedisCluster):

@@ -162,3 +162,18 @@ async def test_concurrent_first_calls_of_a_fresh_asyncio_client_succeed(redis_cl
     finally:
         await pubsub.aclose()  # type: ignore[no-untyped-call]
         await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_pipeline_reads_the_clock_with_the_fleets_keys(redis_cluster: LocalRedisCluster) -> None:
+    """``shared.fleet_state`` reads ``TIME`` in the pipeline of a scrape (redis-py refuses it on a cluster)."""
+    settings = Settings(redis_url=redis_cluster.url, redis_cluster=True, broker_url="redis://127.0.0.1:1/0")
+    client = async_client(settings)
+    try:
+        pipe = client.pipeline(transaction=False)
+        pipe.time()
+        pipe.xlen("{ff-clock}:requests")
+        (seconds, micros), depth = await pipe.execute()
+        assert abs(seconds + micros / 1e6 - time.time()) < 5 and depth == 0
+    finally:
+        await client.aclose()
