@@ -18,6 +18,7 @@ from shared.settings import Settings
 from shared.streams import by_stream
 
 EVENTS_PAGE = 1000
+QUEUE_ABORT = "queue_abort"  # the P:events type abort.lua adds with each id it puts in the aborted set
 ABORTED_PAGE = 10_000  # aborted ids taken per SPOP (as many pages as there are, each round)
 EXPIRE_PAGE = 500  # requests ended per EXPIRE script call
 
@@ -99,8 +100,12 @@ class SchedulerStore:
         self._expire = client.register_script(k.EXPIRE)
         self._step_join = client.register_script(k.STEP_JOIN)
         self._step_evict = client.register_script(k.STEP_EVICT)
+        self._aborted_due = True  # take the aborted set at the next read (see read_new)
 
     def ensure_groups(self) -> None:
+        """Create the scheduler's consumer groups if missing (each lead starts here): its first read takes the
+        aborted set whatever woke it."""
+        self._aborted_due = True
         for stream in (self.keys.requests, self.keys.events):
             try:
                 self._redis.xgroup_create(stream, k.SCHEDULER_GROUP, id="0", mkstream=True)
@@ -110,28 +115,37 @@ class SchedulerStore:
 
     def read_new(self, block_ms: int, room: int | None = None) -> ReadResult:
         """At most ``room`` (and ``scheduler_read_count``) entries never read before, waiting up to ``block_ms`` for
-        one (or for a worker event); then the requests aborted while queued since the last call (``take_aborted``,
-        in the same round trip). With ``room`` 0 (or less) only the wake-up events are read: new entries wait in the
-        stream until the scheduler's queue has room again."""
+        one (or for a worker event); then the requests aborted while queued since they were last taken
+        (``take_aborted``): in the same round trip at a lead's first read, else after a read that brought a
+        ``QUEUE_ABORT`` wake-up (abort.lua adds one with each id), so a round without aborts costs no SPOP. With
+        ``room`` 0 (or less) only the wake-up events are read: new entries wait in the stream until the scheduler's
+        queue has room again."""
         most = self._settings.scheduler_read_count
         limit = most if room is None else min(room, most)
         streams: dict[Any, Any] = (
             {self.keys.requests: ">", self.keys.events: ">"} if limit > 0 else {self.keys.events: ">"}
         )
+        take = self._aborted_due
         pipe = self._redis.pipeline(transaction=False)
         pipe.xreadgroup(
             k.SCHEDULER_GROUP, k.SCHEDULER_CONSUMER, streams, count=limit if limit > 0 else most, block=block_ms
         )
-        pipe.spop(self.keys.scheduler_aborted, ABORTED_PAGE)  # after the read: see take_aborted
-        reply, popped = pipe.execute()
+        if take:
+            pipe.spop(self.keys.scheduler_aborted, ABORTED_PAGE)  # after the read: see take_aborted
+        reply, *popped = pipe.execute()
         read = by_stream(reply)
-        events = [entry_id for entry_id, _ in read.get(self.keys.events, [])]
-        self._discard_events(events)
+        events = read.get(self.keys.events, [])
+        kinds = [str((fields or {}).get("type", "")) for _, fields in events]
+        if QUEUE_ABORT in kinds:
+            self._aborted_due = True  # until taken: an outage in between must not strand them
+        self._discard_events([entry_id for entry_id, _ in events])
         entries = [self._entry(entry_id, fields) for entry_id, fields in read.get(self.keys.requests, [])]
-        aborted = [str(rid) for rid in popped or []]
-        if len(aborted) == ABORTED_PAGE:
+        aborted = [str(rid) for rid in (popped[0] if take and popped[0] else [])]
+        if len(aborted) == ABORTED_PAGE or (not take and self._aborted_due):
             aborted += self.take_aborted()
-        return ReadResult(entries=entries, woken=bool(events), aborted=aborted)
+        self._aborted_due = False
+        woken = any(kind != QUEUE_ABORT for kind in kinds)
+        return ReadResult(entries=entries, woken=woken, aborted=aborted)
 
     def take_aborted(self) -> list[str]:
         """Take every id of ``P:scheduler:aborted``: requests aborted while queued (``abort.lua``), each with its

@@ -161,8 +161,9 @@ class RedisKeys:
 
 def _generated() -> str:
     """Lua that every script starts with, generated from the Python that owns each fact: the status names
-    (``STATUS.queued`` ..., ``TERMINAL[status]``, from ``RequestStatus``) and the key groups (``request_keys(i)``,
-    ``request_at(fixed, j)``, ``request_count(fixed)``, ``end_keys(i)``, from ``RequestKeys`` and ``EndKeys``)."""
+    (``STATUS.queued`` ..., ``TERMINAL[status]``, from ``RequestStatus``), ``EVENTS_MAXLEN`` and the key groups
+    (``request_keys(i)``, ``request_at(fixed, j)``, ``request_count(fixed)``, ``end_keys(i)``, from ``RequestKeys``
+    and ``EndKeys``)."""
 
     def group(name: str, fields: tuple[str, ...]) -> str:
         slots = ", ".join(f"{field} = KEYS[first + {i}]" for i, field in enumerate(fields))
@@ -177,6 +178,7 @@ def _generated() -> str:
             f"local STATUS = {{{statuses}}}",
             f"local TERMINAL = {{{terminal}}}",
             f"local REQUEST_STRIDE = {stride}",
+            f"local EVENTS_MAXLEN = {EVENTS_MAXLEN}  -- about how many entries P:events keeps (every XADD trims it)",
             group("request_keys", RequestKeys._fields),
             group("end_keys", EndKeys._fields),
             "-- the j-th request's stride (j from 1) after a script's ``fixed`` keys, and how many strides there are",
@@ -241,7 +243,7 @@ def submit_keys(keys: RedisKeys, request_ids: Iterable[str], unfinished: str) ->
 
 def abort_keys(keys: RedisKeys, request_id: str) -> list[str]:
     """``KEYS`` of ``ABORT``."""
-    return [*keys.end_keys, keys.requests, keys.scheduler_aborted, *keys.request_keys(request_id)]
+    return [*keys.end_keys, keys.requests, keys.scheduler_aborted, keys.events, *keys.request_keys(request_id)]
 
 
 def finish_keys(keys: RedisKeys, *request_ids: str) -> list[str]:

@@ -369,3 +369,23 @@ def test_a_claimed_batch_whose_lock_lapsed_is_republished_once_per_claim(
     worker.finish_many({"c": []}, {}, "tok3")
     worker.batch_done("B1", "tok3")
     assert store.reap() == Reaped(republish=[], removed=0)  # finished batches are not in flight
+
+
+def test_the_aborted_set_is_taken_at_a_leads_first_read_and_when_an_abort_wakes_the_scheduler(
+    client: fakeredis.FakeRedis, settings: Settings
+) -> None:
+    """abort.lua adds a ``queue_abort`` wake-up with each id it puts in the aborted set: a read takes the set after
+    one (no SPOP in a round without aborts), and the wake-up alone says nothing changed about capacity."""
+    store = SchedulerStore(client, settings)
+    store.ensure_groups()
+    submit(client, store.keys, "a", "b", "c")
+    client.sadd(store.keys.scheduler_aborted, "left-by-a-dead-leader")
+    first = store.read_new(block_ms=1)
+    assert [e.request_id for e in first.entries] == ["a", "b", "c"] and first.aborted == ["left-by-a-dead-leader"]
+    client.sadd(store.keys.scheduler_aborted, "no-wake-up")  # not how an id arrives: shows the read does not SPOP
+    assert store.read_new(block_ms=1).aborted == []
+    abort = client.register_script(k.ABORT)
+    assert abort(keys=k.abort_keys(store.keys, "b"), args=[time.time(), 60, store.keys.finished, "b"]) == "aborted"
+    woken = store.read_new(block_ms=1)
+    assert sorted(woken.aborted) == ["b", "no-wake-up"] and not woken.woken
+    assert client.xlen(store.keys.events) == 1  # acknowledged, kept until trimmed
