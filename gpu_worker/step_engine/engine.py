@@ -27,6 +27,7 @@ from gpu_worker.step_engine.adapter import Canvas, FamilyAdapter, Prompt
 from gpu_worker.step_engine.flux import FluxAdapter
 from gpu_worker.step_engine.pixart import PixArtAdapter
 from gpu_worker.step_engine.rows import Finished, Row, RowProgress
+from gpu_worker.step_engine.sana import SanaAdapter
 from gpu_worker.step_engine.stable_diffusion import StableDiffusionAdapter
 from gpu_worker.step_engine.stable_diffusion_3 import StableDiffusion3Adapter
 from gpu_worker.step_engine.stable_diffusion_xl import StableDiffusionXLAdapter
@@ -41,6 +42,7 @@ ADAPTERS: Mapping[str, type[FamilyAdapter]] = {
         StableDiffusion3Adapter,
         PixArtAdapter,
         FluxAdapter,
+        SanaAdapter,
     )
 }
 """Family name (``gpu_worker.families``) -> its step-mode adapter; every other family runs request-level."""

@@ -35,7 +35,7 @@ class PixArtAdapter(FamilyAdapter):
 
     def __init__(self, pipe: Any, canvas: Canvas) -> None:
         super().__init__(pipe, canvas)
-        if pipe.transformer.use_additional_conditions:
+        if getattr(pipe.transformer, "use_additional_conditions", False):
             raise ValueError("step mode: PixArt transformers with resolution conditions (Alpha 1024) run request-level")
         default = inspect.signature(type(pipe).__call__).parameters["max_sequence_length"].default
         self.max_sequence_length: int = canvas.max_sequence_length or default

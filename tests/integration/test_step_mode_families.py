@@ -1,4 +1,4 @@
-"""Step mode end to end for the families with adapters beyond Stable Diffusion 1.x/2.x (SDXL, PixArt-Sigma, Flux):
+"""Step mode end to end for the families with adapters beyond SD 1.x/2.x and SD3 (SDXL, PixArt-Sigma, Flux, Sana):
 real api, scheduler and worker processes (``FUSEFLEET_STEP_MODE=1``, ``FUSEFLEET_DEMO_FAMILY``) on each family's
 tiny demo pipeline, black-box. Requests with other step counts and guidance scales (and, where the family takes
 them, negative prompts) join a long request's running set at a step boundary and leave it when done, each image
@@ -24,7 +24,7 @@ from tests.support.solo import png_array, solo_image
 
 pytestmark = pytest.mark.timeout(600)
 
-STEP_FAMILIES = ["stable-diffusion-xl", "pixart", "flux"]
+STEP_FAMILIES = ["stable-diffusion-xl", "pixart", "flux", "sana"]
 SIDE = 32
 LONG_STEPS = 900  # runs while the others join and leave, aborted at the end (DDIM takes at most 1000 steps)
 

@@ -1,6 +1,6 @@
-"""The step engine's adapters for SDXL, PixArt-Sigma and Flux, on their tiny demo pipelines saved and loaded through
-``from_pretrained`` as the worker loads them (float32, CPU), and Flux with a guidance embedding (Flux-dev-like: the
-demo's transformer has none).
+"""The step engine's adapters for SDXL, PixArt-Sigma, Flux and Sana, on their tiny demo pipelines saved and loaded
+through ``from_pretrained`` as the worker loads them (float32, CPU), and Flux with a guidance embedding (Flux-dev-like:
+the demo's transformer has none).
 
 The same claims as ``tests/unit/test_step_engine.py`` makes for Stable Diffusion 1.x/2.x and SD3, per family:
 
@@ -40,7 +40,7 @@ from tests.unit.test_step_engine import (  # noqa: E402
     run,
 )
 
-SIZES = {"stable-diffusion-xl": 32, "pixart": 16, "flux": 32}
+SIZES = {"stable-diffusion-xl": 32, "pixart": 16, "flux": 32, "sana": 32}
 """The image side each family's test runs at (a multiple of its size multiple; small latents)."""
 VARIANTS = [*SIZES, "flux+guidance"]
 """Each family's demo pipeline, and Flux with a guidance-embedding transformer."""

@@ -1,0 +1,77 @@
+"""Sana (``SanaPipeline``, a ``SanaTransformer2DModel`` over Gemma prompt embeddings, a DC-AE VAE): the step
+engine's adapter.
+
+Mirrors ``SanaPipeline.__call__`` (diffusers 0.42) for text-to-image, with the family's fixed call arguments
+(``use_resolution_binning=False``). It extends the PixArt adapter (prompt embeddings with their attention masks
+per row, the empty prompt for a guided row without a negative prompt, plain classifier-free guidance without
+rescale, learned-sigma channels dropped, ``eta`` and the row's generator to the scheduler step, ``vae.decode(latents
+/ scaling_factor)``); what differs:
+
+* each prompt is prefixed by the pipeline's default ``complex_human_instruction`` (negatives are not), as the
+  request-level call does (it passes none), and ``clean_caption`` is the pipeline's default (off);
+* initial latents are float32 whatever the embeddings' dtype (unscaled: the pipeline multiplies by no
+  ``init_noise_sigma``), the transformer gets them and the embeddings in its dtype, its prediction comes back as
+  float32;
+* per-row timesteps are scaled by the transformer's ``timestep_scale``.
+
+The pipeline applies no ``scale_model_input``; its schedulers (flow-matching Euler, the demo's, and flow DPM-Solver)
+take none or an identity, as the engine applies them.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from gpu_worker.step_engine.adapter import Canvas, Conditioning, Prompt, split
+from gpu_worker.step_engine.pixart import PixArtAdapter
+from gpu_worker.step_engine.rows import Row
+
+
+class SanaAdapter(PixArtAdapter):
+    family: ClassVar[str] = "sana"
+    scales_initial_noise: ClassVar[bool] = False
+
+    def __init__(self, pipe: Any, canvas: Canvas) -> None:
+        super().__init__(pipe, canvas)
+        defaults = inspect.signature(type(pipe).__call__).parameters
+        self.complex_human_instruction: list[str] | None = defaults["complex_human_instruction"].default
+        self.clean_caption: bool = defaults["clean_caption"].default
+
+    def initial_latents(self, rows: Sequence[Row], schedulers: Sequence[Any], dtype: torch.dtype) -> list[torch.Tensor]:
+        return super().initial_latents(rows, schedulers, torch.float32)  # SanaPipeline.prepare_latents: float32
+
+    def encode(self, rows: Sequence[Row]) -> list[Prompt]:
+        guided = [self.guided(row) for row in rows]
+        cond, mask, uncond, uncond_mask = self.pipe.encode_prompt(
+            [row.prompt for row in rows],
+            do_classifier_free_guidance=any(guided),
+            negative_prompt=[row.negative_prompt or "" for row in rows],
+            num_images_per_prompt=1,
+            device=self.device,
+            clean_caption=self.clean_caption,
+            max_sequence_length=self.max_sequence_length,
+            complex_human_instruction=self.complex_human_instruction,
+        )
+        conds = split({"encoder_hidden_states": cond, "encoder_attention_mask": mask}, len(rows))
+        unconds: list[dict[str, torch.Tensor] | None] = [None] * len(rows)
+        if any(guided):
+            unconds = [*split({"encoder_hidden_states": uncond, "encoder_attention_mask": uncond_mask}, len(rows))]
+        return [Prompt(c, u if g else None) for c, u, g in zip(conds, unconds, guided, strict=True)]
+
+    def denoise(self, sample: torch.Tensor, timesteps: torch.Tensor, conditioning: Conditioning) -> torch.Tensor:
+        transformer = self.pipe.transformer
+        dtype = transformer.dtype
+        out: torch.Tensor = transformer(
+            sample.to(dtype=dtype),
+            encoder_hidden_states=conditioning["encoder_hidden_states"].to(dtype=dtype),
+            encoder_attention_mask=conditioning["encoder_attention_mask"],
+            timestep=timesteps * transformer.config.timestep_scale,
+            return_dict=False,
+            attention_kwargs=None,
+        )[0]
+        out = out.float()
+        return out.chunk(2, dim=1)[0] if self.learned_sigma else out
