@@ -1,0 +1,74 @@
+"""A step-mode worker of each new step-mode family (SDXL, PixArt-Sigma, Flux, Sana: the real tiny demo pipeline,
+``FUSEFLEET_DEMO_FAMILY``) is SIGKILLed while its running set holds two requests of two batches (the one that opened
+the set, one that joined it with other steps and guidance): nothing is lost. Both batches are published again once
+their locks lapse, and each request ends ``succeeded`` exactly once, on the worker that replaced it, with the image
+its solo run gives (within 1/255: it ran again from step 0 with its own seed).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from demo_models import ensure_demo_model
+from gpu_worker.diffusers_runner import DiffusersRunner
+from gpu_worker.families import FAMILIES
+from shared.settings import Settings
+from tests.chaos.conftest import FleetFactory, RedisFactory
+from tests.support.processes import wait_for
+from tests.support.solo import png_array, solo_image
+
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(300)]
+
+STEP_FAMILIES = ["stable-diffusion-xl", "pixart", "flux", "sana"]
+SIDE = 32
+
+
+@pytest.mark.parametrize("family", STEP_FAMILIES)
+def test_a_killed_step_mode_worker_of_each_family_loses_nothing(
+    family: str, chaos_redis: RedisFactory, chaos_fleet: FleetFactory, tmp_path: Path
+) -> None:
+    cache = tmp_path / "model-cache"  # the chaos fleet's FUSEFLEET_MODEL_CACHE_DIR
+    ensure_demo_model(cache, family)  # built once here, not under the worker's start timeout
+    fleet = chaos_fleet(
+        chaos_redis(),
+        workers=1,
+        FUSEFLEET_RUNNER="gpu_worker.diffusers_runner:DiffusersRunner",
+        FUSEFLEET_DEMO_FAMILY=family,
+        FUSEFLEET_STEP_MODE="1",
+        FUSEFLEET_REQUEST_BATCH_MAX_WAIT_MS="0",
+        FUSEFLEET_TORCH_THREADS="2",
+        FUSEFLEET_MAX_INFERENCE_STEPS="1000",
+    )
+    first = fleet.workers[0]
+    node = first.env["FUSEFLEET_WORKER_NAME"]
+    opener = fleet.submit(prompt="opens the set", num_inference_steps=150, width=SIDE, height=SIDE, seed=1)
+    fleet.wait_running(opener, min_step=2, timeout=120)
+    negative = {"negative_prompt": "blurry"} if FAMILIES[family].traits.negative_prompt else {}
+    joiner = fleet.submit(
+        prompt="joins it", num_inference_steps=120, guidance_scale=3.0, width=SIDE, height=SIDE, seed=2, **negative
+    )
+    fleet.wait_running(joiner, min_step=2, timeout=60)
+    assert fleet.redis.hget(fleet.keys.request(joiner), "batch_id") != fleet.redis.hget(
+        fleet.keys.request(opener), "batch_id"
+    )
+    assert fleet.redis.hget(fleet.keys.request(joiner), "worker") == node
+
+    first.kill()
+    killed_at = time.monotonic()
+    fleet.add_worker("second")
+    ids = [opener, joiner]
+    states = fleet.wait_done(ids, timeout=180)
+    print(f"\n{family}: both requests ended {time.monotonic() - killed_at:.1f} s after the kill")
+    assert {rid: s["status"] for rid, s in states.items()} == dict.fromkeys(ids, "succeeded"), states
+    solo_runner = DiffusersRunner(Settings(model_cache_dir=cache, torch_threads=2, demo_family=family))
+    for rid in ids:
+        assert fleet.redis.hget(fleet.keys.request(rid), "worker") != node
+        events = [fields["event"] for _, fields in fleet.redis.xrange(fleet.keys.request_events(rid))]
+        assert events.count("succeeded") == 1 and events[-1] == "succeeded", events
+        difference = np.abs(png_array(fleet.image(rid)) - solo_image(solo_runner, states[rid])).max()
+        assert difference <= 1, f"{family}: {rid} differs from its solo run by {difference}/255"
+    wait_for(lambda: not fleet.redis.zcard(fleet.keys.inflight), 10, "every batch to leave flight")
