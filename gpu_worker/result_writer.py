@@ -66,6 +66,11 @@ def encode_outputs(spec: RequestSpec, outputs: Sequence[Any]) -> list[bytes]:
     return encoded
 
 
+def _no_inputs(specs: Sequence[RequestSpec]) -> set[str]:
+    """The requests whose task needs no input image: ending them has no input fields to delete."""
+    return {spec.id for spec in specs if not spec.task.needs_image}
+
+
 class ResultWriter:
     """Writes the outcome of a claimed run's requests, for one worker process (its store, result store and
     model traits)."""
@@ -103,9 +108,10 @@ class ResultWriter:
         if not specs:
             return {}
         keys = {spec.id: result_keys(spec, token, video_frames(spec, self._traits)) for spec in specs}
+        plain = _no_inputs(specs)
         if not retry:
-            return self.store.finish_aborted(keys, token)
-        return self.redis(lambda: self.store.finish_aborted(keys, token), "ending aborted requests")
+            return self.store.finish_aborted(keys, token, no_inputs=plain)
+        return self.redis(lambda: self.store.finish_aborted(keys, token, no_inputs=plain), "ending aborted requests")
 
     def store_results(self, specs: Sequence[RequestSpec], outputs: Sequence[object], token: str) -> Statuses:
         """Encode every request's outputs, write them to the result store, and finish the requests in one round
@@ -137,7 +143,8 @@ class ResultWriter:
             stored[spec.id] = keys
         if errors:
             log.warning("%d requests returned unusable output: %s", len(errors), errors)
-        return self.redis(lambda: self.store.finish_many(stored, errors, token), "storing results")
+        plain = _no_inputs(specs)
+        return self.redis(lambda: self.store.finish_many(stored, errors, token, no_inputs=plain), "storing results")
 
     def _put(self, key: str, data: bytes) -> None:
         """Write one output to the result store (a Redis store's writes are retried through an outage). A write that

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -133,31 +133,42 @@ class WorkerStore:
         self.journal.record(result_keys, self._settings.result_orphan_grace_s)
 
     def finish_many(
-        self, results: Mapping[str, Sequence[str]], errors: Mapping[str, ErrorInfo], token: str
+        self,
+        results: Mapping[str, Sequence[str]],
+        errors: Mapping[str, ErrorInfo],
+        token: str,
+        *,
+        no_inputs: Collection[str] = (),
     ) -> dict[str, RequestStatus | None]:
         """End running requests of this claim in one script call: those in ``results`` succeeded with the images
         stored under these result keys, those in ``errors`` failed; returns each one's status after the call
-        (unchanged where not ours)."""
+        (unchanged where not ours). ``no_inputs``: those of them whose spec needs no input image (its task), so
+        ending them deletes no input fields."""
         rows: list[_FinishRow] = [(rid, RequestStatus.SUCCEEDED, keys, None) for rid, keys in results.items()]
         rows += [(rid, RequestStatus.FAILED, (), error) for rid, error in errors.items()]
-        return self._finish_rows(rows, token)
+        return self._finish_rows(rows, token, no_inputs)
 
-    def finish_aborted(self, result_keys: Mapping[str, Sequence[str]], token: str) -> dict[str, RequestStatus | None]:
+    def finish_aborted(
+        self, result_keys: Mapping[str, Sequence[str]], token: str, *, no_inputs: Collection[str] = ()
+    ) -> dict[str, RequestStatus | None]:
         """End running requests of this claim whose abort flag is set, in one script call, without images:
         ``finish.lua`` makes the flag win (``aborted``, no images, its terminal event, a wake-up of long polls), and
         the keys journaled for each request (``result_keys``: request id -> its keys) fall due at once, so the
-        sweeper forgets them. Returns each one's status after the call (unchanged where not ours)."""
+        sweeper forgets them. Returns each one's status after the call (unchanged where not ours); ``no_inputs`` as
+        for ``finish_many``."""
         rows: list[_FinishRow] = [(rid, RequestStatus.FAILED, keys, ABORTED) for rid, keys in result_keys.items()]
-        return self._finish_rows(rows, token)
+        return self._finish_rows(rows, token, no_inputs)
 
-    def _finish_rows(self, rows: Sequence[_FinishRow], token: str) -> dict[str, RequestStatus | None]:
+    def _finish_rows(
+        self, rows: Sequence[_FinishRow], token: str, no_inputs: Collection[str]
+    ) -> dict[str, RequestStatus | None]:
         """One ``finish.lua`` call for ``rows`` (request id, outcome, its result keys, its error)."""
         if not rows:
             return {}
         args: list[str | float | int] = [time.time(), self._settings.result_ttl_s, self.keys.finished, token]
         for request_id, outcome, keys, error in rows:
             args += [request_id, outcome.value, error.type if error else "", error.message if error else ""]
-            args += [len(keys), *keys]
+            args += ["1" if request_id in no_inputs else "", len(keys), *keys]
         ids = [row[0] for row in rows]
         replies = self._finish(keys=k.finish_keys(self.keys, *ids), args=args)
         return {rid: _status(reply) for rid, reply in zip(ids, replies, strict=True)}

@@ -9,8 +9,8 @@
 -- KEYS[1..3] ``end_keys`` (metrics, webhooks, inputs), KEYS[4] results journal, then one stride per request
 -- (``request_keys``).
 -- ARGV[1] now (s), ARGV[2] ttl (s), ARGV[3] finished channel, ARGV[4] claim token, then per request (KEYS order):
--- its id, outcome (succeeded|failed), error type, error message, the count of its result keys and those keys (in
--- image order).
+-- its id, outcome (succeeded|failed), error type, error message, '1' when its spec needs no input image ('' =
+-- unknown: its input fields are deleted whatever), the count of its result keys and those keys (in image order).
 -- Returns per request (KEYS order) its status after the call (unchanged when it is not running under this claim;
 -- 'missing' when it has no hash).
 local ending, journal = end_keys(1), KEYS[4]
@@ -20,9 +20,9 @@ local now, ttl, channel, token = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local rows, a = {}, 5
 for j = 1, request_count(FIXED) do
   local row = {request = request_at(FIXED, j), id = ARGV[a], outcome = ARGV[a + 1], error_type = ARGV[a + 2],
-               error_message = ARGV[a + 3], results = {}}
-  for i = 1, tonumber(ARGV[a + 4]) do row.results[i] = ARGV[a + 4 + i] end
-  a = a + 5 + #row.results
+               error_message = ARGV[a + 3], none_held = ARGV[a + 4] == '1', results = {}}
+  for i = 1, tonumber(ARGV[a + 5]) do row.results[i] = ARGV[a + 5 + i] end
+  a = a + 6 + #row.results
   rows[j] = row
 end
 
@@ -41,7 +41,7 @@ for _, row in ipairs(rows) do
   local st = redis.call('HMGET', row.request.hash, 'status', 'abort', 'claim', 'webhook_on', INPUT_COUNT_FIELD)
   row.status = st[1] or 'missing'
   if st[1] == STATUS.running and st[3] == token then
-    row.ends, row.known = true, {webhook_on = st[4], counted = st[5]}
+    row.ends, row.known = true, {webhook_on = st[4], counted = st[5], none_held = row.none_held}
     row.status = st[2] and STATUS.aborted or row.outcome
     if row.status == STATUS.succeeded then
       for _, key in ipairs(row.results) do table.insert(candidates, key) end

@@ -10,7 +10,8 @@
 -- request: its keys (``request_keys``); ending: the fleet keys (``end_keys``: metrics, webhooks, inputs).
 -- was: the status it had (queued, scheduled or running; an abort counts where it caught the request).
 -- known (optional): what the caller already read of the hash, so that it is not read again: {webhook_on = <the
--- field, false when absent>, counted = <INPUT_COUNT_FIELD, false when absent>, error_type = <a failure's>}, and
+-- field, false when absent>, counted = <INPUT_COUNT_FIELD, false when absent>, error_type = <a failure's>,
+-- none_held = <true when its spec needs no input image: drop_inputs' none_held>}, and
 -- ``fields`` ({name, value, ...}) to write in the same HSET as the status.
 -- tally (optional): an ``ended_tally()`` that collects the wake-ups and metrics of several ended requests, written
 -- once by ``flush_ended`` (one PUBLISH of their ids, space-separated, and one HINCRBY per counter, instead of one of
@@ -36,7 +37,7 @@ local function end_request(request, ending, request_id, status, was, now, ttl, c
   local fields = {'status', status, 'finished_at', now}
   for _, value in ipairs(known and known.fields or {}) do table.insert(fields, value) end
   redis.call('HSET', hash, unpack(fields))
-  drop_inputs(hash, ending.inputs, known and known.counted)  -- lib_drop_inputs.lua, prepended before this library
+  drop_inputs(hash, ending.inputs, known and known.counted, known and known.none_held)  -- lib_drop_inputs.lua, prepended before this library
   redis.call('EXPIRE', hash, ttl)
   local event = redis.call('XADD', events, '*', 'event', status)
   local hook

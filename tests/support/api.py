@@ -65,7 +65,7 @@ async def finish_like_worker(
     await redis.register_script(k.RESULTS_RECORD)(keys=[keys.results_journal], args=[60_000, *result_keys])
     for result, data in zip(result_keys, images, strict=True):
         await anyio.to_thread.run_sync(results.put, result, data)
-    args: list[Any] = [time.time(), 60, keys.finished, token, request_id, outcome, *error]
+    args: list[Any] = [time.time(), 60, keys.finished, token, request_id, outcome, *error, ""]
     args += [len(result_keys), *result_keys]
     statuses = await redis.register_script(k.FINISH)(keys=k.finish_keys(keys, request_id), args=args)
     return str(statuses[0])

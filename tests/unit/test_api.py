@@ -473,7 +473,7 @@ async def test_long_poll_answers_when_the_request_finishes(api: Api) -> None:
         await anyio.sleep(0.2)
         await api.redis.hset(api.keys.request(rid), mapping={"status": "running", "claim": "c1"})
         finish = api.redis.register_script(k.FINISH)
-        args: list[str | float] = [1.0, 60, api.keys.finished, "c1", rid, "failed", "E", "boom", 0]
+        args: list[str | float] = [1.0, 60, api.keys.finished, "c1", rid, "failed", "E", "boom", "", 0]
         await finish(keys=k.finish_keys(api.keys, rid), args=args)
 
     async with anyio.create_task_group() as tasks:

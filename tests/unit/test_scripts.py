@@ -389,3 +389,19 @@ def test_the_aborted_set_is_taken_at_a_leads_first_read_and_when_an_abort_wakes_
     woken = store.read_new(block_ms=1)
     assert sorted(woken.aborted) == ["b", "no-wake-up"] and not woken.woken
     assert client.xlen(store.keys.events) == 1  # acknowledged, kept until trimmed
+
+
+def test_finish_drops_the_inputs_of_an_image_request_beside_requests_known_to_hold_none(
+    client: fakeredis.FakeRedis, settings: Settings, scheduled: tuple[SchedulerStore, Lease, list[str]]
+) -> None:
+    """``no_inputs`` names the requests whose spec needs no input image: their ending deletes no input fields; a
+    request it does not name has its images dropped and their bytes given back, as always."""
+    worker = WorkerStore(client, settings)
+    batch = BatchMessage(batch_id="B1", request_ids=("a", "b", "c"), created_at=0.0)
+    assert isinstance(worker.claim(batch, "tok1", "w1"), Claimed)
+    client.hset(worker.keys.request("a"), mapping={"input_image": b"x" * 5, "input_bytes": 5})
+    client.set(worker.keys.input_bytes, 5)
+    ended = worker.finish_many({"a": [], "b": [], "c": []}, {}, "tok1", no_inputs={"b", "c"})
+    assert ended == dict.fromkeys("abc", RequestStatus.SUCCEEDED)
+    assert not client.hexists(worker.keys.request("a"), "input_image")
+    assert client.get(worker.keys.input_bytes) == "0"
