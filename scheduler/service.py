@@ -20,6 +20,7 @@ from collections.abc import Callable, Hashable, Sequence
 
 from celery import Celery
 
+from scheduler.capacity import ModelSlots
 from scheduler.deadlines import overdue
 from scheduler.lease import LeaderLoop, Lease
 from scheduler.policy import Dispatch, PolicyConfig, WaitingRequest, decide
@@ -70,7 +71,8 @@ class SchedulerService:
         self._window = max(HEAD_WINDOW_MIN, 4 * settings.max_num_seqs)
         self._queue = QUEUES[settings.scheduling_policy]()  # the requests read and not yet dispatched
         self._fresh: set[str] = set()  # queued and unaborted as far as we know: see _head_window
-        self._served: frozenset[str] | None = None  # the models live workers serve (None: one model, not read)
+        self._slots: ModelSlots | None = None  # each model's room (None: a fleet of one model, not counted)
+        self._batch_models: dict[str, str] = {}  # batch id -> its model, for the batches in flight
         self._free: int | None = None  # free worker slots as last counted (minus our dispatches since)
         self._free_at = 0.0
 
@@ -271,17 +273,19 @@ class SchedulerService:
         now = self._clock()
         if self._free is None or now - self._free_at > CAPACITY_TTL_S:
             self._free, self._free_at = self._store.free_slots(), now
-            if len(self._settings.catalog) > 1:  # with the count: a model whose workers are gone waits aside
-                self._served = self._store.served_models()
+            if len(self._settings.catalog) > 1:  # with the count: each model's own room (scheduler.capacity)
+                busy = self._store.busy_models(self._batch_models)
+                self._slots = ModelSlots.count(self._store.model_workers(), busy)
         return self._free
 
     def _servable(self, request: QueuedRequest) -> bool:
-        """Whether a live worker serves the request's model (a fleet of several models: the others wait aside, so
-        their batches neither block the head of their level nor hold slots in flight with no worker to run them)."""
-        return self._served is None or getattr(request.key, "model", None) in self._served
+        """Whether a worker of the request's model is free (a fleet of several models: the others wait aside, so
+        they neither block the head of their level nor publish batches that wait for a busy worker, or for none,
+        while another model's worker is idle)."""
+        return self._slots is None or self._slots.has_room(getattr(request.key, "model", None))
 
     def _servable_head(self) -> list[QueuedRequest]:
-        """The first ``_window`` waiting requests, in service order, of models a live worker serves."""
+        """The first ``_window`` waiting requests, in service order, of models with a free worker."""
         looked = self._window
         while True:
             head = self._queue.head(looked)
@@ -291,7 +295,7 @@ class SchedulerService:
             looked *= 4
 
     def _head_window(self, check: bool) -> list[WaitingRequest]:
-        window = self._servable_head() if self._served is not None else self._queue.head(self._window)
+        window = self._servable_head() if self._slots is not None else self._queue.head(self._window)
         ids = [request.id for request in window]
         # A request aborted while queued comes back through the aborted set (``take_aborted``, every round), which
         # abort.lua fills only while it holds fewer than max_queue_len ids: so a request admitted (or looked at)
@@ -314,7 +318,10 @@ class SchedulerService:
         """Schedule and publish the decision's batch; whether a batch was published (it took a slot)."""
         batch_id, joined = self._schedule(decision.request_ids)
         if joined:
-            self._publish(batch_id, joined, self._model_of(decision.request_ids))
+            model = self._model_of(decision.request_ids)
+            self._publish(batch_id, joined, model)
+            if self._slots is not None:
+                self._slots.take(model)
         if len(joined) < len(decision.request_ids):  # some had ended unseen (not by the aborted set): look again
             self._fresh.clear()
         self._forget(decision.request_ids)
@@ -342,6 +349,8 @@ class SchedulerService:
         """Publish the batch to its model's queue (``shared.routing``; ``model`` None: read from its requests, a
         batch published again); only workers that serve the model consume it."""
         model = model or self._store.model_of(request_ids) or self._settings.model_id
+        if len(self._settings.catalog) > 1:  # for the model's room (busy_models forgets it once out of flight)
+            self._batch_models[batch_id] = model
         message = self._message(batch_id, request_ids, model)
         self._celery.send_task(
             RUN_BATCH_TASK,

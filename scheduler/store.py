@@ -226,18 +226,38 @@ class SchedulerStore:
                 return RequestSpec.model_validate_json(spec).model
         return None
 
-    def served_models(self) -> frozenset[str]:
-        """The models the live workers serve, as their heartbeats announce them (one round trip)."""
+    def model_workers(self) -> dict[str, int]:
+        """How many live workers serve each model, as their heartbeats announce them (one round trip)."""
         pipe = self._redis.pipeline(transaction=False)
         pipe.zrange(self.keys.workers, 0, -1)
         pipe.hgetall(self.keys.capabilities)
         workers, announced = pipe.execute()
-        served: set[str] = set()
+        served: dict[str, int] = {}
         for worker in workers:
             capabilities = parse_capabilities(announced.get(worker))
-            if capabilities is not None:
-                served.update(model.model for model in capabilities.served)
-        return frozenset(served)
+            for model in capabilities.served if capabilities is not None else ():
+                served[model.model] = served.get(model.model, 0) + 1
+        return served
+
+    def busy_models(self, known: dict[str, str]) -> list[str | None]:
+        """The model of each batch in flight that occupies a worker (not in the storing zset: its forward is
+        running or it waits for one), from ``known`` (batch id -> model: this call drops the batches no longer in
+        flight and adds those it read) or else its requests' specs (``model_of``, for those batches only); None
+        where no spec is left. One round trip, plus one per batch not known."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zrange(self.keys.inflight, 0, -1)
+        pipe.zrange(self.keys.storing, 0, -1)
+        inflight, storing = pipe.execute()
+        for batch_id in set(known) - set(inflight):
+            del known[batch_id]
+        storing_ids = set(storing)
+        occupying = [batch_id for batch_id in inflight if batch_id not in storing_ids]
+        for batch_id in occupying:
+            if batch_id not in known:
+                model = self.model_of(str(self._redis.hget(self.keys.batch(batch_id), "ids") or "").split())
+                if model is not None:
+                    known[batch_id] = model
+        return [known.get(batch_id) for batch_id in occupying]
 
     def ack(self, entry_ids: Iterable[str]) -> None:
         """Acknowledge and delete stream entries whose requests no longer need the scheduler."""

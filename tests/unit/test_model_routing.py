@@ -1,6 +1,7 @@
 """Routing by model on the scheduler's side (fakeredis, the real scripts; Celery's publish recorded): each batch goes
 to its model's queue and says its model, a batch published again (handed back by a worker that fences it) goes to
-its model's queue too, and the requests of a model no live worker serves wait aside."""
+its model's queue too, and the requests of a model without a free worker (or with none) wait aside while another
+model's worker takes its own."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import fakeredis
 
 from gpu_worker.store import WorkerStore
+from scheduler.capacity import ModelSlots
 from scheduler.store import SchedulerStore
 from shared.contracts import ModelCapabilities, Task, WorkerCapabilities
 from shared.settings import Settings
@@ -89,3 +91,57 @@ def test_a_model_no_live_worker_serves_waits_aside_without_blocking_or_holding_a
         announce(client, store, "w3", "px")
         assert wait_until(lambda: len(celery.sent) == 2, 5), celery.sent
     assert (celery.sent[1][0], celery.sent[1][1]["request_ids"]) == ("t.batches.px", ["p1"])
+
+
+def test_a_batch_waits_for_a_worker_of_its_model_while_another_models_worker_takes_its_own() -> None:
+    settings = Settings(key_prefix="t", models=MODELS, max_num_seqs=4, request_batch_max_wait_ms=0)
+    client = fakeredis.FakeRedis(decode_responses=True)
+    store = SchedulerStore(client, settings)
+    store.ensure_groups()
+    for i, side in enumerate((64, 80, 96)):  # three sd batches (sizes never share one), then one px request
+        submit(client, store.keys, f"s{i}", model="sd", width=side, height=side)
+    submit(client, store.keys, "p1", model="px")
+    celery = QueuedBatches()
+    with running(scheduler(client, settings, celery)):  # type: ignore[arg-type]
+        announce(client, store, "w1", "sd")
+        announce(client, store, "w2", "px")
+        assert wait_until(lambda: len(celery.sent) == 2, 5), celery.sent
+        time.sleep(0.5)  # two slots, both taken: one batch of each model, the other sd batches wait aside
+        assert [(q, m["request_ids"]) for q, m in celery.sent] == [("t.batches", ["s0"]), ("t.batches.px", ["p1"])]
+        finish_the_batch(client, store, celery.sent[0][1]["batch_id"])
+        assert wait_until(lambda: len(celery.sent) == 3, 5), celery.sent
+        time.sleep(0.5)
+    assert [m["request_ids"] for _, m in celery.sent[2:]] == [["s1"]]
+
+
+def finish_the_batch(client: fakeredis.FakeRedis, store: SchedulerStore, batch_id: str) -> None:
+    """What a worker does with a batch, in short: its requests succeed, it leaves flight, the scheduler is woken."""
+    for rid in client.hget(store.keys.batch(batch_id), "ids").split():
+        client.hset(store.keys.request(rid), "status", "succeeded")
+    client.zrem(store.keys.inflight, batch_id)
+    client.xadd(store.keys.events, {"type": "batch_done"})
+
+
+def test_model_slots_count_each_models_room() -> None:
+    slots = ModelSlots.count({"sd": 2, "px": 1}, ["sd", "px", None])
+    assert (slots.has_room("sd"), slots.has_room("px"), slots.has_room("other"), slots.has_room(None)) == (
+        True,
+        False,
+        False,
+        False,
+    )
+    slots.take("sd")
+    assert not slots.has_room("sd")
+
+
+def test_busy_models_reads_what_it_does_not_know_and_forgets_what_left() -> None:
+    settings = Settings(key_prefix="t", models=MODELS)
+    client = fakeredis.FakeRedis(decode_responses=True)
+    store = SchedulerStore(client, settings)
+    submit(client, store.keys, "p1", model="px")
+    client.hset(store.keys.batch("b1"), "ids", "p1")
+    client.zadd(store.keys.inflight, {"b1": 1, "b2": 2, "b3": 3})
+    client.zadd(store.keys.storing, {"b3": 3})  # its forward is over: it frees its worker
+    known = {"b2": "sd", "gone": "sd"}
+    assert store.busy_models(known) == ["px", "sd"]
+    assert known == {"b1": "px", "b2": "sd"}
