@@ -6,9 +6,10 @@ worker serves yet is accepted: it waits for one, as every request waits while no
 announces, per model it serves, the model's ``ModelTraits`` and tasks with its heartbeat (``P:capabilities``,
 ``WorkerCapabilities.served``). A request that asks for what its model does not take — a size that is not a
 multiple of its patch size, a negative prompt a guidance-distilled model would ignore, frames for an image model, a
-task its family has no pipeline for — is refused with a 422 naming the field, instead of failing (or silently doing
-something else) on a worker. Only the workers of the request's model count: nothing is refused while none of them
-has announced itself, and where they differ a request is accepted when any of them can run it.
+task its family has no pipeline for, a ``strength`` for a video model's image (its first frame) — is refused with
+a 422 naming the field, instead of failing (or silently doing something else) on a worker. Only the workers of the
+request's model count: nothing is refused while none of them has announced itself, and where they differ a request
+is accepted when any of them can run it.
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ def _frame_errors(request: GenerateRequest, traits: ModelTraits, name: str, loc:
     if request.num_frames is not None and step > 1 and request.num_frames % step != 1:
         message = f"num_frames must be {step}k + 1 (e.g. {step + 1}, {2 * step + 1}) for {name}"
         errors.append(_error("frame_count", loc, "num_frames", message, request.num_frames))
+    if request.strength is not None:  # a video model's image task is image-to-video
+        message = f"{name} takes an image as a video's first frame, with no strength; leave it unset"
+        errors.append(_error("parameter_unsupported", loc, "strength", message, request.strength))
     return errors
 
 

@@ -43,7 +43,8 @@ DERIVED_PIPELINES: dict[Task, str] = {
     Task.IMAGE_TO_IMAGE: "AutoPipelineForImage2Image",
     Task.INPAINT: "AutoPipelineForInpainting",
 }
-"""The diffusers auto-pipeline that derives each image task's pipeline from the loaded one (``from_pipe``)."""
+"""The diffusers auto-pipeline that derives each image task's pipeline from the loaded one (``from_pipe``), for a
+family that names none of its own (``PipelineFamily.derived_pipelines``)."""
 
 log = logging.getLogger(__name__)
 
@@ -129,11 +130,11 @@ class DiffusersRunner(Runner):
         import diffusers
 
         derived: dict[Task, Any] = {}
-        for task, auto_name in DERIVED_PIPELINES.items():
+        for task, class_name in (self.family.derived_pipelines or DERIVED_PIPELINES).items():
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    pipeline = getattr(diffusers, auto_name).from_pipe(self.pipe)
+                    pipeline = getattr(diffusers, class_name).from_pipe(self.pipe)
             except Exception as exc:  # noqa: BLE001 - the family has no such pipeline: the task is not offered
                 log.info("%s: no %s pipeline (%s: %s)", type(self.pipe).__name__, task, type(exc).__name__, exc)
                 continue
@@ -257,7 +258,8 @@ class DiffusersRunner(Runner):
             if inputs is None:
                 raise ValueError(f"{head.task} needs the requests' input images")
             kwargs["image"] = [inputs[spec.id].image for spec in rows]
-            kwargs["strength"] = head.strength
+            if "strength" in accepts:  # image-to-video takes the image as its first frame, no strength
+                kwargs["strength"] = head.strength
             if head.task is Task.INPAINT:
                 kwargs["mask_image"] = [inputs[spec.id].mask for spec in rows]
 

@@ -23,7 +23,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpu_worker.runner import video_frames
-from shared.contracts import ModelTraits, RequestSpec
+from shared.contracts import ModelTraits, RequestSpec, Task
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +37,10 @@ class PipelineFamily:
     not the nearest of the family's trained aspect-ratio bins)."""
     fps_kwarg: str | None = None
     """The name the pipeline gives the frame rate (``frame_rate`` for LTX-Video), where it takes one."""
+    derived_pipelines: Mapping[Task, str] = field(default_factory=lambda: MappingProxyType({}))
+    """The diffusers class of each image task's pipeline, derived from the loaded one with ``from_pipe`` (its
+    components shared), e.g. LTX-Video's image-to-video; empty: diffusers' auto pipelines
+    (``gpu_worker.diffusers_runner.DERIVED_PIPELINES``)."""
 
     @property
     def name(self) -> str:
@@ -72,7 +76,10 @@ DEFAULT_FPS = 24
 def _family(name: str, classes: set[str], **traits: Any) -> tuple[str, PipelineFamily]:
     fixed = traits.pop("fixed_kwargs", {})
     fps_kwarg = traits.pop("fps_kwarg", None)
-    family = PipelineFamily(ModelTraits(family=name, **traits), frozenset(classes), MappingProxyType(fixed), fps_kwarg)
+    derived = MappingProxyType(traits.pop("derived_pipelines", {}))
+    family = PipelineFamily(
+        ModelTraits(family=name, **traits), frozenset(classes), MappingProxyType(fixed), fps_kwarg, derived
+    )
     return name, family
 
 
@@ -123,6 +130,8 @@ FAMILIES: Mapping[str, PipelineFamily] = MappingProxyType(
                 default_frames=161,  # LTXPipeline's own defaults
                 default_fps=25,
                 fps_kwarg="frame_rate",
+                # a request with an image: that image is the first frame (the same components, no strength)
+                derived_pipelines={Task.IMAGE_TO_IMAGE: "LTXImageToVideoPipeline"},
             ),
             _family(
                 "wan",
