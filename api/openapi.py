@@ -77,6 +77,7 @@ def state_limits(document: Schema, settings: Settings) -> None:
         f"{request.get('description', '')} This server also refuses (422) a request whose n x width x height "
         f"(x num_frames) exceeds its max_batch_pixels ({settings.max_batch_pixels})."
     ).strip()
+    _set_names(props, "model", list(settings.catalog))
     if "lora" in props and "LoraRef" in schemas:
         props["lora"] = _lora(schemas["LoraRef"], lora_adapters(settings), props["lora"].get("description"))
     if not settings.webhook_allowed_hosts:
@@ -91,6 +92,16 @@ def _set(props: Schema, field: str, **bounds: float) -> None:
     for branch in prop.get("anyOf", [prop]):
         if branch.get("type") in ("string", "integer", "number"):
             branch.update(bounds)
+
+
+def _set_names(props: Schema, field: str, names: list[str]) -> None:
+    """The property's string branch may only be one of ``names`` (the rest of the fleet's names are refused, 422)."""
+    prop = props.get(field)
+    if prop is None:
+        return
+    for branch in prop.get("anyOf", [prop]):
+        if branch.get("type") == "string":
+            branch["enum"] = names
 
 
 def _webhooks_off(props: Schema) -> None:

@@ -125,3 +125,4 @@ def test_every_bound_is_in_json_schema_terms(settings: Settings) -> None:
     assert props["max_sequence_length"]["anyOf"][0]["minimum"] == 1
     assert props["priority"]["anyOf"][0] == {"type": "integer", "minimum": -2, "maximum": 2}
     assert props["output_compression"]["anyOf"][0] == {"type": "integer", "minimum": 0, "maximum": 100}
+    assert props["model"]["anyOf"][0]["enum"] == list(settings.catalog)  # another name is a 422
