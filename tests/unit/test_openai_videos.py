@@ -150,7 +150,9 @@ async def finish_video(api: Api, request_id: str, frames: int) -> None:
     blobs = [MP4, *(encoded(spec.width, spec.height, f) for f in range(frames))]
     for key, blob in zip(keys, blobs, strict=True):
         await anyio.to_thread.run_sync(api.results.put, key, blob)
-    args: list[Any] = [time.time(), 60, api.keys.finished, token, request_id, "succeeded", "", "", len(keys), *keys]
+    error_type, error_message, none_held = "", "", ""  # FINISH's per-request ARGV (finish.lua's legend)
+    args: list[Any] = [time.time(), 60, api.keys.finished, token, request_id, "succeeded", error_type, error_message]
+    args += [none_held, len(keys), *keys]
     await api.redis.register_script(k.FINISH)(keys=k.finish_keys(api.keys, request_id), args=args)
 
 
