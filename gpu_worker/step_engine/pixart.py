@@ -46,6 +46,10 @@ class PixArtAdapter(FamilyAdapter):
     def size_multiple(self) -> int:
         return int(self.pipe.vae_scale_factor * self.pipe.transformer.config.patch_size)
 
+    def encode_options(self) -> dict[str, Any]:
+        """The pipeline's own ``encode_prompt`` arguments beyond the prompts (a subclass's pipeline may add some)."""
+        return {"clean_caption": False}
+
     def encode(self, rows: Sequence[Row]) -> list[Prompt]:
         guided = [self.guided(row) for row in rows]
         cond, mask, uncond, uncond_mask = self.pipe.encode_prompt(
@@ -54,8 +58,8 @@ class PixArtAdapter(FamilyAdapter):
             negative_prompt=[row.negative_prompt or "" for row in rows],
             num_images_per_prompt=1,
             device=self.device,
-            clean_caption=False,
             max_sequence_length=self.max_sequence_length,
+            **self.encode_options(),
         )
         conds = split({"encoder_hidden_states": cond, "encoder_attention_mask": mask}, len(rows))
         unconds: list[dict[str, torch.Tensor] | None] = [None] * len(rows)

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from gpu_worker.step_engine.adapter import Canvas, Conditioning, Prompt, split
+from gpu_worker.step_engine.adapter import Canvas, Conditioning
 from gpu_worker.step_engine.pixart import PixArtAdapter
 from gpu_worker.step_engine.rows import Row
 
@@ -44,23 +44,8 @@ class SanaAdapter(PixArtAdapter):
     def initial_latents(self, rows: Sequence[Row], schedulers: Sequence[Any], dtype: torch.dtype) -> list[torch.Tensor]:
         return super().initial_latents(rows, schedulers, torch.float32)  # SanaPipeline.prepare_latents: float32
 
-    def encode(self, rows: Sequence[Row]) -> list[Prompt]:
-        guided = [self.guided(row) for row in rows]
-        cond, mask, uncond, uncond_mask = self.pipe.encode_prompt(
-            [row.prompt for row in rows],
-            do_classifier_free_guidance=any(guided),
-            negative_prompt=[row.negative_prompt or "" for row in rows],
-            num_images_per_prompt=1,
-            device=self.device,
-            clean_caption=self.clean_caption,
-            max_sequence_length=self.max_sequence_length,
-            complex_human_instruction=self.complex_human_instruction,
-        )
-        conds = split({"encoder_hidden_states": cond, "encoder_attention_mask": mask}, len(rows))
-        unconds: list[dict[str, torch.Tensor] | None] = [None] * len(rows)
-        if any(guided):
-            unconds = [*split({"encoder_hidden_states": uncond, "encoder_attention_mask": uncond_mask}, len(rows))]
-        return [Prompt(c, u if g else None) for c, u, g in zip(conds, unconds, guided, strict=True)]
+    def encode_options(self) -> dict[str, Any]:
+        return {"clean_caption": self.clean_caption, "complex_human_instruction": self.complex_human_instruction}
 
     def denoise(self, sample: torch.Tensor, timesteps: torch.Tensor, conditioning: Conditioning) -> torch.Tensor:
         transformer = self.pipe.transformer
