@@ -72,6 +72,11 @@ class FamilyAdapter(ABC):
         step_params = inspect.signature(pipe.scheduler.step).parameters
         self._step_takes = frozenset(step_params)
 
+    def call_default(self, name: str) -> Any:
+        """The default of the pipeline's ``__call__`` argument ``name``: what the pipeline does when a caller leaves
+        it out (a row that does not set it gets the same)."""
+        return inspect.signature(type(self.pipe).__call__).parameters[name].default
+
     @property
     def denoiser(self) -> Any:
         """The pipeline's denoiser module (``unet``, ``transformer``)."""

@@ -23,7 +23,6 @@ IP adapters and ``joint_attention_kwargs`` are not used (the fleet sends neither
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -42,8 +41,7 @@ class FluxAdapter(FamilyAdapter):
 
     def __init__(self, pipe: Any, canvas: Canvas) -> None:
         super().__init__(pipe, canvas)
-        default = inspect.signature(type(pipe).__call__).parameters["max_sequence_length"].default
-        self.max_sequence_length: int = canvas.max_sequence_length or default
+        self.max_sequence_length: int = canvas.max_sequence_length or self.call_default("max_sequence_length")
         self.embeds_guidance = bool(pipe.transformer.config.guidance_embeds)
         self.img_ids: torch.Tensor | None = None  # the rotary ids, set at the first encode (in the embeddings' dtype)
         self.txt_ids: torch.Tensor | None = None

@@ -16,7 +16,6 @@ Transformers that take resolution and aspect-ratio conditions (``use_additional_
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -37,8 +36,7 @@ class PixArtAdapter(FamilyAdapter):
         super().__init__(pipe, canvas)
         if getattr(pipe.transformer, "use_additional_conditions", False):
             raise ValueError("step mode: PixArt transformers with resolution conditions (Alpha 1024) run request-level")
-        default = inspect.signature(type(pipe).__call__).parameters["max_sequence_length"].default
-        self.max_sequence_length: int = canvas.max_sequence_length or default
+        self.max_sequence_length: int = canvas.max_sequence_length or self.call_default("max_sequence_length")
         config = pipe.transformer.config
         self.learned_sigma = config.out_channels // 2 == config.in_channels
 

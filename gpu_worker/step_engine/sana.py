@@ -20,7 +20,6 @@ take none or an identity, as the engine applies them.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -37,9 +36,8 @@ class SanaAdapter(PixArtAdapter):
 
     def __init__(self, pipe: Any, canvas: Canvas) -> None:
         super().__init__(pipe, canvas)
-        defaults = inspect.signature(type(pipe).__call__).parameters
-        self.complex_human_instruction: list[str] | None = defaults["complex_human_instruction"].default
-        self.clean_caption: bool = defaults["clean_caption"].default
+        self.complex_human_instruction: list[str] | None = self.call_default("complex_human_instruction")
+        self.clean_caption: bool = self.call_default("clean_caption")
 
     def initial_latents(self, rows: Sequence[Row], schedulers: Sequence[Any], dtype: torch.dtype) -> list[torch.Tensor]:
         return super().initial_latents(rows, schedulers, torch.float32)  # SanaPipeline.prepare_latents: float32

@@ -12,7 +12,6 @@ Skip-layer guidance and IP adapters are not used (the fleet sends neither).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -30,8 +29,7 @@ class StableDiffusion3Adapter(FamilyAdapter):
 
     def __init__(self, pipe: Any, canvas: Canvas) -> None:
         super().__init__(pipe, canvas)
-        default = inspect.signature(type(pipe).__call__).parameters["max_sequence_length"].default
-        self.max_sequence_length: int = canvas.max_sequence_length or default
+        self.max_sequence_length: int = canvas.max_sequence_length or self.call_default("max_sequence_length")
 
     @property
     def size_multiple(self) -> int:
