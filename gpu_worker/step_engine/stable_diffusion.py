@@ -56,10 +56,14 @@ class StableDiffusionAdapter(FamilyAdapter):
             encoder_hidden_states=conditioning["encoder_hidden_states"],
             timestep_cond=None,
             cross_attention_kwargs=None,
-            added_cond_kwargs=None,
+            added_cond_kwargs=self.added_conditions(conditioning),
             return_dict=False,
         )[0]
         return out
+
+    def added_conditions(self, conditioning: Conditioning) -> dict[str, torch.Tensor] | None:
+        """The UNet's ``added_cond_kwargs`` for these rows (none for SD 1.x/2.x)."""
+        return None
 
     def decode(self, latents: torch.Tensor, output_type: str) -> list[Any]:
         vae = self.pipe.vae

@@ -80,17 +80,8 @@ class StableDiffusionXLAdapter(StableDiffusionAdapter):
             prompts.append(Prompt(c, u if g else None))
         return prompts
 
-    def denoise(self, sample: torch.Tensor, timesteps: torch.Tensor, conditioning: Conditioning) -> torch.Tensor:
-        out: torch.Tensor = self.pipe.unet(
-            sample,
-            timesteps,
-            encoder_hidden_states=conditioning["encoder_hidden_states"],
-            timestep_cond=None,
-            cross_attention_kwargs=None,
-            added_cond_kwargs={"text_embeds": conditioning["text_embeds"], "time_ids": conditioning["time_ids"]},
-            return_dict=False,
-        )[0]
-        return out
+    def added_conditions(self, conditioning: Conditioning) -> dict[str, torch.Tensor] | None:
+        return {"text_embeds": conditioning["text_embeds"], "time_ids": conditioning["time_ids"]}
 
     def decode(self, latents: torch.Tensor, output_type: str) -> list[Any]:
         vae = self.pipe.vae
