@@ -348,8 +348,9 @@ class SchedulerService:
     def _publish(self, batch_id: str, request_ids: list[str], model: str | None = None) -> None:
         """Publish the batch to its model's queue (``shared.routing``; ``model`` None: read from its requests, a
         batch published again); only workers that serve the model consume it."""
-        model = model or self._store.model_of(request_ids) or self._settings.model_id
-        if len(self._settings.catalog) > 1:  # for the model's room (busy_models forgets it once out of flight)
+        several = len(self._settings.catalog) > 1  # one model: every batch is its, nothing to read
+        model = model or (self._store.model_of(request_ids) if several else None) or self._settings.model_id
+        if several:  # for the model's room (busy_models forgets it once out of flight)
             self._batch_models[batch_id] = model
         message = self._message(batch_id, request_ids, model)
         self._celery.send_task(
