@@ -5,7 +5,7 @@ PYTHON ?= python3
 # a local CPU wheel of torch, where the machine has one
 TORCH_WHEELS ?= /opt/wheels
 
-.PHONY: install check pre-commit test unit integration chaos run clean
+.PHONY: install check pre-commit test unit integration chaos soak run clean
 
 install: $(VENV)/.installed
 
@@ -38,6 +38,10 @@ integration: install
 # faults on real processes (Redis killed or stopped, scheduler killed, lost messages, soak); also part of `test`
 chaos: install
 	$(BIN)/pytest -m chaos
+
+# the tests that run over a minute each (deselected from `test`, so CI stays within its budget)
+soak: install
+	$(BIN)/pytest -m soak
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -29,10 +29,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if "integration" in Path(str(item.fspath)).parts:
             item.add_marker(pytest.mark.integration)
+    # soak tests (over a minute each) keep CI within its budget: they run only when the -m expression names them
+    if "soak" in (config.option.markexpr or ""):
+        return
+    soaks = [item for item in items if item.get_closest_marker("soak") is not None]
+    if soaks:
+        config.hook.pytest_deselected(items=soaks)
+        items[:] = [item for item in items if item.get_closest_marker("soak") is None]
 
 
 @pytest.fixture(scope="session")
