@@ -96,6 +96,13 @@ def served_models(fleet: Sequence[WorkerCapabilities]) -> dict[str, list[ModelCa
     return served
 
 
+def video_models(fleet: Sequence[WorkerCapabilities]) -> frozenset[str]:
+    """The models of ``fleet`` that make videos: their image task is image-to-video, which takes no strength."""
+    return frozenset(
+        model for model, served in served_models(fleet).items() if any(one.traits.video for one in served)
+    )
+
+
 def request_model(request: GenerateRequest, settings: Settings) -> str:
     """The model ``request`` is for: the one it names, or the fleet's default."""
     return request.model or settings.model_id

@@ -21,7 +21,7 @@ from fastapi import HTTPException, status
 from fastapi.exceptions import RequestValidationError
 
 from api.auth import KeyRefused
-from api.capabilities import capability_errors, request_model
+from api.capabilities import capability_errors, request_model, video_models
 from api.input_budget import budget_full, too_large
 from api.input_images import StoredInputs, prepare_inputs
 from api.key_limits import batch_errors, max_queued_reached, take_tokens
@@ -31,7 +31,7 @@ from api.request_ids import new_request_id
 from api.store import RefusalReason, RequestStore, Submitter, Webhook
 from api.webhook_urls import webhook_errors
 from shared.api_keys import ApiKey
-from shared.contracts import MAX_SEED, RequestSpec
+from shared.contracts import DEFAULT_STRENGTH, MAX_SEED, RequestSpec
 from shared.settings import Settings
 from shared.webhooks import subscription
 from shared.wire import GenerateRequest
@@ -67,8 +67,9 @@ async def accept(
     for request, loc in zip(requests, locs, strict=True):
         errors += limit_errors(request, settings, loc)
     errors += await webhook_errors(requests, settings, locs)
+    fleet = await store.fleet_capabilities() if not errors else []
     if not errors:
-        errors = capability_errors(requests, await store.fleet_capabilities(), locs, settings)
+        errors = capability_errors(requests, fleet, locs, settings)
     if errors:
         _count_refused(store, "invalid")
         raise RequestValidationError(errors)
@@ -83,6 +84,7 @@ async def accept(
             _count_refused(store, "input_budget")
             raise oversized
     now = time.time()
+    videos = video_models(fleet)
     specs = [
         request.to_spec(
             request_id=new_request_id(),
@@ -90,6 +92,7 @@ async def accept(
             seed=request.seed if request.seed is not None else secrets.randbelow(MAX_SEED + 1),
             created_at=now,
             default_priority=settings.default_priority,
+            default_strength=None if request_model(request, settings) in videos else DEFAULT_STRENGTH,
         )
         for request in requests
     ]

@@ -170,17 +170,24 @@ class GenerateRequest(SamplingParams):
         return Task.INPAINT if self.mask_image is not None else Task.IMAGE_TO_IMAGE
 
     def to_spec(
-        self, *, request_id: str, model: str, seed: int, created_at: float, default_priority: int = 0
+        self,
+        *,
+        request_id: str,
+        model: str,
+        seed: int,
+        created_at: float,
+        default_priority: int = 0,
+        default_strength: float | None = DEFAULT_STRENGTH,
     ) -> RequestSpec:
         """The stored spec of this request, with the seed it will run with (and ``default_priority`` when it sets
-        none)."""
+        none; an image task's ``default_strength``, None for a video model's image-to-video, which takes none)."""
         task = self.task
         resolved = {
             "id": request_id,
             "model": model,
             "seed": seed,
             "task": task,
-            "strength": (self.strength or DEFAULT_STRENGTH) if task.needs_image else None,
+            "strength": (self.strength or default_strength) if task.needs_image else None,
             "priority": self.priority if self.priority is not None else default_priority,
             "created_at": created_at,
         }

@@ -14,17 +14,21 @@ What maps to what (docs/api.md#openai-videos-api says it for users):
 - the answer's ``seconds`` is the clip's played duration, ``num_frames / fps`` (the frame rule may round what was
   asked: ``"1"`` at 8 fps is 9 frames, ``"1.125"``);
 - ``model``: one of the fleet's models (``GET /v1/models``; 404 ``model_not_found`` otherwise) that makes videos,
-  passed on natively, or absent for the fleet's default model; ``input_reference`` is refused (no image-to-video
-  yet), as is ``n`` (one video per job);
+  passed on natively, or absent for the fleet's default model; ``n`` is refused (one video per job);
+- ``input_reference`` (an uploaded file of the multipart form, or ``{"image_url": "data:..."}``; a bare base64
+  string or ``data:`` URL too) -> the native ``image``: image-to-video, its first frame, validated and bounded as
+  every input image (``api.input_images``: resized to ``size``). A remote URL or a ``file_id`` is refused (this
+  server fetches nothing and has no Files API), as is a model without image-to-video (its ``task_unsupported``);
 - extensions with their native meaning and bounds: ``seed``, ``num_inference_steps``, ``guidance_scale``,
   ``negative_prompt``, ``fps``, ``priority``, ``timeout_s``, ``webhook``, ``webhook_events``.
 
 Every refusal is an OpenAI 400 naming ``param`` in OpenAI's terms: a native error at ``num_frames`` is reported at
-``seconds``, one at ``width`` or ``height`` at ``size`` (``relocated``).
+``seconds``, one at ``image`` at ``input_reference``, one at ``width`` or ``height`` at ``size`` (``relocated``).
 """
 
 from __future__ import annotations
 
+import base64
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -55,7 +59,7 @@ PASSED_ON = (
     "webhook_events",
 )
 """The native parameters a video call takes under their native names, passed on as sent (validated natively)."""
-PARAM_OF_VIDEO_FIELD: Mapping[str, str] = {"num_frames": "seconds"}
+PARAM_OF_VIDEO_FIELD: Mapping[str, str] = {"num_frames": "seconds", "image": "input_reference"}
 """Native fields a video call sets under another OpenAI name (``width`` / ``height`` -> ``size`` as for images)."""
 VideoStatus = Literal["queued", "in_progress", "completed", "failed"]
 STATUS_OF: Mapping[RequestStatus, VideoStatus] = {
@@ -82,6 +86,46 @@ def relocated(errors: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
             loc = ("body", PARAM_OF_VIDEO_FIELD[str(loc[1])], *loc[2:])
         out.append({**error, "loc": loc})
     return out
+
+
+REFERENCE_KEYS = frozenset({"image_url", "file_id"})
+"""The keys of OpenAI's reference object (``ImageInputReferenceParam``)."""
+
+
+def reference_image(reference: Any) -> str:
+    """The native ``image`` (base64 or a ``data:`` URL) of ``input_reference``: an upload's bytes, a base64 string
+    or ``data:`` URL, or ``{"image_url": ...}`` holding one; an OpenAI 400 naming ``input_reference`` otherwise.
+    Its content is checked natively (``api.input_images``) once the request is submitted."""
+    if isinstance(reference, bytes):
+        return base64.b64encode(reference).decode()
+    if isinstance(reference, Mapping):
+        unknown = sorted(str(key) for key in reference if key not in REFERENCE_KEYS)
+        if unknown:
+            raise bad_param(
+                "input_reference", f"Unknown parameter: 'input_reference.{unknown[0]}'.", "unknown_parameter"
+            )
+        if reference.get("file_id") is not None:
+            raise bad_param(
+                "input_reference",
+                "input_reference.file_id is not supported: this server has no Files API; upload the image or send "
+                "it as a data: URL in input_reference.image_url.",
+                "unsupported_parameter",
+            )
+        reference = reference.get("image_url")
+    if not isinstance(reference, str) or not reference.strip():
+        raise bad_param(
+            "input_reference",
+            "Invalid value for 'input_reference': upload an image file, or send {'image_url': 'data:image/png;"
+            "base64,...'}.",
+            "invalid_type",
+        )
+    if reference.strip().lower().startswith(("http://", "https://")):
+        raise bad_param(
+            "input_reference",
+            "input_reference.image_url must be a data: URL (base64): this server does not fetch remote images.",
+            "unsupported_parameter",
+        )
+    return reference
 
 
 def size_of(size: str | None, traits: ModelTraits, max_side: int) -> tuple[int, int]:
@@ -140,7 +184,9 @@ class VideoCreateRequest(BaseModel):
     model: str | None = Field(None, description="One of the fleet's models (GET /v1/models); omit it for its default.")
     size: str | None = Field(None, description="'WIDTHxHEIGHT', each side a multiple of the model's size multiple.")
     seconds: Any = Field(None, description="Clip length in seconds; frames follow the model's frame rule.")
-    input_reference: Any = Field(None, description="Refused: image-to-video is not served yet.")
+    input_reference: Any = Field(
+        None, description="Image-to-video: the first frame (an upload, or {'image_url': a data: URL})."
+    )
     user: str | None = Field(None, description="Accepted and ignored.")
     fps: Any = Field(None, description="Frames per second (1-120); the model's default when absent.")
     negative_prompt: Any = None
@@ -163,17 +209,12 @@ class VideoCreateRequest(BaseModel):
         """The native request of this call on its video model (``served_model``), whose traits are ``traits``, or
         the OpenAI 400 naming what it cannot do."""
         self.served_model(settings)
-        if self.input_reference is not None:
-            raise bad_param(
-                "input_reference",
-                "input_reference is not supported yet: this server makes videos from a text prompt only "
-                "(image-to-video is not served).",
-                "unsupported_parameter",
-            )
         width, height = size_of(self.size, traits, settings.max_image_side)
         fps = self.fps if self.fps is not None else traits.default_fps
         fields: dict[str, Any] = {name: getattr(self, name) for name in PASSED_ON}
         fields.update(width=width, height=height, fps=fps, num_frames=traits.default_frames)
+        if self.input_reference is not None:
+            fields["image"] = reference_image(self.input_reference)
         if self.seconds is not None:
             seconds = seconds_value(self.seconds)
             if fps is None:

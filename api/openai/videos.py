@@ -1,6 +1,7 @@
 """The OpenAI Videos API: ``/v1/videos``, asynchronous video jobs, each one ordinary native request (same id).
 
-- ``POST /v1/videos`` (JSON, or the multipart form ``client.videos.create`` sends): maps the call onto a native
+- ``POST /v1/videos`` (JSON, or the multipart form ``client.videos.create`` sends, ``input_reference`` an uploaded
+  image: image-to-video): maps the call onto a native
   request by the served model's own rules (``api.openai.video_schemas``), submits it through the one submission
   path (``api.submission.accept``: limits, API key, webhook, the atomic ``SUBMIT``; batched with every other
   request) and answers the job's Video object, ``queued``. The job joins its owner's video list; when that write
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -31,10 +33,12 @@ from fastapi import APIRouter, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.datastructures import UploadFile as StarletteUpload
 
 from api.auth import CallerDep, OwnerDep
 from api.capabilities import served_models
 from api.deps import SettingsDep, StoreDep
+from api.input_budget import InputsRefused
 from api.openai.errors import SERVER_ERROR, OpenAIError, OpenAIRoute, invalid_request
 from api.openai.generation import REQUEST_ID_HEADER
 from api.openai.video_schemas import (
@@ -49,7 +53,7 @@ from api.openai.video_schemas import (
 )
 from api.outage import StoreUnavailable, retry_after_headers
 from api.request_ids import is_request_id
-from api.routes.requests import _serve_result
+from api.routes.requests import serve_result
 from api.store import Forgotten, RequestStore
 from api.submission import accept
 from shared.contracts import ModelTraits, RequestState, RequestStatus, WorkerCapabilities
@@ -61,6 +65,8 @@ POLL_AFTER_MS = 500
 DEFAULT_LIMIT, MAX_LIMIT = 20, 100
 """``GET /v1/videos``'s page size when ``limit`` is absent, and its largest."""
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+NESTED = re.compile(r"(?P<outer>\w+)\[(?P<inner>\w+)\]")
+"""A form field of an object's key, ``input_reference[image_url]`` (how the ``openai`` client sends a dict)."""
 VARIANTS: Mapping[str, str] = {"video": "video", "thumbnail": "image"}
 """``variant`` of ``/content`` -> the native result it serves: the MP4, or the first frame."""
 
@@ -92,21 +98,33 @@ def video_traits(fleet: list[WorkerCapabilities], model: str) -> ModelTraits:
     return video[0]
 
 
+async def form_fields(request: Request) -> dict[str, Any]:
+    """The fields of a form body: every value text (``webhook_events[]`` repeated: a list), an uploaded file's
+    bytes (``input_reference``, read here: the body limit bounds it), ``input_reference[image_url]`` as the
+    reference object's key."""
+    form = await request.form()
+    fields: dict[str, Any] = {}
+    for name in form:
+        values = form.getlist(name)
+        if name.endswith("[]"):
+            fields[name[:-2]] = [str(value) for value in values]
+        elif (match := NESTED.fullmatch(name)) is not None:
+            fields.setdefault(match["outer"], {})
+            if isinstance(fields[match["outer"]], dict):
+                fields[match["outer"]][match["inner"]] = str(values[-1])
+        elif isinstance(values[-1], StarletteUpload):
+            fields[name] = await values[-1].read()
+        else:
+            fields[name] = values[-1]
+    return fields
+
+
 async def create_body(request: Request) -> VideoCreateRequest:
-    """The call's parameters: a JSON object, or a form (every value text, ``webhook_events[]`` repeated); an upload
-    (``input_reference``) stays an ``UploadFile`` and is refused by ``native``."""
+    """The call's parameters: a JSON object, or a form (``form_fields``)."""
     content_type = request.headers.get("content-type", "").lower()
     try:
         if content_type.startswith(FORM_TYPES):
-            form = await request.form()
-            fields: dict[str, Any] = {}
-            for name in form:
-                values = form.getlist(name)
-                if name.endswith("[]"):
-                    fields[name[:-2]] = [str(value) for value in values]
-                else:
-                    fields[name] = values[-1]
-            return VideoCreateForm.model_validate(fields)
+            return VideoCreateForm.model_validate(await form_fields(request))
         body = await request.body()
         try:
             data = json.loads(body)
@@ -135,6 +153,10 @@ async def create_video(
         (spec,) = await accept([native], settings, store, [("body",)], caller)
     except RequestValidationError as exc:
         raise invalid_request(relocated(exc.errors())) from None
+    except InputsRefused as exc:  # the input budget: 413 or 429 at the reference image
+        raise OpenAIError(
+            exc.status_code, exc.message, param="input_reference", code=exc.code, headers=exc.headers
+        ) from None
     try:
         await store.add_video(spec.id, spec.created_at, owner)
     except StoreUnavailable:
@@ -212,7 +234,7 @@ async def download_video(
         accepted = ", ".join(VARIANTS)
         raise bad_param("variant", f"Unsupported value for 'variant': {variant!r}; this server serves {accepted}.")
     await _job(video_id, store, owner)
-    return await _serve_result(video_id, 0, kind, store, settings, owner)
+    return await serve_result(video_id, 0, kind, store, settings, owner)
 
 
 @router.delete("/{video_id}")

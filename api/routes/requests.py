@@ -107,7 +107,7 @@ def _result_responses(kind: str, content: dict[str, Any]) -> Responses:
     }
 
 
-async def _serve_result(
+async def serve_result(
     request_id: str, index: int, kind: str, store: RequestStore, settings: Settings, owner: str | None
 ) -> Response:
     """Output ``index`` of a succeeded request (``kind``: image or video) of ``owner``, from the result store: its
@@ -148,7 +148,7 @@ async def get_image(
 ) -> Response:
     """Image ``index`` of a succeeded request, in its ``output_format`` (a video request's frames, video by video):
     its bytes, or a redirect to a presigned URL (``result_delivery=redirect`` where the store has them)."""
-    return await _serve_result(request_id, index, "image", store, settings, owner)
+    return await serve_result(request_id, index, "image", store, settings, owner)
 
 
 @router.get(
@@ -160,7 +160,7 @@ async def get_video(
     request_id: RequestIdDep, store: StoreDep, settings: SettingsDep, owner: OwnerDep, index: int = Path(ge=0)
 ) -> Response:
     """Video ``index`` (MP4) of a succeeded video request, or a redirect to a presigned URL."""
-    return await _serve_result(request_id, index, "video", store, settings, owner)
+    return await serve_result(request_id, index, "video", store, settings, owner)
 
 
 @router.get("/{request_id}/video", response_class=Response, responses=_result_responses("video", {"video/mp4": {}}))
@@ -168,7 +168,7 @@ async def get_first_video(
     request_id: RequestIdDep, store: StoreDep, settings: SettingsDep, owner: OwnerDep
 ) -> Response:
     """The (first) video of a succeeded video request: ``/videos/0``."""
-    return await _serve_result(request_id, 0, "video", store, settings, owner)
+    return await serve_result(request_id, 0, "video", store, settings, owner)
 
 
 @router.delete(

@@ -6,16 +6,19 @@ jobs with the ``FINISH`` script, as test_openai_api.py does."""
 
 from __future__ import annotations
 
+import base64
+import io
 import time
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import httpx
 import openai
 import pytest
+from PIL import Image
 
 from api.openai.video_schemas import VideoCreateRequest, frames_for, played_seconds, video_of
 from api.outage import StoreUnavailable
@@ -112,8 +115,9 @@ async def video_api(api: Api) -> Api:
 
 
 @pytest.fixture
-async def client(video_api: Api) -> AsyncIterator[openai.AsyncOpenAI]:
-    transport = video_api.http._transport
+async def client(api: Api) -> AsyncIterator[openai.AsyncOpenAI]:
+    """The official client on the api (the test's fixtures announce its model)."""
+    transport = api.http._transport
     assert isinstance(transport, httpx.ASGITransport)
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=transport.app))
     async with openai.AsyncOpenAI(
@@ -204,7 +208,7 @@ async def test_the_openai_client_creates_polls_and_downloads(video_api: Api, cli
         ({"fps": 0, "seconds": "1"}, "fps", "invalid_value"),
         ({"fps": 500}, "fps", "invalid_value"),
         ({"fps": 8.5, "seconds": "1"}, "fps", "invalid_type"),
-        ({"input_reference": "data:image/png;base64,AAAA"}, "input_reference", "unsupported_parameter"),
+        ({"input_reference": "data:image/png;base64,AAAA"}, "input_reference", "invalid_value"),  # no i2v here
         ({"n": 2}, "n", "unknown_parameter"),
         ({"steps": 4}, "steps", "unknown_parameter"),
         ({"seed": "7"}, "seed", "invalid_type"),  # JSON: as strict as the native API
@@ -231,10 +235,7 @@ async def test_the_model_must_make_videos(api: Api) -> None:
     assert (error["param"], error["code"]) == ("model", "model_not_found")
 
 
-async def test_a_multipart_form_reads_numbers_and_refuses_an_upload(video_api: Api, client: openai.AsyncOpenAI) -> None:
-    with pytest.raises(openai.BadRequestError) as upload:
-        await client.videos.create(prompt="a fox", input_reference=("in.png", encoded(32, 32), "image/png"))
-    assert (upload.value.param, upload.value.code) == ("input_reference", "unsupported_parameter")
+async def test_a_multipart_form_reads_numbers(video_api: Api, client: openai.AsyncOpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as bad_size:
         await client.videos.create(prompt="a fox", size="720x1280")  # past this server's max_image_side
     assert bad_size.value.param == "size"
@@ -438,3 +439,83 @@ async def test_a_job_names_its_video_model(two_models: Api) -> None:
         assert (error["param"], error["code"]) == ("model", "invalid_value") and "'img'" in error["message"]
     error = await refused(two_models, 404, model="sora-2")
     assert error["code"] == "model_not_found" and "img, clip" in error["message"]
+
+
+# --- input_reference: image-to-video ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def i2v_api(api: Api) -> Api:
+    """A fleet whose LTX-Video worker announces image-to-video (its image task)."""
+    await api.redis.zadd(api.keys.workers, {"w1": 1})
+    tasks = (Task.TEXT_TO_IMAGE, Task.IMAGE_TO_IMAGE)
+    capabilities = WorkerCapabilities(model="demo", pipeline="LTXPipeline", tasks=tasks, traits=LTX)
+    await api.redis.hset(api.keys.capabilities, "w1", capabilities.model_dump_json())
+    return api
+
+
+async def stored_image(api: Api, request_id: str) -> bytes | None:
+    (image,) = await api.binary.hmget(api.keys.request(request_id), ["input_image"])
+    return cast(bytes | None, image)
+
+
+async def test_an_uploaded_input_reference_is_the_first_frame_of_an_image_to_video_job(
+    i2v_api: Api, client: openai.AsyncOpenAI
+) -> None:
+    picture = encoded(32, 32, 200)
+    video = await client.videos.create(
+        prompt="a fox", size="32x32", input_reference=("in.png", picture, "image/png"), extra_body={"fps": 8}
+    )  # type: ignore[arg-type]
+    spec = await spec_of(i2v_api, video.id)
+    assert (spec.task, spec.width, spec.strength) == (Task.IMAGE_TO_IMAGE, 32, None)
+    assert await stored_image(i2v_api, video.id) == picture  # already 32x32: the client's own bytes
+    other = await client.videos.create(
+        prompt="a fox", size="64x32", input_reference=("in.png", picture, "image/png")
+    )  # resized to the asked size, as every input image
+    with Image.open(io.BytesIO(await stored_image(i2v_api, other.id) or b"")) as stored:
+        assert stored.size == (64, 32)
+
+
+async def test_a_json_input_reference_is_an_image_url_holding_a_data_url(i2v_api: Api) -> None:
+    data_url = "data:image/png;base64," + base64.b64encode(encoded(32, 32, 9)).decode()
+    for reference in ({"image_url": data_url}, data_url):
+        job = await create(i2v_api, input_reference=reference)
+        assert (await spec_of(i2v_api, job["id"])).task is Task.IMAGE_TO_IMAGE
+
+
+async def test_a_form_sends_the_reference_object_as_its_key_field(i2v_api: Api) -> None:
+    data_url = "data:image/png;base64," + base64.b64encode(encoded(32, 32, 9)).decode()
+    form = {"prompt": "a fox", "size": "32x32", "input_reference[image_url]": data_url}
+    response = await i2v_api.http.post(VIDEOS, data=form)
+    assert response.status_code == 200, response.text
+    assert (await spec_of(i2v_api, response.json()["id"])).task is Task.IMAGE_TO_IMAGE
+
+
+@pytest.mark.parametrize(
+    ("reference", "code"),
+    [
+        ({"image_url": "https://example.com/fox.png"}, "unsupported_parameter"),  # nothing is fetched
+        ({"file_id": "file-123"}, "unsupported_parameter"),  # no Files API
+        ({"url": "x"}, "unknown_parameter"),
+        (7, "invalid_type"),
+        ("not base64!", "invalid_value"),  # the native check of input images
+        ("data:image/png;base64," + base64.b64encode(b"GIF89a").decode(), "invalid_value"),
+    ],
+)
+async def test_a_bad_input_reference_is_a_400_naming_it(i2v_api: Api, reference: Any, code: str) -> None:
+    error = await refused(i2v_api, size="32x32", input_reference=reference)
+    assert (error["param"], error["code"]) == ("input_reference", code), error
+
+
+async def test_an_input_reference_is_bounded_as_every_input_image(i2v_api: Api, client: openai.AsyncOpenAI) -> None:
+    limit = i2v_api.settings.max_input_image_pixels
+    side = int(limit**0.5) + 1
+    with pytest.raises(openai.BadRequestError) as too_many:
+        await client.videos.create(prompt="a fox", input_reference=("big.png", encoded(side, side), "image/png"))
+    assert too_many.value.param == "input_reference" and "max_input_image_pixels" in too_many.value.message
+
+
+async def test_a_model_without_image_to_video_refuses_input_reference(video_api: Api) -> None:
+    data_url = "data:image/png;base64," + base64.b64encode(encoded(32, 32)).decode()
+    error = await refused(video_api, size="32x32", input_reference={"image_url": data_url})
+    assert error["param"] == "input_reference" and "does not do image-to-image" in error["message"], error
