@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 from demo_models import DEMO_FAMILIES, DEMO_MODEL_NAME, ensure_demo_model
 from gpu_worker.diffusers_runner import DiffusersRunner
 from gpu_worker.families import FAMILIES
-from gpu_worker.runner import Video
-from shared.contracts import RequestSpec
+from gpu_worker.runner import InputImages, Video
+from shared.contracts import RequestSpec, Task
 from shared.settings import Settings
 
 PROMPTS = ("a red fox", "a blue whale in the sea", "a lighthouse at night", "a green forest", "a city", "a bird")
@@ -42,6 +43,8 @@ def family_specs(
     4, true CFG 2 where the family has it (its negative prompts are used), a video's fewest frames at 8 fps;
     ``extra`` overrides."""
     traits = FAMILIES[family].traits
+    if FAMILIES[family].loaded_task is None:  # an image-to-video model: every request brings its first frame
+        extra = {"task": Task.IMAGE_TO_IMAGE, **extra}
     side = max(side, traits.size_multiple)
     fields: dict[str, Any] = {"width": side, "height": side, "num_inference_steps": steps, "guidance_scale": 4.0}
     if traits.true_cfg_scale:
@@ -62,6 +65,19 @@ def family_specs(
     ]
 
 
+def family_inputs(specs: Sequence[RequestSpec]) -> dict[str, InputImages] | None:
+    """An input image per request of an image task (a smooth random picture of its size, distinct per request);
+    None when the requests are text-to-image."""
+    if not any(spec.task.needs_image for spec in specs):
+        return None
+    inputs: dict[str, InputImages] = {}
+    for i, spec in enumerate(specs):
+        small = np.random.default_rng(i).integers(0, 256, size=(4, 4, 3), dtype=np.uint8)
+        image = Image.fromarray(small).resize((spec.width, spec.height), Image.Resampling.BILINEAR)
+        inputs[spec.id] = InputImages(image)
+    return inputs
+
+
 def specs(family: str, batch: int, steps: int) -> list[RequestSpec]:
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
     return family_specs(family, prompts, side=32, steps=steps, seed=10, negative="blurry")
@@ -76,14 +92,15 @@ def pixels(output: Any) -> np.ndarray:
 def measure(family: str, cache: Path, batch: int, steps: int, rounds: int) -> dict[str, Any]:
     runner = family_runner(family, cache)
     batch_specs = specs(family, batch, steps)
-    runner.run(batch_specs[:1], lambda step, total: False)  # warm-up
+    inputs = family_inputs(batch_specs)
+    runner.run(batch_specs[:1], lambda step, total: False, inputs)  # warm-up
     fused_s, serial_s, difference = [], [], 0
     for _ in range(rounds):
         started = time.perf_counter()
-        fused = runner.run(batch_specs, lambda step, total: False)
+        fused = runner.run(batch_specs, lambda step, total: False, inputs)
         fused_s.append(time.perf_counter() - started)
         started = time.perf_counter()
-        solo = [runner.run([spec], lambda step, total: False)[0] for spec in batch_specs]
+        solo = [runner.run([spec], lambda step, total: False, inputs)[0] for spec in batch_specs]
         serial_s.append(time.perf_counter() - started)
         for mine, alone in zip(fused, solo, strict=True):
             difference = max(difference, int(np.abs(pixels(mine[0]) - pixels(alone[0])).max()))

@@ -30,6 +30,7 @@ DEMO_FAMILIES: dict[str, str] = {
     "qwen-image": "demo_models.qwen_image:build",
     "ltx-video": "demo_models.video:build",
     "wan": "demo_models.wan:build",
+    "wan-i2v": "demo_models.wan_i2v:build",
 }
 """Family name (as ``gpu_worker.families`` names it) -> 'module:function' building its tiny pipeline."""
 _MARKER = "model_index.json"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import importlib
 import inspect
 import logging
 import warnings
@@ -47,6 +48,16 @@ DERIVED_PIPELINES: dict[Task, str] = {
 family that names none of its own (``PipelineFamily.derived_pipelines``)."""
 
 log = logging.getLogger(__name__)
+
+
+def pipeline_class(name: str) -> Any:
+    """The pipeline class ``name`` names: a diffusers class, or ``"module:Class"``."""
+    if ":" in name:
+        module, _, attribute = name.partition(":")
+        return getattr(importlib.import_module(module), attribute)
+    import diffusers
+
+    return getattr(diffusers, name)
 
 
 def absent_components(source: str) -> dict[str, None]:
@@ -120,21 +131,20 @@ class DiffusersRunner(Runner):
         self.loras = LoraActivator(self.pipe, settings.lora_dir)
         self.lora_mixing = True
         """Whether a batch of several adapters runs as one call (False once the pipeline proved it cannot)."""
-        self._pipes: dict[Task, Any] = {Task.TEXT_TO_IMAGE: self.pipe, **self._derived_pipelines()}
+        loaded = {self.family.loaded_task: self.pipe} if self.family.loaded_task is not None else {}
+        self._pipes: dict[Task, Any] = {**loaded, **self._derived_pipelines()}
         self._call_params = {
             task: frozenset(inspect.signature(derived.__call__).parameters) for task, derived in self._pipes.items()
         }
 
     def _derived_pipelines(self) -> dict[Task, Any]:
         """The image-task pipelines of the loaded family, sharing its components."""
-        import diffusers
-
         derived: dict[Task, Any] = {}
         for task, class_name in (self.family.derived_pipelines or DERIVED_PIPELINES).items():
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    pipeline = getattr(diffusers, class_name).from_pipe(self.pipe)
+                    pipeline = pipeline_class(class_name).from_pipe(self.pipe)
             except Exception as exc:  # noqa: BLE001 - the family has no such pipeline: the task is not offered
                 log.info("%s: no %s pipeline (%s: %s)", type(self.pipe).__name__, task, type(exc).__name__, exc)
                 continue
@@ -155,7 +165,8 @@ class DiffusersRunner(Runner):
 
     @property
     def tasks(self) -> frozenset[Task]:
-        """Text-to-image, plus image-to-image and inpainting where the family has those pipelines."""
+        """Text-to-image (where the loaded pipeline runs it), plus image-to-image and inpainting where the family
+        has those pipelines."""
         return frozenset(self._pipes)
 
     @property

@@ -38,9 +38,12 @@ class PipelineFamily:
     fps_kwarg: str | None = None
     """The name the pipeline gives the frame rate (``frame_rate`` for LTX-Video), where it takes one."""
     derived_pipelines: Mapping[Task, str] = field(default_factory=lambda: MappingProxyType({}))
-    """The diffusers class of each image task's pipeline, derived from the loaded one with ``from_pipe`` (its
-    components shared), e.g. LTX-Video's image-to-video; empty: diffusers' auto pipelines
-    (``gpu_worker.diffusers_runner.DERIVED_PIPELINES``)."""
+    """The diffusers class of each image task's pipeline (or a ``"module:Class"`` path to a subclass of one),
+    derived from the loaded one with ``from_pipe`` (its components shared), e.g. LTX-Video's image-to-video; empty:
+    diffusers' auto pipelines (``gpu_worker.diffusers_runner.DERIVED_PIPELINES``)."""
+    loaded_task: Task | None = Task.TEXT_TO_IMAGE
+    """The task the loaded pipeline itself runs; None where only its derived pipelines run (an image-to-video
+    model: its loaded pipeline needs an image, and takes one per call)."""
 
     @property
     def name(self) -> str:
@@ -77,8 +80,9 @@ def _family(name: str, classes: set[str], **traits: Any) -> tuple[str, PipelineF
     fixed = traits.pop("fixed_kwargs", {})
     fps_kwarg = traits.pop("fps_kwarg", None)
     derived = MappingProxyType(traits.pop("derived_pipelines", {}))
+    loaded_task = traits.pop("loaded_task", Task.TEXT_TO_IMAGE)
     family = PipelineFamily(
-        ModelTraits(family=name, **traits), frozenset(classes), MappingProxyType(fixed), fps_kwarg, derived
+        ModelTraits(family=name, **traits), frozenset(classes), MappingProxyType(fixed), fps_kwarg, derived, loaded_task
     )
     return name, family
 
@@ -88,6 +92,20 @@ TRUE_CFG: Mapping[str, Any] = MappingProxyType(
 )
 """The traits of a guidance-distilled family with true classifier-free guidance (Flux, Qwen-Image): a negative
 prompt only with ``true_cfg_scale`` > 1, no guidance rescale."""
+
+
+WAN: Mapping[str, Any] = MappingProxyType(
+    {
+        "size_multiple": 16,  # its VAE's 8x times its 2x2 patches (it checks 16)
+        "guidance_rescale": False,
+        "max_sequence_length": 512,
+        "video": True,
+        "frames_multiple": 4,
+        "default_frames": 81,  # Wan's own default; 16 fps is Wan 2.1's (the call takes no frame rate)
+        "default_fps": 16,
+    }
+)
+"""The traits of Wan 2.x, text-to-video (``WanPipeline``) and image-to-video (``WanImageToVideoPipeline``)."""
 
 
 FAMILIES: Mapping[str, PipelineFamily] = MappingProxyType(
@@ -133,16 +151,13 @@ FAMILIES: Mapping[str, PipelineFamily] = MappingProxyType(
                 # a request with an image: that image is the first frame (the same components, no strength)
                 derived_pipelines={Task.IMAGE_TO_IMAGE: "LTXImageToVideoPipeline"},
             ),
+            _family("wan", {"WanPipeline"}, **WAN),
             _family(
-                "wan",
-                {"WanPipeline"},
-                size_multiple=16,  # its VAE's 8x times its 2x2 patches (it checks 16)
-                guidance_rescale=False,
-                max_sequence_length=512,
-                video=True,
-                frames_multiple=4,
-                default_frames=81,  # WanPipeline's own default; 16 fps is Wan 2.1's (the call takes no frame rate)
-                default_fps=16,
+                "wan-i2v",
+                {"WanImageToVideoPipeline"},
+                **WAN,
+                loaded_task=None,  # it needs an image: image-to-video only, one image per row (image_rows)
+                derived_pipelines={Task.IMAGE_TO_IMAGE: "gpu_worker.image_rows:WanImageRowsPipeline"},
             ),
         ]
     )

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.families import family_runner, family_specs, pixels
+from bench.families import family_inputs, family_runner, family_specs, pixels
 from demo_models import DEMO_FAMILIES, ensure_demo_model
 from gpu_worker.diffusers_runner import DiffusersRunner, check_batch
 from gpu_worker.families import FAMILIES
@@ -31,6 +31,7 @@ PIPELINES = {
     "qwen-image": "QwenImagePipeline",
     "ltx-video": "LTXPipeline",
     "wan": "WanPipeline",
+    "wan-i2v": "WanImageToVideoPipeline",
 }
 
 
@@ -57,12 +58,13 @@ def test_fused_equals_solo(family: str, cache_dir: Path) -> None:
     assert runner.pipeline_name == PIPELINES[family]
     assert runner.traits == FAMILIES[family].traits.model_copy(update={"lora": family != "pixart"}) and runner.fused
     specs = specs_for(family, ["a red fox", "a blue whale in the sea", "a lighthouse"], side=32)
-    fused = runner.run(specs, lambda step, total: False)
+    inputs = family_inputs(specs)  # an image-to-video model's requests each bring their first frame
+    fused = runner.run(specs, lambda step, total: False, inputs)
     assert [len(outputs) for outputs in fused] == [1, 1, 1]
     first = pixels(fused[0][0])
     assert any(np.abs(first - pixels(outputs[0])).max() > 1 for outputs in fused[1:]), "rows are not distinct"
     for spec, outputs in zip(specs, fused, strict=True):
-        (alone,) = runner.run([spec], lambda step, total: False)
+        (alone,) = runner.run([spec], lambda step, total: False, inputs)
         difference = np.abs(pixels(outputs[0]) - pixels(alone[0])).max()
         assert difference <= 1, f"{family}: {spec.id} differs fused vs solo by {difference}/255"
 

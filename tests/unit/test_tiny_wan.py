@@ -1,4 +1,5 @@
-"""The tiny Wan 2.x text-to-video pipeline (demo_models/wan.py) and the facts the ``wan`` family's traits rest on.
+"""The tiny Wan 2.x text-to-video pipeline (demo_models/wan.py) and the facts the ``wan`` family's traits rest on;
+last, the tiny image-to-video one (demo_models/wan_i2v.py) and the ``wan-i2v`` family's.
 
 Loaded back through ``save_pretrained``/``from_pretrained`` as a worker would; asserts the frame-count and size rules,
 the call's parameters, fused == solo with one generator per video (prompts of different lengths, each with its own
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,8 +22,9 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from demo_models import wan as tiny_wan  # noqa: E402
+from demo_models import wan_i2v as tiny_i2v  # noqa: E402
 from gpu_worker.families import FAMILIES, family_of  # noqa: E402
-from shared.contracts import RequestSpec  # noqa: E402
+from shared.contracts import RequestSpec, Task  # noqa: E402
 
 SIZE = 32  # a small valid side (multiples of 16); 16 itself is one latent patch
 FRAMES = 5  # the smallest video frame count of the 4k + 1 rule (1 is a still)
@@ -188,3 +191,30 @@ def test_callback_on_step_end_and_interrupt(pipe: Any) -> None:
     assert steps == [0]  # remaining steps are skipped ...
     frames = _frames(out)  # ... and the partly denoised latents are still decoded, for the whole batch
     assert len(frames) == 2 and all(len(f) == FRAMES for f in frames)
+
+
+# --- the image-to-video model (demo_models/wan_i2v.py) ---
+
+
+def test_the_image_to_video_model_has_wans_rules_and_diffusers_test_layout(tmp_path: Path) -> None:
+    """The ``wan-i2v`` family's traits are Wan's (its VAE and patches are text-to-video Wan's); its loaded pipeline
+    is image-to-video only (``image`` is required), two transformers of 36 input channels, no image encoder."""
+    from diffusers import DiffusionPipeline, WanImageToVideoPipeline
+
+    tiny_i2v.build().save_pretrained(tmp_path)
+    pipe: Any = DiffusionPipeline.from_pretrained(tmp_path)  # type: ignore[no-untyped-call]
+    family = FAMILIES["wan-i2v"]
+    assert type(pipe) is WanImageToVideoPipeline and family_of(pipe) is family and tiny_i2v.FAMILY == "wan-i2v"
+    assert family.traits == FAMILIES["wan"].traits.model_copy(update={"family": "wan-i2v"})
+    assert family.loaded_task is None and set(family.derived_pipelines) == {Task.IMAGE_TO_IMAGE}
+    patch = pipe.transformer.config.patch_size
+    assert pipe.vae_scale_factor_spatial * patch[1] == family.traits.size_multiple
+    assert pipe.vae_scale_factor_temporal == family.traits.frames_multiple
+    params = inspect.signature(pipe.__call__).parameters
+    assert params["image"].default is inspect.Parameter.empty  # it needs an image
+    assert params["num_frames"].default == family.traits.default_frames
+    assert params["max_sequence_length"].default == family.traits.max_sequence_length
+    assert pipe.transformer.config.in_channels == pipe.transformer_2.config.in_channels == 16 + 4 + 16
+    assert pipe.image_encoder is None and pipe.config.boundary_ratio == 0.875
+    weights = pipe.transformer.state_dict(), pipe.transformer_2.state_dict()
+    assert not all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])  # two distinct stages
