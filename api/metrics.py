@@ -120,6 +120,20 @@ def fleet_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
     yield CounterMetricFamily(
         "fusefleet_oom_splits", "Fused forwards split in two after running out of memory.", value=counters.oom_splits
     )
+    loads = SummaryMetricFamily(
+        "fusefleet_model_load_seconds",
+        "Model loads by workers (at start and on demand) and their seconds, by model.",
+        labels=["model"],
+    )
+    for model, (count, seconds) in sorted(counters.model_loads.items()):
+        loads.add_metric([model], count_value=count, sum_value=seconds)
+    yield loads
+    yield _labelled(
+        "fusefleet_model_evictions",
+        "Models evicted by workers to load another (least recently used, max_resident_models), by model.",
+        "model",
+        counters.model_evictions,
+    )
     yield _labelled(
         "fusefleet_webhooks",
         "Webhook delivery outcomes (delivered, dropped, superseded progress, retried failed attempts).",

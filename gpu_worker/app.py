@@ -1,10 +1,13 @@
 """The Celery worker: one process per GPU, one forward at a time, the models loaded once in the pool process.
 
 ``fusefleet worker`` calls ``run_worker``: the parent process stays free of torch (CUDA is not fork-safe); the
-prefork child loads one runner per model it serves (``FUSEFLEET_WORKER_MODELS``) in ``worker_process_init``, starts
-the heartbeat that makes it a free slot for the scheduler (announcing each model's capabilities), and then executes
-``fusefleet.run_batch`` tasks from the queues of its models (``shared.routing``). A batch of a model it does not serve
-is fenced: never claimed nor run, it is handed back uncounted and the reaper publishes it again to its model's queue.
+prefork child loads one runner per model it serves (``FUSEFLEET_WORKER_MODELS``) in ``worker_process_init``, keeping
+at most ``max_resident_models`` of them loaded (``gpu_worker.residency``: a model evicted is loaded again when a batch
+of it comes), starts the heartbeat that makes it a free slot for the scheduler (announcing each model's capabilities
+and residency), and then executes ``fusefleet.run_batch`` tasks from the queues of its models and its own queue
+(``shared.routing``). A batch of a model it does not serve is fenced: never claimed nor run, it is handed back
+uncounted and the reaper publishes it again to its model's queue; so is one of a model it has no room to load yet
+(``residency.NotNow``), which the scheduler then places again.
 A task returns once its batch's forwards are over: the batch is finished (outputs encoded and stored, requests
 ended) by the process's ``BackgroundFinisher`` while the next task runs its forward. At shutdown the process waits
 up to ``FINISH_ON_SHUTDOWN_S`` for that finish; a finisher that gets stuck (a result store that hangs) makes the
@@ -19,9 +22,12 @@ set a dead predecessor of this process (same worker name) left behind (``StepLoo
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
+import sys
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,14 +40,15 @@ from gpu_worker.executor import BatchExecutor
 from gpu_worker.finisher import BackgroundFinisher
 from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.metrics import WorkerMetrics
-from gpu_worker.runner import load_runners
+from gpu_worker.residency import NotNow, Residency, shared_footprints
+from gpu_worker.runner import Runner, load_runner
 from gpu_worker.step_loop import StepLoop
 from gpu_worker.store import Locked, WorkerStore
 from shared.celery_config import RUN_BATCH_TASK, broker_transport, make_celery, publish_options
 from shared.contracts import BatchMessage, ModelCapabilities, WorkerCapabilities
 from shared.redis_conn import sync_client
 from shared.results import build_result_store
-from shared.retry import TRANSIENT_ERRORS
+from shared.retry import TRANSIENT_ERRORS, call_with_retry
 from shared.routing import served_queues
 from shared.settings import Settings
 
@@ -57,25 +64,57 @@ STUCK_EXIT_CODE = 70  # EX_SOFTWARE
 
 @dataclass
 class _Served:
-    """One model the process serves: the executor of its runner, and its step-mode loop when it runs one."""
+    """One model the process serves: its runner, the runner's executor, and its step-mode loop when it runs one."""
 
+    runner: Runner
     executor: BatchExecutor
     step_loop: StepLoop | None = None
 
 
 @dataclass
 class _ProcessState:
-    served: dict[str, _Served] = field(default_factory=dict)  # by model name, loaded at start
+    residency: Residency[_Served] | None = None  # the models served, at most max_resident_models loaded
+    static: dict[str, ModelCapabilities] = field(default_factory=dict)  # what each model is, learnt at its first load
+    store: WorkerStore | None = None
     heartbeat: Heartbeat | None = None
     finisher: BackgroundFinisher | None = None
     metrics: WorkerMetrics | None = None
 
-    def route(self, model: str | None) -> _Served | None:
-        """Who runs a batch of ``model``: that model's, or None when this process does not serve it (a message
-        with no model, from a scheduler before several models: the one model of a process that serves one)."""
+    def route(self, model: str | None) -> str | None:
+        """Which served model runs a batch of ``model``: itself, or None when this process does not serve it (a
+        message with no model, from a scheduler before several models: the one model of a process that serves
+        one)."""
+        served = self.residency.models if self.residency is not None else ()
         if model is None:
-            return next(iter(self.served.values())) if len(self.served) == 1 else None
-        return self.served.get(model)
+            return served[0] if len(served) == 1 else None
+        return model if model in served else None
+
+    def capabilities(self) -> WorkerCapabilities:
+        """The announcement: each model's capabilities with its residency now."""
+        assert self.residency is not None
+        states = self.residency.announce()
+        return WorkerCapabilities.of(
+            tuple(
+                self.static[model].model_copy(
+                    update={"resident": state.resident, "load_s": state.load_s, "batch_s": state.batch_s}
+                )
+                for model, state in states.items()
+            )
+        )
+
+
+def _free_memory(model: str) -> None:
+    """A model was evicted (its last reference dropped): collect it and give the accelerator's cache back."""
+    gc.collect()
+    torch = sys.modules.get("torch")  # imported by any runner that holds accelerator memory
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def _capabilities_of(model: str, runner: Runner) -> ModelCapabilities:
+    return ModelCapabilities(
+        model=model, pipeline=runner.pipeline_name, tasks=tuple(sorted(runner.tasks)), traits=runner.traits
+    )
 
 
 def default_worker_name() -> str:
@@ -89,64 +128,78 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
 
     def init_process(**_: Any) -> None:
         binary = sync_client(settings, binary=True)
-        store = WorkerStore(sync_client(settings), settings, binary=binary)
-        runners = load_runners(settings)
-        capabilities = WorkerCapabilities.of(
-            tuple(
-                ModelCapabilities(
-                    model=model, pipeline=runner.pipeline_name, tasks=tuple(sorted(runner.tasks)), traits=runner.traits
-                )
-                for model, runner in runners.items()
-            )
-        )
+        store = state.store = WorkerStore(sync_client(settings), settings, binary=binary)
+        models = settings.served_models
+        state.finisher = BackgroundFinisher(stuck_after_s=settings.batch_time_limit_s, on_stuck=retire)
+        state.metrics = WorkerMetrics(sync_client(settings), store.keys)
+        metrics = state.metrics
+        results = build_result_store(settings, binary)
+        # what it announces is set once every model's capabilities are known (warm, below), before its first beat
         state.heartbeat = Heartbeat(
             store,
             worker_name,
             settings.worker_heartbeat_s,
-            capabilities,
+            WorkerCapabilities(model=models[0], pipeline="loading", tasks=()),
             hold_limit_s=settings.batch_time_limit_s,
             on_announce=lambda: consume(True),
         )
-        state.finisher = BackgroundFinisher(stuck_after_s=settings.batch_time_limit_s, on_stuck=retire)
-        state.metrics = WorkerMetrics(sync_client(settings), store.keys)
-        results = build_result_store(settings, binary)
-        for model, runner in runners.items():
+        heartbeat = state.heartbeat
+
+        def load(model: str) -> _Served:
+            runner = load_runner(settings.for_model(model))
             executor = BatchExecutor(
                 store,
                 runner,
                 worker_name,
-                state.heartbeat,
+                heartbeat,
                 results,
                 outage_retry_s=settings.redis_outage_retry_s,
                 finisher=state.finisher,
-                metrics=state.metrics,
+                metrics=metrics,
             )
-            served = state.served[model] = _Served(executor)
-            if settings.step_mode and runner.step_mode and len(runners) == 1:
+            served = _Served(runner, executor)
+            if settings.step_mode and runner.step_mode and len(models) == 1:
                 served.step_loop = StepLoop(
                     runner,
                     worker_name,
-                    state.heartbeat,
+                    heartbeat,
                     executor.writer,
                     executor,
                     seal_after_s=settings.soft_time_limit_s / 2,
-                    metrics=state.metrics,
+                    metrics=metrics,
                     finisher=state.finisher,
                 )
             elif settings.step_mode:
                 # one running set per worker: a worker of several models runs them request-level (docs/models.md)
                 why = "no step-mode adapter" if not runner.step_mode else "a worker of several models"
                 log.warning("step mode is on, but %s (%s): %s batches run request-level", model, why, model)
-            log.info(
-                "worker %s serves %s (runner %s, fused=%s, step mode=%s)",
-                worker_name,
-                model,
-                settings.runner,
-                runner.fused,
-                served.step_loop is not None,
-            )
-        state.heartbeat.start()
-        log.info("worker %s ready: %s", worker_name, ", ".join(state.served))
+            if model not in state.static:
+                state.static[model] = _capabilities_of(model, runner)
+                log.info(
+                    "worker %s serves %s (runner %s, fused=%s, step mode=%s)",
+                    worker_name,
+                    model,
+                    settings.runner,
+                    runner.fused,
+                    served.step_loop is not None,
+                )
+            return served
+
+        state.residency = Residency(
+            models,
+            load,
+            _free_memory,
+            max_resident=settings.max_resident_models,
+            min_residency_s=settings.min_residency_s,
+            share=shared_footprints(settings.catalog, models),
+            on_load=metrics.model_loaded,
+            on_evict=metrics.model_evicted,
+        )
+        state.residency.warm()
+        heartbeat.update(state.capabilities())
+        heartbeat.start()
+        held = ", ".join(state.residency.held())
+        log.info("worker %s ready: %s (resident: %s)", worker_name, ", ".join(models), held)
 
     def retire(reason: str) -> None:
         """The finisher is stuck (a result store that hangs under this process): take no more batches. Quarantine
@@ -168,7 +221,7 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
         """Have this worker's Celery process consume the queues of its models, or stop (a remote-control broadcast
         to itself; best effort: a quarantined process hands back whatever it still receives, ``run_batch``)."""
         command = app.control.add_consumer if on else app.control.cancel_consumer
-        for queue in served_queues(settings):
+        for queue in served_queues(settings, worker_name):
             try:
                 command(queue, destination=[default_nodename(worker_name)], reply=False)
             except Exception as exc:  # noqa: BLE001 - best effort
@@ -182,26 +235,45 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
         if state.heartbeat is not None:
             state.heartbeat.stop()
 
+    def announce() -> None:
+        """Beat now with the residency as it is (best effort: the next beat carries it anyway)."""
+        if state.heartbeat is not None:
+            state.heartbeat.update(state.capabilities())
+
     # weak=False: the receivers are closures that must live as long as the app
     worker_process_init.connect(init_process, weak=False)
     worker_process_shutdown.connect(shutdown_process, weak=False)
 
     @app.task(name=RUN_BATCH_TASK, bind=True, max_retries=None)  # type: ignore[untyped-decorator]
     def run_batch(self: Task, message: dict[str, Any]) -> None:
-        if not state.served:
+        residency, store = state.residency, state.store
+        if residency is None or store is None:
             raise RuntimeError("worker process was not initialised (worker_process_init did not run)")
         batch = BatchMessage.model_validate(message)
-        served = state.route(batch.model)
+        model = state.route(batch.model)
         quarantined = state.heartbeat is not None and state.heartbeat.quarantined
-        if served is None or quarantined:
-            # quarantined (this worker's result store hung lately) or a batch of a model it does not serve (fenced:
-            # it never runs): claim nothing, and the reaper publishes the batch again now, to its model's queue,
-            # with no attempt counted
-            why = "this worker is quarantined" if quarantined else f"its model {batch.model} is not served here"
-            log.warning("batch %s handed back: %s (serves %s)", batch.batch_id, why, ", ".join(state.served))
-            writer = next(iter(state.served.values())).executor.writer
-            writer.redis(lambda: writer.store.give_back(batch.batch_id, None), "handing the batch back")
+        served: _Served | None = None
+        why = "this worker is quarantined" if quarantined else f"its model {batch.model} is not served here"
+        if model is not None and not quarantined:
+            was_resident = residency.resident(model)
+            try:
+                served = residency.acquire(model)  # loads it (evicting the least recently used) if need be
+            except NotNow as wait:
+                why = str(wait)
+            if served is not None and not was_resident:
+                announce()  # the scheduler sees the new residency now, not at the next beat
+        if served is None or model is None:
+            # quarantined (this worker's result store hung lately), a batch of a model it does not serve (fenced:
+            # it never runs) or one it has no room to load yet: claim nothing, and the reaper publishes the batch
+            # again now, placed again, with no attempt counted
+            log.warning("batch %s handed back: %s (serves %s)", batch.batch_id, why, ", ".join(residency.models))
+            call_with_retry(
+                lambda: store.give_back(batch.batch_id, None),
+                what="handing the batch back",
+                give_up_after_s=settings.redis_outage_retry_s,
+            )
             return
+        started = time.monotonic()
         try:
             if served.step_loop is not None:
                 outcome = served.step_loop.run(batch)
@@ -212,6 +284,8 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
             # and the scheduler's reaper publishes it again once Redis is back (docs/reliability.md).
             log.error("batch %s left to the reaper: Redis unavailable (%s)", batch.batch_id, exc)
             return
+        finally:
+            residency.release(model, time.monotonic() - started)
         if isinstance(outcome, Locked):
             # another worker runs this batch (a duplicate delivery): look again when its lock could lapse
             raise self.retry(countdown=outcome.retry_after_s, **publish_options(settings))  # a bounded publish
@@ -240,6 +314,6 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
             "-n",
             worker_name,
             "-Q",
-            ",".join(served_queues(settings)),
+            ",".join(served_queues(settings, worker_name)),
         ]
     )

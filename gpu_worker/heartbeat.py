@@ -62,6 +62,13 @@ class Heartbeat:
         self._beat()
         self._thread.start()
 
+    def update(self, capabilities: WorkerCapabilities) -> None:
+        """Announce ``capabilities`` from now on (a model loaded or evicted); once started, beat at once so the
+        scheduler sees it before the next interval."""
+        self._capabilities = capabilities
+        if self._thread.is_alive():
+            self._beat()
+
     def after_beat(self, task: Callable[[], None]) -> None:
         """Run ``task`` on the beat's thread after each successful beat (repairs that wait for Redis to answer); an
         error it raises is logged, and it runs again at the next beat."""

@@ -21,7 +21,13 @@ from collections import Counter
 import redis
 
 from shared.keys import METRICS_ADD, RedisKeys
-from shared.metrics import OOM_SPLIT_INCREMENTS, RECENT_SLOTS, forward_increments
+from shared.metrics import (
+    OOM_SPLIT_INCREMENTS,
+    RECENT_SLOTS,
+    forward_increments,
+    model_eviction_increments,
+    model_load_increments,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +58,14 @@ class WorkerMetrics:
     def oom_split(self) -> None:
         """A fused forward ran out of memory and is split in two."""
         self._record(OOM_SPLIT_INCREMENTS, 0)
+
+    def model_loaded(self, model: str, seconds: float) -> None:
+        """The worker loaded ``model`` (at start, or on demand for a batch of it) in ``seconds``."""
+        self._record(model_load_increments(model, seconds), 0)
+
+    def model_evicted(self, model: str) -> None:
+        """The worker evicted ``model`` to make room for another (``gpu_worker.residency``)."""
+        self._record(model_eviction_increments(model), 0)
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until what was recorded so far is written (or dropped); False if that took over ``timeout_s``."""

@@ -16,21 +16,23 @@ import logging
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 
 from celery import Celery
 
-from scheduler.capacity import ModelSlots
+from scheduler.capacity import ModelSlots, serving
 from scheduler.deadlines import overdue
 from scheduler.lease import LeaderLoop, Lease
+from scheduler.placement import holders, place
 from scheduler.policy import Dispatch, PolicyConfig, WaitingRequest, decide
 from scheduler.queue import QUEUES, QueuedRequest
 from scheduler.store import LeaseLost, RunningSet, SchedulerStore, StreamEntry
 from shared.celery_config import RUN_BATCH_TASK, publish_options
 from shared.compat import compat_key, pixel_cost
-from shared.contracts import BatchMessage, RequestSpec, RequestStatus
+from shared.contracts import BatchMessage, RequestSpec, RequestStatus, WorkerCapabilities
 from shared.logging_setup import ids as ids_of
-from shared.routing import model_queue
+from shared.routing import model_queue, worker_queue
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,8 @@ class SchedulerService:
         self._fresh: set[str] = set()  # queued and unaborted as far as we know: see _head_window
         self._slots: ModelSlots | None = None  # each model's room (None: a fleet of one model, not counted)
         self._batch_models: dict[str, str] = {}  # batch id -> its model, for the batches in flight
+        self._announced: dict[str, WorkerCapabilities] = {}  # live worker -> what it serves and holds resident
+        self._placed: dict[str, str] = {}  # batch id -> the worker it was placed on (its own queue), in flight
         self._free: int | None = None  # free worker slots as last counted (minus our dispatches since)
         self._free_at = 0.0
 
@@ -224,6 +228,8 @@ class SchedulerService:
         if ids:
             fields = ids_of(batch_id=batch_id, request_ids=ids)
             log.warning("publishing batch %s (%d requests) again: %s", batch_id, len(ids), why, extra=fields)
+            if len(self._settings.catalog) > 1:  # placed again on what the workers hold now (handed back, lost)
+                self._announced = self._store.worker_models()
             self._publish(batch_id, ids)
 
     # --- dispatching -----------------------------------------------------------------------------------------
@@ -275,7 +281,10 @@ class SchedulerService:
             self._free, self._free_at = self._store.free_slots(), now
             if len(self._settings.catalog) > 1:  # with the count: each model's own room (scheduler.capacity)
                 busy = self._store.busy_models(self._batch_models)
-                self._slots = ModelSlots.count(self._store.model_workers(), busy)
+                self._announced = self._store.worker_models()
+                self._slots = ModelSlots.count(serving(self._announced), busy)
+                for batch_id in set(self._placed) - set(self._batch_models):  # out of flight
+                    del self._placed[batch_id]
         return self._free
 
     def _servable(self, request: QueuedRequest) -> bool:
@@ -353,15 +362,28 @@ class SchedulerService:
         if several:  # for the model's room (busy_models forgets it once out of flight)
             self._batch_models[batch_id] = model
         message = self._message(batch_id, request_ids, model)
+        worker = self._place(batch_id, model) if several else None
         self._celery.send_task(
             RUN_BATCH_TASK,
             args=[message.model_dump(mode="json")],
             task_id=batch_id,
-            queue=model_queue(self._settings, model),
+            queue=model_queue(self._settings, model) if worker is None else worker_queue(self._settings, worker),
             **publish_options(self._settings),
         )
         fields = ids_of(batch_id=batch_id, request_ids=request_ids)
-        log.info("published batch %s with %d requests", batch_id, len(request_ids), extra=fields)
+        where = f" on {worker}" if worker is not None else ""
+        log.info("published batch %s with %d requests%s", batch_id, len(request_ids), where, extra=fields)
+
+    def _place(self, batch_id: str, model: str) -> str | None:
+        """The worker holding ``model`` resident to place the batch on, or None for the model's queue
+        (``scheduler.placement``: a cold load only when it wins), from the announcements last read."""
+        placed = Counter(self._placed.values())
+        busy = self._slots.busy[model] if self._slots is not None else 0
+        worker = place(holders(model, self._announced, placed), busy)
+        self._placed.pop(batch_id, None)
+        if worker is not None:
+            self._placed[batch_id] = worker
+        return worker
 
     def _forget(self, request_ids: Sequence[str]) -> None:
         """Drop requests from the queue and acknowledge their entries (after any publish)."""

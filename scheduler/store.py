@@ -12,7 +12,7 @@ import redis
 from scheduler.deadlines import NOT_STARTED, RAN_PAST, InFlightRequest
 from shared import keys as k
 from shared.celery_config import queue_in_fleet_redis
-from shared.contracts import TIMEOUT_ERROR, RequestSpec, RequestStatus, StepEviction
+from shared.contracts import TIMEOUT_ERROR, RequestSpec, RequestStatus, StepEviction, WorkerCapabilities
 from shared.fleet_state import parse_capabilities
 from shared.settings import Settings
 from shared.streams import by_stream
@@ -226,18 +226,19 @@ class SchedulerStore:
                 return RequestSpec.model_validate_json(spec).model
         return None
 
-    def model_workers(self) -> dict[str, int]:
-        """How many live workers serve each model, as their heartbeats announce them (one round trip)."""
+    def worker_models(self) -> dict[str, WorkerCapabilities]:
+        """What each live worker announces (the models it serves, which it holds resident), by worker name, as
+        their heartbeats left it (one round trip; ``free_slots`` sweeps the stale ones first)."""
         pipe = self._redis.pipeline(transaction=False)
         pipe.zrange(self.keys.workers, 0, -1)
         pipe.hgetall(self.keys.capabilities)
         workers, announced = pipe.execute()
-        served: dict[str, int] = {}
+        out: dict[str, WorkerCapabilities] = {}
         for worker in workers:
             capabilities = parse_capabilities(announced.get(worker))
-            for model in capabilities.served if capabilities is not None else ():
-                served[model.model] = served.get(model.model, 0) + 1
-        return served
+            if capabilities is not None:
+                out[str(worker)] = capabilities
+        return out
 
     def busy_models(self, known: dict[str, str]) -> list[str | None]:
         """The model of each batch in flight that occupies a worker (not in the storing zset: its forward is

@@ -244,6 +244,11 @@ class ModelCapabilities(Frozen):
     pipeline: str = Field(description="Its pipeline (or runner) class, for messages.")
     tasks: tuple[Task, ...] = Field(description="The tasks its runner does.")
     traits: ModelTraits = Field(default_factory=ModelTraits, description="What its pipeline family takes.")
+    resident: bool = Field(True, description="Whether its pipeline is loaded now (gpu_worker.residency).")
+    load_s: float | None = Field(None, ge=0, description="Seconds its last load took on this worker (None: unknown).")
+    batch_s: float | None = Field(
+        None, ge=0, description="Seconds a batch of it takes on this worker, a moving average (None: none ran yet)."
+    )
 
 
 class WorkerCapabilities(ModelCapabilities):
@@ -257,7 +262,7 @@ class WorkerCapabilities(ModelCapabilities):
     @property
     def served(self) -> tuple[ModelCapabilities, ...]:
         """Every model the worker serves."""
-        first = ModelCapabilities(model=self.model, pipeline=self.pipeline, tasks=self.tasks, traits=self.traits)
+        first = ModelCapabilities(**{name: getattr(self, name) for name in ModelCapabilities.model_fields})
         return self.models or (first,)
 
     @classmethod

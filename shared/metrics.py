@@ -72,6 +72,8 @@ class FleetCounters:
     step_s: float = 0.0
     images: int = 0
     oom_splits: int = 0
+    model_loads: dict[str, tuple[int, float]] = field(default_factory=dict)  # model -> (loads, seconds), by workers
+    model_evictions: dict[str, int] = field(default_factory=dict)  # model -> evictions by workers (LRU)
     webhooks: dict[str, int] = field(default_factory=lambda: dict.fromkeys(WEBHOOK_OUTCOMES, 0))  # outcome -> count
 
     @property
@@ -112,6 +114,9 @@ def parse_counters(raw: Mapping[str, str]) -> FleetCounters:
     by_number: dict[str, dict[int, int]] = {"batch_size": {}, "admission_wait_ms": {}, "step_ms": {}}
     forward_counts: dict[int, int] = {}
     forward_sums: dict[int, float] = {}
+    load_counts: dict[str, int] = {}
+    load_sums: dict[str, float] = {}
+    evictions: dict[str, int] = {}
     for name, text in raw.items():
         value = _number(text)
         kind, _, rest = name.partition(":")
@@ -127,6 +132,14 @@ def parse_counters(raw: Mapping[str, str]) -> FleetCounters:
             webhooks[rest] = int(value)
         elif kind in by_number and rest.isdigit():
             by_number[kind][int(rest)] = int(value)
+        elif kind == "model_load" and rest:
+            model, _, part = rest.rpartition(":")
+            if part == "count":
+                load_counts[model] = int(value)
+            elif part == "sum":
+                load_sums[model] = value
+        elif kind == "model_evicted" and rest:
+            evictions[rest] = int(value)
         elif kind == "forward":
             size, _, part = rest.partition(":")
             if size.isdigit() and part == "count":
@@ -146,6 +159,8 @@ def parse_counters(raw: Mapping[str, str]) -> FleetCounters:
         step_s=scalars.get("step:sum", 0.0),
         images=int(scalars.get("images", 0)),
         oom_splits=int(scalars.get("oom_splits", 0)),
+        model_loads={model: (n, load_sums.get(model, 0.0)) for model, n in load_counts.items()},
+        model_evictions=evictions,
         webhooks=webhooks,
     )
 
@@ -167,6 +182,16 @@ def forward_increments(batch_size: int, images: int, steps: int, seconds: float)
 
 
 OOM_SPLIT_INCREMENTS: dict[str, float] = {"oom_splits": 1}
+
+
+def model_load_increments(model: str, seconds: float) -> dict[str, float]:
+    """The ``P:metrics`` increments of one load of ``model`` by a worker that took ``seconds``."""
+    return {f"model_load:{model}:count": 1, f"model_load:{model}:sum": max(0.0, seconds)}
+
+
+def model_eviction_increments(model: str) -> dict[str, float]:
+    """The ``P:metrics`` increments of one eviction of ``model`` by a worker (``gpu_worker.residency``)."""
+    return {f"model_evicted:{model}": 1}
 
 
 def recent_images(ring: Mapping[str, str], now_s: int, window_s: int = RECENT_WINDOW_S) -> int:

@@ -67,6 +67,14 @@ class ModelSettings(SettingsConcern):
     """The models a worker serves, by name, comma separated: it loads each at start and takes only their batches.
     Empty = every model of the fleet."""
 
+    max_resident_models: int | None = Field(None, ge=1)
+    """How many of the models a worker serves it keeps loaded at once (least recently used evicted first, a model
+    loaded again when a batch of it comes); unset = all of them (docs/models.md#residency)."""
+
+    min_residency_s: float = Field(10.0, ge=0)
+    """A model a worker loaded stays loaded at least this long (no eviction sooner), so alternating batches of two
+    models cannot make it load and evict on every batch."""
+
     model: Annotated[str | None, EmptyIsUnset] = None
     """Local path or hub id of a diffusers text-to-image pipeline, the fleet's one model when models is empty; unset =
     the built-in tiny demo model."""

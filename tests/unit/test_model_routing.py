@@ -65,9 +65,15 @@ def test_model_of_reads_the_first_spec_still_there() -> None:
     assert store.model_of(["gone"]) is None
 
 
-def announce(client: fakeredis.FakeRedis, store: SchedulerStore, worker: str, *models: str) -> None:
-    """A live worker serving ``models`` (its heartbeat, as heartbeat.lua writes it), and the scheduler woken."""
-    served = tuple(ModelCapabilities(model=m, pipeline="P", tasks=(Task.TEXT_TO_IMAGE,)) for m in models)
+def announce(
+    client: fakeredis.FakeRedis, store: SchedulerStore, worker: str, *models: str, cold: tuple[str, ...] = ()
+) -> None:
+    """A live worker serving ``models`` (its heartbeat, as heartbeat.lua writes it; those of ``cold`` not resident,
+    their load 1 s), and the scheduler woken."""
+    served = tuple(
+        ModelCapabilities(model=m, pipeline="P", tasks=(Task.TEXT_TO_IMAGE,), resident=m not in cold, load_s=1.0)
+        for m in models
+    )
     client.hset(store.keys.capabilities, worker, WorkerCapabilities.of(served).model_dump_json())
     client.zadd(store.keys.workers, {worker: client.time()[0] * 1000})
     client.xadd(store.keys.events, {"type": "worker_up"})
@@ -145,3 +151,38 @@ def test_busy_models_reads_what_it_does_not_know_and_forgets_what_left() -> None
     known = {"b2": "sd", "gone": "sd"}
     assert store.busy_models(known) == ["px", "sd"]
     assert known == {"b1": "px", "b2": "sd"}
+
+
+def test_a_batch_goes_to_a_worker_holding_its_model_resident_and_back_to_its_models_queue_when_handed_back() -> None:
+    settings = Settings(key_prefix="t", models=MODELS, max_num_seqs=4, request_batch_max_wait_ms=0)
+    client = fakeredis.FakeRedis(decode_responses=True)
+    store = SchedulerStore(client, settings)
+    store.ensure_groups()
+    submit(client, store.keys, "p1", model="px")
+    celery = QueuedBatches()
+    with running(scheduler(client, settings, celery)):  # type: ignore[arg-type]
+        announce(client, store, "mux", "sd", "px", cold=("px",))  # holds sd, would have to load px
+        announce(client, store, "w2", "px")  # holds px
+        assert wait_until(lambda: len(celery.sent) == 1, 5), celery.sent
+        assert celery.sent[0][0] == "t.batches@w2"  # placed where px is resident: no load
+        announce(client, store, "w2", "px", cold=("px",))  # w2 evicted px meanwhile (a rolling change)
+        announce(client, store, "mux", "sd", "px", cold=("sd",))  # mux holds px now
+        WorkerStore(client, settings).give_back(celery.sent[0][1]["batch_id"], None)  # handed back, uncounted
+        assert wait_until(lambda: len(celery.sent) == 2, 5), celery.sent
+    assert celery.sent[1][0] == "t.batches@mux"  # placed again where px is resident now
+    assert celery.sent[1][1]["batch_id"] == celery.sent[0][1]["batch_id"]
+    assert client.hget(store.keys.batch(celery.sent[1][1]["batch_id"]), "attempts") in (None, "0")
+
+
+def test_with_every_worker_of_the_model_holding_it_the_batch_takes_the_models_queue() -> None:
+    settings = Settings(key_prefix="t", models=MODELS, max_num_seqs=4, request_batch_max_wait_ms=0)
+    client = fakeredis.FakeRedis(decode_responses=True)
+    store = SchedulerStore(client, settings)
+    store.ensure_groups()
+    submit(client, store.keys, "p1", model="px")
+    celery = QueuedBatches()
+    with running(scheduler(client, settings, celery)):  # type: ignore[arg-type]
+        announce(client, store, "w1", "px")
+        announce(client, store, "w2", "px")
+        assert wait_until(lambda: len(celery.sent) == 1, 5), celery.sent
+    assert celery.sent[0][0] == "t.batches.px"  # any of them: the first free takes it

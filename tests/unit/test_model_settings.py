@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from shared.routing import model_queue, served_queues
+from shared.routing import model_queue, served_queues, worker_queue
 from shared.settings import Settings
 
 
@@ -45,7 +45,13 @@ def test_the_default_model_keeps_the_fleet_queue_the_others_their_own() -> None:
     settings = Settings(key_prefix="p", models="sd=demo:stable-diffusion,px=demo:pixart", default_model="px")
     assert model_queue(settings, "px") == "p.batches"
     assert model_queue(settings, "sd") == "p.batches.sd"
-    assert served_queues(settings) == ("p.batches.sd", "p.batches")
+    assert served_queues(settings, "w1") == ("p.batches.sd", "p.batches", "p.batches@w1")  # its own queue last
+
+
+def test_a_worker_of_a_fleet_of_one_model_consumes_the_fleet_queue_only() -> None:
+    settings = Settings(key_prefix="p")
+    assert served_queues(settings, "w1") == ("p.batches",)
+    assert worker_queue(settings, "w1") == "p.batches@w1"
 
 
 @pytest.mark.parametrize(
