@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shared.contracts import ModelCapabilities
 from shared.fleet_state import FleetReader, FleetSnapshot, RunningBatch, WorkerState
 from shared.keys import RedisKeys
 from shared.metrics import RECENT_WINDOW_S
@@ -21,6 +22,12 @@ class FleetStatus:
     running: tuple[RunningBatch, ...] = ()
 
 
+def _residency(model: ModelCapabilities) -> str:
+    """Whether the worker holds the model loaded now, and what its last load took."""
+    load = f", load {model.load_s:.1f} s" if model.load_s is not None else ""
+    return f" (resident{load})" if model.resident else f" (not loaded{load})"
+
+
 def _worker_line(worker: WorkerState, batch: RunningBatch | None) -> str:
     state = "live" if worker.live else "stale"
     busy = "idle"
@@ -34,7 +41,7 @@ def _worker_line(worker: WorkerState, batch: RunningBatch | None) -> str:
         what = "; ".join(
             f"{model.model} {model.pipeline} [{model.traits.family}, "
             f"{'fused' if model.traits.fused else 'request by request'}; "
-            f"{', '.join(task.value for task in model.tasks)}]"
+            f"{', '.join(task.value for task in model.tasks)}]{_residency(model)}"
             for model in caps.served
         )
     return f"  {worker.name}: {state}, {busy}, {beat}, {what}"

@@ -2,7 +2,8 @@
 OpenAI surface share these routes).
 
 The list holds every model some live worker serves (``P:capabilities``), in the fleet's order (``Settings.catalog``,
-then any other a worker announces), each with its family, tasks and live workers (``ModelObject``). Retrieving one
+then any other a worker announces), each with its family, tasks, live workers and whether any of them holds it
+loaded now (``ModelObject``; ``gpu_worker.residency``). Retrieving one
 answers any model of the fleet, served or not (then ``workers`` 0 and ``resident`` false), and 404
 ``model_not_found`` for any other id (ids may hold slashes: hub ids, paths).
 """
@@ -35,7 +36,7 @@ def _model(name: str, workers: Sequence[ModelCapabilities]) -> ModelObject:
         family=first.traits.family if first is not None else None,
         tasks=sorted({task for worker in workers for task in worker.tasks}),
         workers=len(workers),
-        resident=bool(workers),
+        resident=any(worker.resident for worker in workers),
     )
 
 

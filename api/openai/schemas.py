@@ -286,9 +286,9 @@ class ImagesResponse(BaseModel):
 
 
 class ModelObject(BaseModel):
-    """One model in OpenAI's shape, with what the fleet adds: its family, its tasks and how many live workers serve
-    it (each loaded it at start: ``resident`` when any does). ``family`` is None and ``tasks`` empty while none
-    does."""
+    """One model in OpenAI's shape, with what the fleet adds: its family, its tasks, how many live workers serve it
+    and whether any of them holds it loaded now (``resident``: a worker of several models may keep only some loaded,
+    ``max_resident_models``). ``family`` is None and ``tasks`` empty while none does."""
 
     id: str
     object: Literal["model"] = "model"

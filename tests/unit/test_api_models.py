@@ -133,6 +133,14 @@ async def test_status_shows_every_model_a_worker_serves() -> None:
     snapshot = await FleetReader(redis, keys, worker_ttl_s=5, timeout_s=2).read()
     assert snapshot is not None
     assert render(FleetStatus(snapshot)).endswith(
-        " s ago, sd StableDiffusionPipeline [stable-diffusion, fused; text-to-image, image-to-image]; "
-        "fx FluxPipeline [flux, fused; text-to-image]"
+        " s ago, sd StableDiffusionPipeline [stable-diffusion, fused; text-to-image, image-to-image] (resident); "
+        "fx FluxPipeline [flux, fused; text-to-image] (resident)"
     )
+
+
+async def test_a_model_is_resident_when_a_live_worker_holds_it_loaded(api: Api) -> None:
+    await announce(api, "w1", SD.model_copy(update={"resident": False, "load_s": 2.5}), FX)  # holds fx only
+    listed = {m["id"]: (m["workers"], m["resident"]) for m in (await api.http.get("/v1/models")).json()["data"]}
+    assert listed == {"sd": (1, False), "fx": (1, True)}
+    await announce(api, "w2", SD)
+    assert (await api.http.get("/v1/models/sd")).json()["resident"] is True

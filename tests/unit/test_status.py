@@ -17,7 +17,7 @@ from fusefleet.local_redis import RedisPointer, local_settings
 from fusefleet.status import FleetStatus, render
 from gpu_worker.families import FAMILIES
 from gpu_worker.metrics import WorkerMetrics
-from shared.contracts import Task, WorkerCapabilities
+from shared.contracts import ModelCapabilities, Task, WorkerCapabilities
 from shared.fleet_state import FleetReader
 from shared.keys import RedisKeys
 from shared.redis_conn import redacted
@@ -52,6 +52,20 @@ async def test_status_lists_the_queue_and_every_worker() -> None:
     assert "queue: 1 waiting" in text and "batches in flight: 1 on 1 live workers (1 busy)" in text
     assert "gpu0@host: live, idle" in text and "FluxPipeline [flux, fused; text-to-image, image-to-image]" in text
     assert "gpu1@host: stale, idle, last beat 60" in text and "(announced nothing)" in text
+
+
+async def test_status_shows_what_each_worker_holds_resident() -> None:
+    redis = fakeredis.FakeAsyncRedis(decode_responses=True)
+    keys = RedisKeys("t")
+    await redis.zadd(keys.workers, {"mux@host": int(time.time() * 1000)})
+    sd = ModelCapabilities(model="sd", pipeline="StableDiffusionPipeline", tasks=(Task.TEXT_TO_IMAGE,), load_s=1.25)
+    px = ModelCapabilities(model="px", pipeline="PixArtSigmaPipeline", tasks=(Task.TEXT_TO_IMAGE,), resident=False)
+    await redis.hset(keys.capabilities, "mux@host", WorkerCapabilities.of((sd, px)).model_dump_json())
+    snapshot = await FleetReader(redis, keys, worker_ttl_s=5, timeout_s=2).read()
+    assert snapshot is not None
+    text = render(FleetStatus(snapshot))
+    assert "sd StableDiffusionPipeline [" in text and "text-to-image] (resident, load 1.2 s)" in text
+    assert "px PixArtSigmaPipeline [" in text and "text-to-image] (not loaded)" in text
 
 
 async def test_status_shows_who_runs_what_and_the_recent_throughput() -> None:
