@@ -187,6 +187,7 @@ class Residency(Generic[T]):
             return {model: self._held[key].value for model, key in self._share.items() if key in self._held}
 
     def _load_footprint(self, model: str, key: str) -> _Held[T]:
+        log.info("loading %s", model)
         started = self._clock()
         value = self._load(model)
         seconds = max(0.0, self._clock() - started)
