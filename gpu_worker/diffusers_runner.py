@@ -32,6 +32,7 @@ import torch
 
 from gpu_worker.families import family_of
 from gpu_worker.lora import LoraActivator, LoraMixingError
+from gpu_worker.prompt_cache import PromptCache, install
 from gpu_worker.runner import InputImages, Runner, StepCallback, StepSet, Video
 from gpu_worker.step_engine import StepEngine, supports
 from gpu_worker.step_engine.request_set import RequestSet
@@ -136,6 +137,12 @@ class DiffusersRunner(Runner):
         self._call_params = {
             task: frozenset(inspect.signature(derived.__call__).parameters) for task, derived in self._pipes.items()
         }
+        self.prompt_cache = PromptCache(settings.prompt_cache_entries, int(settings.prompt_cache_mb * 2**20))
+        """Each prompt encoded once (``gpu_worker.prompt_cache``), by every pipeline of this model; not while a
+        LoRA adapter is active (it may change the text encoders)."""
+        if settings.prompt_cache_entries:
+            for pipeline in {id(p): p for p in [self.pipe, *self._pipes.values()]}.values():
+                install(pipeline, self.prompt_cache, bypass=lambda: self.loras.active)
 
     def _derived_pipelines(self) -> dict[Task, Any]:
         """The image-task pipelines of the loaded family, sharing its components."""

@@ -96,6 +96,11 @@ class LoraActivator:
         return frozenset(name for name, _ in self._copies)
 
     @property
+    def active(self) -> bool:
+        """Whether an adapter may be active on the pipeline's layers now (its text encoders' included)."""
+        return bool(self._copies) and self._enabled is not False
+
+    @property
     def copies(self) -> int:
         """How many (adapter, scale) copies are loaded."""
         return len(self._copies)

@@ -1,10 +1,11 @@
 """The settings of fusefleet: every knob of every service, read from ``FUSEFLEET_*`` variables.
 
-``Settings`` composes one class per concern (``wiring``, ``batching``, ``scheduler``, ``model``, ``limits``,
-``results``, ``worker``, ``api``, ``webhooks``): each holds its fields, flat (``settings.max_num_seqs``, read from
-``FUSEFLEET_MAX_NUM_SEQS``), and validates its own rules; ``Settings`` adds the rules that tie two concerns. Each
-service builds ``Settings()`` once at start-up and passes it down; nothing reads the environment elsewhere. A new
-setting is a field with a docstring (its description) in its concern's module (``docs/configuration.md``).
+``Settings`` composes one class per concern (``wiring``, ``batching``, ``scheduler``, ``model``, ``acceleration``,
+``limits``, ``results``, ``worker``, ``api``, ``webhooks``): each holds its fields, flat
+(``settings.max_num_seqs``, read from ``FUSEFLEET_MAX_NUM_SEQS``), and validates its own rules; ``Settings`` adds
+the rules that tie two concerns. Each service builds ``Settings()`` once at start-up and passes it down; nothing
+reads the environment elsewhere. A new setting is a field with a docstring (its description) in its concern's
+module (``docs/configuration.md``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Self
 
 from pydantic import model_validator
 
+from shared.settings.acceleration import AccelerationSettings
 from shared.settings.api import ApiSettings
 from shared.settings.batching import BatchingSettings, BatchOrder, SchedulingPolicy
 from shared.settings.concern import ENV_PREFIX, SettingsConcern
@@ -28,6 +30,7 @@ __all__ = [
     "ENV_PREFIX",
     "S3_ATTEMPTS",
     "S3_ATTEMPT_SLACK_S",
+    "AccelerationSettings",
     "ApiSettings",
     "BatchOrder",
     "BatchingSettings",
@@ -50,6 +53,7 @@ class Settings(
     BatchingSettings,
     SchedulerSettings,
     ModelSettings,
+    AccelerationSettings,
     LimitSettings,
     ResultSettings,
     WorkerSettings,
