@@ -32,7 +32,10 @@ class FleetWorker(Frozen):
     last_beat_s: float = Field(description="Seconds since its last heartbeat (Redis time).")
     model: str | None = Field(description="The first model it announced (null: announced nothing).")
     pipeline: str | None = Field(description="Its pipeline (or runner) class of that model.")
-    models: tuple[str, ...] = Field((), description="Every model it serves (FUSEFLEET_WORKER_MODELS), loaded.")
+    models: tuple[str, ...] = Field((), description="Every model it serves (FUSEFLEET_WORKER_MODELS).")
+    resident: tuple[str, ...] = Field(
+        (), description="The models of those it holds loaded now (at most FUSEFLEET_MAX_RESIDENT_MODELS)."
+    )
     batch: FleetBatch | None = Field(description="The batch it runs now; null when idle.")
 
 
@@ -62,6 +65,7 @@ def _worker(state: WorkerState, batch: FleetBatch | None) -> FleetWorker:
         model=caps.model if caps is not None else None,
         pipeline=caps.pipeline if caps is not None else None,
         models=tuple(model.model for model in caps.served) if caps is not None else (),
+        resident=tuple(model.model for model in caps.served if model.resident) if caps is not None else (),
         batch=batch,
     )
 

@@ -419,7 +419,10 @@ function renderFleet(view) {
     : "none formed since this page opened";
   const rows = view.workers.map((worker) => {
     const row = document.createElement("tr");
-    const models = worker.models && worker.models.length ? worker.models.join(", ") : worker.model;
+    const held = new Set(worker.resident || []);
+    const models = worker.models && worker.models.length
+      ? worker.models.map((m) => (worker.models.length > 1 && !held.has(m) ? `${m} (not loaded)` : m)).join(", ")
+      : worker.model;
     const cells = [worker.name, models || "(not announced)", workerNow(worker)];
     for (const text of cells) {
       const cell = document.createElement("td");

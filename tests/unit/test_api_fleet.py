@@ -54,6 +54,7 @@ async def test_fleet_reports_the_queue_workers_batches_and_batch_sizes(api: Api)
         "model": "demo",
         "pipeline": "StableDiffusionPipeline",
         "models": ["demo"],
+        "resident": ["demo"],
         "batch": running,
     }
     assert workers["gpu1@h"]["batch"] is None and workers["gpu1@h"]["model"] is None
