@@ -135,6 +135,12 @@ def fleet_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
         counters.model_evictions,
     )
     yield _labelled(
+        "fusefleet_prompt_cache_lookups",
+        "Prompt rows workers looked up in their prompt-embedding cache: hit (found encoded) or miss (encoded).",
+        "outcome",
+        counters.prompt_cache,
+    )
+    yield _labelled(
         "fusefleet_webhooks",
         "Webhook delivery outcomes (delivered, dropped, superseded progress, retried failed attempts).",
         "outcome",

@@ -40,6 +40,7 @@ from gpu_worker.executor import BatchExecutor
 from gpu_worker.finisher import BackgroundFinisher
 from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.metrics import WorkerMetrics
+from gpu_worker.prompt_cache import PromptCache
 from gpu_worker.residency import NotNow, Residency, shared_footprints
 from gpu_worker.runner import Runner, load_runner
 from gpu_worker.step_loop import StepLoop
@@ -147,6 +148,8 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
 
         def load(model: str) -> _Served:
             runner = load_runner(settings.for_model(model))
+            if isinstance(cache := getattr(runner, "prompt_cache", None), PromptCache):
+                cache.on_lookup = metrics.prompt_cache
             executor = BatchExecutor(
                 store,
                 runner,

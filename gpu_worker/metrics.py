@@ -27,6 +27,7 @@ from shared.metrics import (
     forward_increments,
     model_eviction_increments,
     model_load_increments,
+    prompt_cache_increments,
 )
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,11 @@ class WorkerMetrics:
     def model_evicted(self, model: str) -> None:
         """The worker evicted ``model`` to make room for another (``gpu_worker.residency``)."""
         self._record(model_eviction_increments(model), 0)
+
+    def prompt_cache(self, hits: int, misses: int) -> None:
+        """One encode of a batch's prompts found ``hits`` rows in the prompt cache and encoded ``misses``."""
+        if hits or misses:
+            self._record(prompt_cache_increments(hits, misses), 0)
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until what was recorded so far is written (or dropped); False if that took over ``timeout_s``."""

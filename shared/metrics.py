@@ -26,6 +26,7 @@ ABORT_STAGES: tuple[str, ...] = tuple(
 )
 """Where an abort can catch a request (``aborted:<stage>``)."""
 WEBHOOK_OUTCOMES: tuple[str, ...] = ("delivered", "dropped", "retried", "superseded")
+PROMPT_CACHE_OUTCOMES: tuple[str, ...] = ("hit", "miss")
 """What became of webhook delivery attempts (``webhooks:<outcome>``, ``webhook_outcome.lua``)."""
 RECENT_SLOTS = 64
 """Seconds the throughput ring holds (more than ``RECENT_WINDOW_S``, so a slot is never reused inside the window)."""
@@ -75,6 +76,7 @@ class FleetCounters:
     model_loads: dict[str, tuple[int, float]] = field(default_factory=dict)  # model -> (loads, seconds), by workers
     model_evictions: dict[str, int] = field(default_factory=dict)  # model -> evictions by workers (LRU)
     webhooks: dict[str, int] = field(default_factory=lambda: dict.fromkeys(WEBHOOK_OUTCOMES, 0))  # outcome -> count
+    prompt_cache: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PROMPT_CACHE_OUTCOMES, 0))  # by workers
 
     @property
     def batch_size(self) -> Histogram:
@@ -110,6 +112,7 @@ def parse_counters(raw: Mapping[str, str]) -> FleetCounters:
     finished = dict.fromkeys(FINISHED_STATUSES, 0)
     aborts = dict.fromkeys(ABORT_STAGES, 0)
     webhooks = dict.fromkeys(WEBHOOK_OUTCOMES, 0)
+    prompt_cache = dict.fromkeys(PROMPT_CACHE_OUTCOMES, 0)
     failures: dict[str, int] = {}
     by_number: dict[str, dict[int, int]] = {"batch_size": {}, "admission_wait_ms": {}, "step_ms": {}}
     forward_counts: dict[int, int] = {}
@@ -138,6 +141,8 @@ def parse_counters(raw: Mapping[str, str]) -> FleetCounters:
                 load_counts[model] = int(value)
             elif part == "sum":
                 load_sums[model] = value
+        elif kind == "prompt_cache" and rest in prompt_cache:
+            prompt_cache[rest] = int(value)
         elif kind == "model_evicted" and rest:
             evictions[rest] = int(value)
         elif kind == "forward":
@@ -162,6 +167,7 @@ def parse_counters(raw: Mapping[str, str]) -> FleetCounters:
         model_loads={model: (n, load_sums.get(model, 0.0)) for model, n in load_counts.items()},
         model_evictions=evictions,
         webhooks=webhooks,
+        prompt_cache=prompt_cache,
     )
 
 
@@ -192,6 +198,12 @@ def model_load_increments(model: str, seconds: float) -> dict[str, float]:
 def model_eviction_increments(model: str) -> dict[str, float]:
     """The ``P:metrics`` increments of one eviction of ``model`` by a worker (``gpu_worker.residency``)."""
     return {f"model_evicted:{model}": 1}
+
+
+def prompt_cache_increments(hits: int, misses: int) -> dict[str, float]:
+    """The ``P:metrics`` increments of prompt-cache lookups: rows found encoded, rows encoded
+    (``gpu_worker.prompt_cache``)."""
+    return {name: count for name, count in (("prompt_cache:hit", hits), ("prompt_cache:miss", misses)) if count}
 
 
 def recent_images(ring: Mapping[str, str], now_s: int, window_s: int = RECENT_WINDOW_S) -> int:

@@ -199,6 +199,22 @@ async def test_worker_metrics_reach_redis(client: fakeredis.FakeRedis, server: f
     metrics.close()
 
 
+async def test_prompt_cache_lookups_reach_the_metrics(
+    client: fakeredis.FakeRedis, server: fakeredis.FakeServer
+) -> None:
+    keys = k.RedisKeys("m")
+    metrics = WorkerMetrics(client, keys)
+    metrics.prompt_cache(hits=3, misses=2)
+    metrics.prompt_cache(hits=0, misses=1)
+    assert metrics.flush(5)
+    snap = await snapshot(server, keys)
+    assert snap.counters.prompt_cache == {"hit": 3, "miss": 3}
+    samples = scrape(snap)
+    assert samples["fusefleet_prompt_cache_lookups_total{outcome=hit}"] == 3
+    assert samples["fusefleet_prompt_cache_lookups_total{outcome=miss}"] == 3
+    metrics.close()
+
+
 def silent_server() -> tuple[socket.socket, int]:
     """A TCP server that accepts connections and never answers: a stalled Redis."""
     listener = socket.socket()
