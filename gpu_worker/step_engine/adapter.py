@@ -13,11 +13,15 @@ import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from gpu_worker.step_engine.rows import Row
+from shared.contracts import Task
+
+if TYPE_CHECKING:
+    from gpu_worker.step_engine.image_task import Inpainting
 
 Conditioning = Mapping[str, torch.Tensor]
 """Denoiser keyword -> one row's tensor for it (a batch of one), e.g. ``encoder_hidden_states``."""
@@ -60,6 +64,12 @@ class FamilyAdapter(ABC):
     passes_eta_and_generator: ClassVar[bool] = False
     """Whether the pipeline passes ``eta`` (0.0) and the generator to ``scheduler.step`` where the step takes them
     (``prepare_extra_step_kwargs``: the UNet families, PixArt)."""
+    tasks: ClassVar[frozenset[Task]] = frozenset({Task.TEXT_TO_IMAGE})
+    """The tasks a row of this family may have (``gpu_worker.step_engine.image_task.ImageTasks`` adds the image
+    tasks); rows of every task listed share a set."""
+    mixes_lora: ClassVar[bool] = True
+    """Whether rows of one set may have different LoRA adapters (peft's per-row ``adapter_names`` in the denoiser
+    and the text encoders); False keeps the adapter in the step key (``ModelTraits.step_rows``)."""
 
     def __init__(self, pipe: Any, canvas: Canvas) -> None:
         self.pipe = pipe
@@ -108,6 +118,17 @@ class FamilyAdapter(ABC):
         scheduler = type(self.pipe.scheduler).from_config(self.pipe.scheduler.config)
         scheduler.set_timesteps(steps, device=self.device, **self.timestep_kwargs())
         return scheduler
+
+    def begin(self, row: Row, scheduler: Any) -> int:
+        """The index of the row's first timestep in its scheduler's (0: text-to-image runs the whole schedule)."""
+        return 0
+
+    def image_start(
+        self, row: Row, scheduler: Any, begin: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, Inpainting | None]:
+        """An image row's initial latents and its inpainting condition; only families whose ``tasks`` list image
+        tasks have it (``ImageTasks``)."""
+        raise ValueError(f"task: {type(self.pipe).__name__} takes no {row.task} rows in step mode")
 
     def timestep_kwargs(self) -> dict[str, Any]:
         """What the pipeline adds to ``set_timesteps`` besides the step count and device."""

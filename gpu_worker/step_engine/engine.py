@@ -16,15 +16,17 @@ step a subset (``only``) to isolate a culprit, or abort the rows.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gpu_worker.families import family_of
 from gpu_worker.step_engine.adapter import Canvas, FamilyAdapter, Prompt
 from gpu_worker.step_engine.flux import FluxAdapter
+from gpu_worker.step_engine.image_task import Inpainting
 from gpu_worker.step_engine.pixart import PixArtAdapter
 from gpu_worker.step_engine.rows import Finished, Row, RowProgress
 from gpu_worker.step_engine.sana import SanaAdapter
@@ -32,7 +34,10 @@ from gpu_worker.step_engine.stable_diffusion import StableDiffusionAdapter
 from gpu_worker.step_engine.stable_diffusion_3 import StableDiffusion3Adapter
 from gpu_worker.step_engine.stable_diffusion_xl import StableDiffusionXLAdapter
 from shared.compat import StepKey
-from shared.contracts import Task
+from shared.contracts import LoraRef
+
+if TYPE_CHECKING:
+    from gpu_worker.lora import LoraActivator
 
 ADAPTERS: Mapping[str, type[FamilyAdapter]] = {
     adapter.family: adapter
@@ -59,31 +64,41 @@ def supports(pipe: Any) -> bool:
 
 @dataclass(slots=True, eq=False)
 class _LiveRow:
-    """A row in the running set: its own scheduler, latents, encoded prompt and step index."""
+    """A row in the running set: its own scheduler, latents, encoded prompt and step index; an image row also its
+    first timestep's index (``begin``, from its strength) and, inpainting, its condition."""
 
     row: Row
     scheduler: Any
     latents: torch.Tensor
     prompt: Prompt
     index: int = 0
+    begin: int = 0
+    inpainting: Inpainting | None = None
 
     @property
     def total(self) -> int:
-        """Denoiser calls the row needs: one per entry of its scheduler's timesteps."""
-        return len(self.scheduler.timesteps)
+        """Denoiser calls the row needs: one per entry of its scheduler's timesteps from ``begin`` on."""
+        return len(self.scheduler.timesteps) - self.begin
 
     @property
     def timestep(self) -> torch.Tensor:
         """The row's timestep at its next step."""
-        timestep: torch.Tensor = self.scheduler.timesteps[self.index]
+        timestep: torch.Tensor = self.scheduler.timesteps[self.begin + self.index]
         return timestep
 
+    @property
+    def next_timestep(self) -> torch.Tensor | None:
+        """The row's timestep after its next step (None: its next step is its last)."""
+        after = self.begin + self.index + 1
+        return self.scheduler.timesteps[after] if after < len(self.scheduler.timesteps) else None
+
     def scale_model_input(self) -> torch.Tensor:
-        """The row's denoiser input at its timestep (the scheduler's input scaling, where it has one)."""
+        """The row's denoiser input at its timestep (the scheduler's input scaling, where it has one; an
+        inpainting row's mask and masked latents where its denoiser takes them)."""
+        scaled: torch.Tensor = self.latents
         if hasattr(self.scheduler, "scale_model_input"):
-            scaled: torch.Tensor = self.scheduler.scale_model_input(self.latents, self.timestep)
-            return scaled
-        return self.latents
+            scaled = self.scheduler.scale_model_input(self.latents, self.timestep)
+        return scaled if self.inpainting is None else self.inpainting.model_input(scaled)
 
     def progress(self) -> RowProgress:
         return RowProgress(self.row.id, self.row.request_id, self.index, self.total)
@@ -97,24 +112,47 @@ class StepEngine:
     steps, guidance scale and rescale, and generator.
     """
 
-    def __init__(self, pipe: Any, width: int, height: int, max_sequence_length: int | None = None) -> None:
+    def __init__(
+        self,
+        pipe: Any,
+        width: int,
+        height: int,
+        max_sequence_length: int | None = None,
+        loras: LoraActivator | None = None,
+    ) -> None:
         family = family_of(pipe).name
         if family not in ADAPTERS:
             known = ", ".join(sorted(ADAPTERS))
             raise UnsupportedPipeline(f"{type(pipe).__name__} ({family}) has no step mode; step-mode families: {known}")
         self.adapter: FamilyAdapter = ADAPTERS[family](pipe, Canvas(width, height, max_sequence_length))
+        self.loras = loras
+        """Applies each row's LoRA adapter (None: rows take none; ``join`` refuses a row with one)."""
         self._live: dict[str, _LiveRow] = {}
         self._lock = threading.Lock()
 
     @classmethod
-    def for_key(cls, pipe: Any, key: StepKey) -> StepEngine:
+    def for_key(cls, pipe: Any, key: StepKey, loras: LoraActivator | None = None) -> StepEngine:
         """An engine for the requests of ``key``; ValueError naming the field the step engine cannot run."""
-        if key.task is not Task.TEXT_TO_IMAGE:
-            raise ValueError(f"task: step mode runs text-to-image only, not {key.task}")
+        if key.task is not None and key.task.needs_image:
+            # image rows join an engine through ``join`` with their image (and mask); a set made from a key gets
+            # its requests' specs only (``RequestSet.join``), so their tasks run request-level
+            raise ValueError(f"task: a running set of requests runs text-to-image only, not {key.task}")
         for name in ("num_frames", "true_cfg_scale", "strength"):
             if getattr(key, name) is not None:
                 raise ValueError(f"{name}: not taken in step mode")
-        return cls(pipe, key.width, key.height, key.max_sequence_length)
+        return cls(pipe, key.width, key.height, key.max_sequence_length, loras)
+
+    @contextmanager
+    def _adapters(self, loras: Sequence[LoraRef | None]) -> Iterator[None]:
+        """For one call whose batch rows have ``loras`` (in batch order): each row's own adapter, or none."""
+        if self.loras is None:
+            yield
+        elif len(set(loras)) == 1:
+            self.loras.activate(loras[0])
+            yield
+        else:
+            with self.loras.mixed(loras):
+                yield
 
     @property
     def live(self) -> tuple[str, ...]:
@@ -146,17 +184,31 @@ class StepEngine:
             taken = set(self._live)
         for row in rows:
             row.check()
+            if row.task not in self.adapter.tasks:
+                raise ValueError(f"row {row.id}: task: {type(self.adapter.pipe).__name__} takes no {row.task} rows")
+            if row.lora is not None and self.loras is None:
+                raise ValueError(f"row {row.id}: lora: this engine applies no LoRA adapters")
         duplicate = next((row_id for i, row_id in enumerate(ids) if row_id in taken or row_id in ids[:i]), None)
         if duplicate is not None:
             raise ValueError(f"row {duplicate} is already in the running set")
         adapter = self.adapter
         schedulers = [adapter.scheduler_for(row.steps) for row in rows]
-        prompts = adapter.encode(rows)
+        begins = [adapter.begin(row, scheduler) for row, scheduler in zip(rows, schedulers, strict=True)]
+        with self._adapters([row.lora for row in rows]):
+            prompts = adapter.encode(rows)
         dtype = prompts[0].cond["encoder_hidden_states"].dtype
-        latents = adapter.initial_latents(rows, schedulers, dtype)
+        text = [i for i, row in enumerate(rows) if not row.task.needs_image]
+        starts: dict[int, tuple[torch.Tensor, Inpainting | None]] = {}
+        if text:
+            drawn = adapter.initial_latents([rows[i] for i in text], [schedulers[i] for i in text], dtype)
+            starts.update((i, (x, None)) for i, x in zip(text, drawn, strict=True))
+        for i, row in enumerate(rows):
+            if row.task.needs_image:
+                starts[i] = adapter.image_start(row, schedulers[i], begins[i], dtype)
         with self._lock:
-            for row, scheduler, x, prompt in zip(rows, schedulers, latents, prompts, strict=True):
-                self._live[row.id] = _LiveRow(row, scheduler, x, prompt)
+            for i, (row, scheduler, prompt) in enumerate(zip(rows, schedulers, prompts, strict=True)):
+                x, inpainting = starts[i]
+                self._live[row.id] = _LiveRow(row, scheduler, x, prompt, begin=begins[i], inpainting=inpainting)
 
     def abort(self, row_id: str) -> bool:
         """Drop the row now (any thread): it takes no further step and is never returned. False when no such row
@@ -193,7 +245,8 @@ class StepEngine:
         timesteps = torch.stack([batch[i].timestep for i in order])
         halves = [*unconds.values(), *(live.prompt.cond for live in batch)]
         conditioning = {name: torch.cat([half[name] for half in halves]) for name in batch[0].prompt.cond}
-        prediction = adapter.denoise(sample, timesteps, conditioning)
+        with self._adapters([batch[i].row.lora for i in order]):
+            prediction = adapter.denoise(sample, timesteps, conditioning)
         unconditional, conditional = prediction[: len(guided)], prediction[len(guided) :]
         where_guided = {i: g for g, i in enumerate(guided)}
         for i, live in enumerate(batch):
@@ -203,6 +256,8 @@ class StepEngine:
                 noise = adapter.guide(unconditional[g : g + 1], noise, live.row)
             kwargs = adapter.step_kwargs(live.row)
             live.latents = live.scheduler.step(noise, live.timestep, live.latents, **kwargs, return_dict=False)[0]
+            if live.inpainting is not None:
+                live.latents = live.inpainting.after_step(live.latents, live.scheduler, live.next_timestep)
             live.index += 1
         finished: list[Finished] = []
         with self._lock:

@@ -2,8 +2,10 @@
 finished row's latents.
 
 A row carries everything that may differ between the rows of one running set (prompt, negative prompt, steps,
-guidance scale and rescale, and its own generator); what must be shared by the whole set (size, LoRA, scheduler
-type, task) is the step key's (``shared.compat.StepKey``) and the engine's.
+guidance scale and rescale, its own generator, its task with its strength, input image and mask, and
+its LoRA adapter); what must be shared by the whole set (size, scheduler type, the model) is the step key's
+(``shared.compat.StepKey``) and the engine's. Which tasks a family's rows may have, and whether their adapters
+differ, is its adapter's (``FamilyAdapter.tasks``, ``FamilyAdapter.mixes_lora``).
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import math
 from dataclasses import dataclass
 
 import torch
+from PIL import Image
 
 from gpu_worker.torch_env import make_generators
-from shared.contracts import RequestSpec
+from shared.contracts import DEFAULT_STRENGTH, LoraRef, RequestSpec, Task
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -34,6 +37,16 @@ class Row:
     guidance_rescale: float = 0.0
     output: int = 0
     """Which of its request's ``n`` outputs this row is (0-based)."""
+    task: Task = Task.TEXT_TO_IMAGE
+    strength: float | None = None
+    """Image tasks: the part of its schedule the row denoises (it starts at step ``steps - int(steps x strength)``);
+    None: ``DEFAULT_STRENGTH``."""
+    image: Image.Image | None = None
+    """Image tasks: the input image (RGB, of the set's size)."""
+    mask: Image.Image | None = None
+    """Inpainting: the mask (white = repaint, of the set's size)."""
+    lora: LoraRef | None = None
+    """The row's LoRA adapter (None: the base model)."""
 
     @property
     def id(self) -> str:
@@ -48,12 +61,31 @@ class Row:
             raise ValueError(f"row {self.id}: guidance_scale must be finite, got {self.guidance_scale}")
         if not 0.0 <= self.guidance_rescale <= 1.0:
             raise ValueError(f"row {self.id}: guidance_rescale must be in [0, 1], got {self.guidance_rescale}")
+        if self.task.needs_image and self.image is None:
+            raise ValueError(f"row {self.id}: image: {self.task} needs an input image")
+        if self.task is Task.INPAINT and self.mask is None:
+            raise ValueError(f"row {self.id}: mask: inpainting needs a mask")
+        if self.task.needs_image and not 0.0 < self.denoising_strength <= 1.0:
+            raise ValueError(f"row {self.id}: strength must be in (0, 1], got {self.strength}")
+
+    @property
+    def denoising_strength(self) -> float:
+        """The row's strength (1.0 for text-to-image: its whole schedule)."""
+        if not self.task.needs_image:
+            return 1.0
+        return DEFAULT_STRENGTH if self.strength is None else self.strength
 
 
-def rows_of(spec: RequestSpec, device: torch.device | str = "cpu") -> list[Row]:
+def rows_of(
+    spec: RequestSpec,
+    device: torch.device | str = "cpu",
+    image: Image.Image | None = None,
+    mask: Image.Image | None = None,
+) -> list[Row]:
     """The ``spec.n`` rows of a request, each with the generator the request-level runner gives that output
-    (``make_generators``: output ``k`` seeded ``spec.seed + k``). They share their steps, so they finish at the
-    same step."""
+    (``make_generators``: output ``k`` seeded ``spec.seed + k``), its task, strength and LoRA, and (image tasks)
+    the request's decoded input image and mask. They share their steps and strength, so they finish at the same
+    step."""
     generators = make_generators([spec], device)
     return [
         Row(
@@ -65,6 +97,11 @@ def rows_of(spec: RequestSpec, device: torch.device | str = "cpu") -> list[Row]:
             guidance_scale=spec.guidance_scale,
             guidance_rescale=spec.guidance_rescale,
             generator=generator,
+            task=spec.task,
+            strength=spec.strength,
+            image=image,
+            mask=mask,
+            lora=spec.lora,
         )
         for k, generator in enumerate(generators)
     ]

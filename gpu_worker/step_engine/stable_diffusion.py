@@ -6,7 +6,9 @@ empty prompt when a guided row has no negative prompt), initial latents scaled b
 step handles it), guidance with optional ``guidance_rescale``, ``eta`` (0) and the row's generator passed to the
 scheduler step where it takes them, and ``vae.decode(latents / scaling_factor)``. No safety checker runs (the
 fleet disables it). UNets with a guidance embedding (``time_cond_proj_dim``, LCM-distilled) are refused: their
-guidance is not classifier-free, and they stay request-level.
+guidance is not classifier-free, and they stay request-level. Image-to-image and inpainting rows (their
+pipelines' ``StableDiffusionImg2ImgPipeline`` and ``StableDiffusionInpaintPipeline`` per row, 4- and 9-channel
+UNets) share sets with text-to-image rows (``gpu_worker.step_engine.image_task``).
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from typing import Any, ClassVar
 import torch
 
 from gpu_worker.step_engine.adapter import Canvas, Conditioning, FamilyAdapter, Prompt, split
+from gpu_worker.step_engine.image_task import ImageTasks
 from gpu_worker.step_engine.rows import Row
 
 
-class StableDiffusionAdapter(FamilyAdapter):
+class StableDiffusionAdapter(ImageTasks, FamilyAdapter):
     family: ClassVar[str] = "stable-diffusion"
     denoiser_name: ClassVar[str] = "unet"
     scales_initial_noise: ClassVar[bool] = True

@@ -15,8 +15,13 @@ scheduler-step arguments):
 * decoding with the VAE's ``latents_mean`` / ``latents_std`` where configured (else ``/ scaling_factor``), the
   float16 VAE upcast the pipeline does (``force_upcast``), and the pipeline's watermarker where it has one.
 
-``denoising_end``, IP adapters, micro-conditioning other than the defaults and ``clip_skip`` are not used (the fleet
-sends none of them).
+Image-to-image and inpainting rows as SD's (``gpu_worker.step_engine.image_task``), their images encoded as
+``StableDiffusionXLImg2ImgPipeline`` / ``StableDiffusionXLInpaintPipeline`` encode them (the VAE upcast to float32
+where ``force_upcast``; image-to-image's ``latents_mean`` / ``latents_std`` where configured); no aesthetic-score
+conditions (``requires_aesthetics_score`` off, the derived pipelines' default), so their time ids are text-to-image's.
+
+``denoising_end``, ``denoising_start``, IP adapters, micro-conditioning other than the defaults and ``clip_skip``
+are not used (the fleet sends none of them).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 from gpu_worker.step_engine.adapter import Conditioning, Prompt, split
 from gpu_worker.step_engine.rows import Row
 from gpu_worker.step_engine.stable_diffusion import StableDiffusionAdapter
+from shared.contracts import Task
 
 
 class StableDiffusionXLAdapter(StableDiffusionAdapter):
@@ -39,6 +45,30 @@ class StableDiffusionXLAdapter(StableDiffusionAdapter):
         if hasattr(scheduler, "set_begin_index"):
             scheduler.set_begin_index(0)
         return scheduler
+
+    def encode_image(self, pixels: torch.Tensor, row: Row) -> torch.Tensor:
+        from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion_img2img import retrieve_latents
+
+        vae = self.pipe.vae
+        config = vae.config
+        dtype = pixels.dtype
+        if config.force_upcast:
+            pixels = pixels.float()
+            vae.to(dtype=torch.float32)
+        try:
+            latents: torch.Tensor = retrieve_latents(vae.encode(pixels), generator=row.generator)
+        finally:
+            if config.force_upcast:
+                vae.to(dtype)
+        latents = latents.to(dtype)
+        mean, std = getattr(config, "latents_mean", None), getattr(config, "latents_std", None)
+        if row.task is Task.IMAGE_TO_IMAGE and mean is not None and std is not None:
+            mean_t = torch.tensor(mean).view(1, 4, 1, 1).to(latents.device, dtype)
+            std_t = torch.tensor(std).view(1, 4, 1, 1).to(latents.device, dtype)
+            shifted: torch.Tensor = (latents - mean_t) * config.scaling_factor / std_t
+            return shifted
+        scaled: torch.Tensor = config.scaling_factor * latents
+        return scaled
 
     def time_ids(self, dtype: torch.dtype, pooled: torch.Tensor) -> torch.Tensor:
         """One row's added time ids: original size, crop top-left (0, 0), target size (both the canvas's)."""
