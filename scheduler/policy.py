@@ -10,11 +10,11 @@ the head's level only: other levels are neither in it nor close it, and count fo
 
 ``decide(waiting, free_slots, now, config)`` -> ``Dispatch`` or ``Wait``. The candidate is the head plus the live
 requests of its level after it with an equal compatibility key, stopping at the first live one whose key differs,
-capped at ``max_num_seqs`` and at ``max_batch_cost // head.cost`` requests (at least one; compatible requests cost
-the same). No live request or no free slot: ``Wait(until=None)``. Full, closed (an incompatible live request
-follows) or ``max_wait_s == 0``: dispatched at once. Otherwise the wait ends at ``min(head.arrived_at +
-max_wait_s, last_arrival + stable_s)`` (``last_arrival``: the latest among the live requests of the head's level):
-``now >= deadline`` dispatches, anything earlier is ``Wait(until=deadline)``.
+capped at ``max_num_seqs``, at ``max_batch_cost // head.cost`` requests (compatible requests cost the same) and at
+the head's ``knee`` where known (at least one). No live request or no free slot: ``Wait(until=None)``. Full,
+closed (an incompatible live request follows) or ``max_wait_s == 0``: dispatched at once. Otherwise the wait ends
+at ``min(head.arrived_at + max_wait_s, last_arrival + stable_s)`` (``last_arrival``: the latest among the live
+requests of the head's level): ``now >= deadline`` dispatches, anything earlier is ``Wait(until=deadline)``.
 
 ``place(waiting, open_sets, config)`` -> ``Join`` or None (then ``decide``). A usable set is not sealed, has the
 head's (step) key and room ``config.cap(head) - set.rows > 0``; the one with the most room wins, ties to the lowest
@@ -48,6 +48,7 @@ class WaitingRequest:
     aborted: bool = False
     cost: int = 1  # what the request adds to a batch's memory (shared.compat.pixel_cost in production)
     level: int = 0  # its level in the service order (scheduler.queue); a batch holds one level
+    knee: int | None = None  # the largest batch of its model and cost that still gains throughput (None: unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +79,12 @@ class PolicyConfig:
         )
 
     def cap(self, head: WaitingRequest) -> int:
-        """Most requests in a batch led by ``head``: ``max_num_seqs``, lowered to fit the budget (at least 1)."""
+        """Most requests in a batch led by ``head``: ``max_num_seqs``, lowered to fit the budget and to the head's
+        batch knee where its workers announced one (``gpu_worker.batch_knee``), at least 1."""
+        cap = self.max_num_seqs if head.knee is None else min(self.max_num_seqs, head.knee)
         if self.max_batch_cost is None:
-            return self.max_num_seqs
-        return max(1, min(self.max_num_seqs, self.max_batch_cost // max(1, head.cost)))
+            return max(1, cap)
+        return max(1, min(cap, self.max_batch_cost // max(1, head.cost)))
 
 
 @dataclass(frozen=True, slots=True)

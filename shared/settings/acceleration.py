@@ -1,4 +1,5 @@
-"""Per-GPU speed that keeps outputs exact: the prompt-embedding cache (``gpu_worker.prompt_cache``)."""
+"""Per-GPU speed that keeps outputs exact: the prompt-embedding cache (``gpu_worker.prompt_cache``), batches capped
+where batching stops paying (``gpu_worker.batch_knee``)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,8 @@ class AccelerationSettings(SettingsConcern):
     prompt_cache_mb: float = Field(256.0, ge=0)
     """Bound on the memory (on the model's device) the prompt cache of one model holds, in MiB; an encoded prompt
     larger than this is not kept."""
+
+    batch_knee_margin: float = Field(0.1, ge=0)
+    """Batch only where it pays: a worker announces, per model and request pixel cost, the largest batch up to which
+    each doubling gains at least this much throughput (0.1: ten percent) by its measured forward times, and the
+    scheduler caps batches there (never above max_num_seqs; gpu_worker/batch_knee.py)."""

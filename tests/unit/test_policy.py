@@ -185,6 +185,26 @@ def test_budget_below_cap_still_waits_for_a_fuller_batch() -> None:
     assert decide(waiting, free_slots=1, now=1.0, config=BUDGET) == Wait(until=1.125, dropped_ids=())
 
 
+def kneed(id: str, knee: int | None, cost: int = 1) -> WaitingRequest:
+    return WaitingRequest(id=id, key="a", arrived_at=0.0, cost=cost, knee=knee)
+
+
+def test_a_knee_caps_the_batch_and_a_full_batch_goes_at_once() -> None:
+    waiting = [kneed(f"r{i}", 2) for i in range(4)]
+    assert decide(waiting, free_slots=1, now=0.0, config=CFG) == Dispatch(("r0", "r1"), ())
+
+
+def test_a_knee_above_max_num_seqs_changes_nothing() -> None:
+    waiting = [kneed(f"r{i}", 16) for i in range(6)]
+    assert decide(waiting, free_slots=1, now=0.0, config=CFG) == Dispatch(("r0", "r1", "r2", "r3"), ())
+    assert CFG.cap(kneed("r", None)) == CFG.cap(kneed("r", 16)) == 4
+
+
+def test_the_lower_of_knee_and_budget_caps() -> None:
+    assert BUDGET.cap(kneed("r", 3, cost=40)) == 2 and BUDGET.cap(kneed("r", 1, cost=10)) == 1
+    assert BUDGET.cap(kneed("r", 0, cost=10)) == 1  # never below one
+
+
 @pytest.mark.parametrize(
     ("max_num_seqs", "max_wait_s", "stable_s"),
     [(0, 0.5, 0.125), (1, -0.5, 0.125), (1, 0.5, -0.125)],
