@@ -263,7 +263,10 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
                 served = residency.acquire(model)  # loads it (evicting the least recently used) if need be
             except NotNow as wait:
                 why = str(wait)
-            if served is not None and not was_resident:
+            except Exception as exc:  # noqa: BLE001 - a load that failed (out of memory, a broken checkpoint)
+                log.exception("could not load %s for batch %s", model, batch.batch_id)
+                why = f"loading {model} failed ({type(exc).__name__}: {exc})"
+            if not was_resident:
                 announce()  # the scheduler sees the new residency now, not at the next beat
         if served is None or model is None:
             # quarantined (this worker's result store hung lately), a batch of a model it does not serve (fenced:

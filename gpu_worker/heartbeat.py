@@ -63,11 +63,14 @@ class Heartbeat:
         self._thread.start()
 
     def update(self, capabilities: WorkerCapabilities) -> None:
-        """Announce ``capabilities`` from now on (a model loaded or evicted); once started, beat at once so the
-        scheduler sees it before the next interval."""
+        """Announce ``capabilities`` from now on (a model loaded or evicted); once started, announce them at once
+        (best effort: the next beat does anyway) so the scheduler sees them before the next interval."""
         self._capabilities = capabilities
-        if self._thread.is_alive():
-            self._beat()
+        if self._thread.is_alive() and self._announced:
+            try:
+                self._store.heartbeat(self._worker, capabilities)
+            except Exception as exc:  # noqa: BLE001 - the next beat announces them
+                log.warning("could not announce the new capabilities now: %s", exc)
 
     def after_beat(self, task: Callable[[], None]) -> None:
         """Run ``task`` on the beat's thread after each successful beat (repairs that wait for Redis to answer); an

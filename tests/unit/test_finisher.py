@@ -331,3 +331,18 @@ def test_heartbeat_renews_every_held_batch_until_its_limit(client: fakeredis.Fak
         assert client.get(store.keys.batch_lock("B1")) is None
     finally:
         beat.stop()
+
+
+def test_updated_capabilities_are_announced_at_once(client: fakeredis.FakeRedis, settings: Settings) -> None:
+    """A worker that loaded or evicted a model announces it at once, not at its next beat."""
+    store = WorkerStore(client, settings)
+    beat = Heartbeat(store, "w1", 60, CAPABILITIES)
+    beat.update(CAPABILITIES.model_copy(update={"pipeline": "before the start"}))  # not started: nothing written
+    assert client.hget(store.keys.capabilities, "w1") is None
+    beat.start()
+    try:
+        evicted = CAPABILITIES.model_copy(update={"resident": False, "load_s": 1.5})
+        beat.update(evicted)
+        assert WorkerCapabilities.model_validate_json(client.hget(store.keys.capabilities, "w1")) == evicted
+    finally:
+        beat.stop()

@@ -129,3 +129,23 @@ def test_batch_seconds_are_a_moving_average_per_model() -> None:
     residency.acquire("a")
     residency.release("a", 4.0)
     assert residency.announce()["a"].batch_s == pytest.approx(2.0 + 0.3 * 2.0)
+
+
+def test_a_load_that_fails_leaves_the_model_out_and_is_tried_again_next_time() -> None:
+    clock = Clock()
+    failures = [RuntimeError("out of memory")]
+
+    def load(model: str) -> str:
+        if model == "a" and failures:
+            raise failures.pop()
+        return f"pipe-{model}"
+
+    residency: Residency[str] = Residency(
+        ("a", "b"), load, lambda model: None, max_resident=1, min_residency_s=0, clock=clock
+    )
+    assert residency.acquire("b") == "pipe-b"
+    residency.release("b")
+    with pytest.raises(RuntimeError, match="out of memory"):
+        residency.acquire("a")
+    assert residency.held() == {}  # b was evicted for it, a is not held
+    assert residency.acquire("a") == "pipe-a"
