@@ -4,7 +4,8 @@ A runner subclasses ``Runner``: ``fused`` and ``run`` are its own, every other h
 worker calls hooks and never probes for them. It is loaded by import path (``FUSEFLEET_RUNNER=module:Class``),
 constructed once per worker process with the settings, and then called once per batch (fused) or once per request
 (not fused). A worker serving several models (``FUSEFLEET_MODELS``) constructs one runner per model, each with that
-model's settings (``load_runners``). Custom pipelines and test runners plug in here without touching the worker.
+model's settings (``Settings.for_model``), and may drop one and construct it again later (``gpu_worker.residency``).
+Custom pipelines and test runners plug in here without touching the worker.
 
 What the runner's model takes (size multiple, negative prompts, true CFG, video...) is its ``traits``
 (``shared.contracts.ModelTraits``): the worker announces them and the api refuses what the model cannot do.
@@ -168,9 +169,3 @@ def load_runner(settings: Settings) -> Runner:
     if not isinstance(runner, Runner):
         raise TypeError(f"{path} is not a gpu_worker.runner.Runner: a runner subclasses it (fused, run)")
     return runner
-
-
-def load_runners(settings: Settings) -> dict[str, Runner]:
-    """One runner per model the worker serves (``settings.served_models``, in order), each constructed with its
-    model's settings (``Settings.for_model``: its source as ``model``, or its demo family): all loaded at start."""
-    return {model: load_runner(settings.for_model(model)) for model in settings.served_models}
