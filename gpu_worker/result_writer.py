@@ -83,6 +83,11 @@ class ResultWriter:
         self._traits = traits
         self._outage_retry_s = outage_retry_s
 
+    @property
+    def outage_retry_s(self) -> float:
+        """How long ``redis`` retries a call through an outage."""
+        return self._outage_retry_s
+
     def redis(self, call: Callable[[], T], what: str) -> T:
         """``call()``, retried through a Redis outage for ``outage_retry_s`` (then its error is raised)."""
         return call_with_retry(call, what=what, give_up_after_s=self._outage_retry_s)
@@ -114,9 +119,10 @@ class ResultWriter:
         return self.redis(lambda: self.store.finish_aborted(keys, token, no_inputs=plain), "ending aborted requests")
 
     def store_results(self, specs: Sequence[RequestSpec], outputs: Sequence[object], token: str) -> Statuses:
-        """Encode every request's outputs, write them to the result store, and finish the requests in one round
-        trip; a request whose output is wrong, or that the store refuses, fails alone."""
-        stored: dict[str, list[str]] = {}
+        """Encode every request's outputs, write them all to the result store (``put_many``: one round trip for the
+        Redis store), and finish the requests in one round trip; a request whose output is wrong, or that the store
+        refuses, fails alone."""
+        encoded: dict[str, list[tuple[str, bytes]]] = {}
         errors: dict[str, ErrorInfo] = {}
         for spec, output in zip(specs, outputs, strict=True):
             frames = video_frames(spec, self._traits)
@@ -126,31 +132,38 @@ class ResultWriter:
                 continue
             assert isinstance(output, Sequence)
             try:
-                encoded = encode_outputs(spec, output)
+                encoded[spec.id] = list(
+                    zip(result_keys(spec, token, frames), encode_outputs(spec, output), strict=True)
+                )
             except Exception as exc:  # noqa: BLE001 - a bad image fails its request, not the batch
                 message = f"encoding the image failed: {type(exc).__name__}: {exc}"
                 errors[spec.id] = ErrorInfo(type="RunnerError", message=message)
-                continue
-            keys = result_keys(spec, token, frames)
-            try:
-                for key, data in zip(keys, encoded, strict=True):
-                    self._put(key, data)
-            except Exception as exc:  # noqa: BLE001 - the store refused it (or stayed away): this request fails
-                if is_transient(exc):
-                    raise
-                errors[spec.id] = ErrorInfo(type="ResultStoreError", message=str(exc) or repr(exc))
-                continue
-            stored[spec.id] = keys
+        refused = self._put_many([item for items in encoded.values() for item in items])
+        stored: dict[str, list[str]] = {}
+        for request_id, items in encoded.items():
+            problems = [refused[key] for key, _ in items if key in refused]
+            if problems:  # the store refused one of its objects: this request fails
+                errors[request_id] = ErrorInfo(type="ResultStoreError", message=problems[0])
+            else:
+                stored[request_id] = [key for key, _ in items]
         if errors:
             log.warning("%d requests returned unusable output: %s", len(errors), errors)
         plain = _no_inputs(specs)
         return self.redis(lambda: self.store.finish_many(stored, errors, token, no_inputs=plain), "storing results")
 
-    def _put(self, key: str, data: bytes) -> None:
-        """Write one output to the result store (a Redis store's writes are retried through an outage). A write that
-        did not return within ``result_store_timeout_s`` is not its request's failure: the store hangs under this
+    def _put_many(self, items: Sequence[tuple[str, bytes]]) -> dict[str, str]:
+        """Write the outputs to the result store (a Redis store's writes are retried through an outage); the keys
+        it refused, each with why. A store that fails as a whole (not an outage) refuses them all. A write that did
+        not return within ``result_store_timeout_s`` is not its request's failure: the store hangs under this
         worker, which must be replaced (``FinisherStuck``; the batch runs again elsewhere)."""
+        if not items:
+            return {}
         try:
-            self.redis(lambda: self._results.put(key, data), "storing an image")
+            refused = self.redis(lambda: self._results.put_many(items), "storing images")
         except ResultStoreTimeout as exc:
             raise FinisherStuck(str(exc)) from exc
+        except Exception as exc:  # noqa: BLE001 - the store refused them (or stayed away): their requests fail
+            if is_transient(exc):
+                raise
+            return {key: str(exc) or repr(exc) for key, _ in items}
+        return {key: str(exc) or repr(exc) for key, exc in refused.items()}

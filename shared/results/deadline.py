@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from shared.results.store import ResultStore, ResultStoreTimeout
+from shared.results.store import ResultStore, ResultStoreError, ResultStoreTimeout, put_each
 
 T = TypeVar("T")
 
@@ -25,8 +25,8 @@ it the store is refused at once."""
 
 
 class DeadlineStore:
-    """``inner`` with each ``put``, ``get`` and ``delete`` bounded by ``timeout_s`` (``url`` presigns locally), at
-    most ``max_calls`` of them running at once."""
+    """``inner`` with each ``put`` (``put_many``: each of its puts), ``get`` and ``delete`` bounded by ``timeout_s``
+    (``url`` presigns locally), at most ``max_calls`` of them running at once."""
 
     def __init__(self, inner: ResultStore, timeout_s: float, *, max_calls: int = MAX_CALLS) -> None:
         self.inner = inner
@@ -38,6 +38,9 @@ class DeadlineStore:
 
     def put(self, key: str, data: bytes) -> None:
         self._call(lambda: self.inner.put(key, data), f"storing {key}")
+
+    def put_many(self, items: Sequence[tuple[str, bytes]]) -> dict[str, ResultStoreError]:
+        return put_each(self, items)
 
     def get(self, key: str) -> bytes | None:
         return self._call(lambda: self.inner.get(key), f"reading {key}")

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from shared.results.store import ResultStoreError, check_key
+from shared.results.store import ResultStoreError, check_key, put_each
 
 
 class FilesystemResultStore:
@@ -34,6 +34,9 @@ class FilesystemResultStore:
             with contextlib.suppress(OSError):
                 partial.unlink(missing_ok=True)
             raise ResultStoreError(f"writing {key} under {self.root} failed: {exc}") from exc
+
+    def put_many(self, items: Sequence[tuple[str, bytes]]) -> dict[str, ResultStoreError]:
+        return put_each(self, items)
 
     def get(self, key: str) -> bytes | None:
         try:

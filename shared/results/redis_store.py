@@ -2,11 +2,12 @@
 
 Beyond ``max_bytes`` the oldest objects are dropped first (``shared/lua/redis_result_put.lua``) and the request
 of each one that its current run stored records when (``evicted_at``: the api then answers 410 for its images and
-says why); an earlier, fenced run's orphan marks nothing. ``put`` reads the oldest objects that would make room
-(candidates) and the script drops them in the same call that marks their requests; when a concurrent put or delete
-changed the order in between, it reads again (at most ``PUT_TRIES`` calls). An object that fits in the room the
-last put left (the bytes in use it answered; other writers may have taken it since) is put with no read first: the
-script answers retry when room must be made after all, and the put goes on as above.
+says why); an earlier, fenced run's orphan marks nothing. ``put_many`` stores a batch's objects in one script call
+(``put`` is one object's). It reads the oldest objects that would make room (candidates) and the script drops them
+in the same call that marks their requests; when a concurrent put or delete changed the order in between, it reads
+again (at most ``PUT_TRIES`` calls). Objects that fit in the room the last put left (the bytes in use it answered;
+other writers may have taken it since) are put with no read first: the script answers retry when room must be made
+after all, and the put goes on as above.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ CANDIDATE_PAGE = 8
 """Objects read per round trip while choosing what to drop, oldest first, until their bytes make room."""
 PUT_TRIES = 20
 """Script calls of one put before it gives up: each retry means the order changed under it (another put, a delete)."""
+PUT_PAGE = 512
+"""Objects stored by one script call at most (a batch's images are one call; a long video's frames a few)."""
 
 
 class RedisResultStore:
@@ -41,26 +44,53 @@ class RedisResultStore:
         self._room = 0  # bytes free as the last put left them (0 until one ran: read first)
 
     def put(self, key: str, data: bytes) -> None:
+        refused = self.put_many([(key, data)])
+        if key in refused:
+            raise refused[key]
+
+    def put_many(self, items: Sequence[tuple[str, bytes]]) -> dict[str, ResultStoreError]:
+        """Store the objects in script calls of up to ``PUT_PAGE`` (one for a batch's images); an object alone
+        over the cap is refused. Objects that fit only one by one (together over the cap) are put one by one."""
+        objects = {self._keys.result(check_key(key)): (key, data) for key, data in items}  # a key once: its last
+        refused = {key: self._too_large(data) for key, data in objects.values() if len(data) > self.max_bytes}
+        fitting = [(name, data) for name, (key, data) in objects.items() if key not in refused]
+        pages = [fitting[start : start + PUT_PAGE] for start in range(0, len(fitting), PUT_PAGE)]
+        for page in pages:
+            if sum(len(data) for _, data in page) <= self.max_bytes:
+                self._put_page(page)
+            else:  # together they exceed the cap: each makes its own room, the batch's earlier ones included
+                for name, data in page:
+                    self._put_page([(name, data)])
+        return refused
+
+    def _put_page(self, page: Sequence[tuple[str, bytes]]) -> None:
+        """One object or more, together within the cap, stored (``redis_result_put.lua``, retried while the order
+        of the oldest objects changes under it)."""
         k = self._keys
-        object_key = k.result(check_key(key))
-        if len(data) > self.max_bytes:
-            raise self._too_large(data)
-        fixed = [object_key, k.redis_results_order, k.redis_results_sizes, k.redis_results_used]
+        names = [name for name, _ in page]
+        size = sum(len(data) for _, data in page)
+        fixed = [k.redis_results_order, k.redis_results_sizes, k.redis_results_used, *names]
         for attempt in range(PUT_TRIES):
-            read = attempt > 0 or len(data) > self._room
-            strides = [self._stride(victim) for victim in self._candidates(object_key, len(data))] if read else []
+            read = attempt > 0 or size > self._room
+            strides = [self._stride(victim) for victim in self._candidates(names, size)] if read else []
             reply = self._put(
                 keys=[*fixed, *(slot for victim, request, _ in strides for slot in (victim, request))],
-                args=[data, self.max_bytes, self._ttl_s, *(token for _, _, token in strides)],
+                args=[
+                    self.max_bytes,
+                    self._ttl_s,
+                    len(page),
+                    *(data for _, data in page),
+                    *(token for _, _, token in strides),
+                ],
             )
-            dropped, written = int(reply[0]), int(reply[1])
-            if dropped < 0:
-                raise self._too_large(data)
-            if written:
+            if int(reply[0]) < 0:
+                raise ResultStoreError(f"{len(page)} objects of {size} bytes exceed the cap ({self.max_bytes})")
+            if int(reply[1]):
                 self._room = self.max_bytes - int(reply[2])
                 return
         raise ResultStoreError(
-            f"storing {key}: the Redis result store's oldest objects kept changing under {PUT_TRIES} tries to make room"
+            f"storing {len(page)} objects: the Redis result store's oldest objects kept changing under {PUT_TRIES} "
+            "tries to make room"
         )
 
     def _too_large(self, data: bytes) -> ResultStoreError:
@@ -69,10 +99,11 @@ class RedisResultStore:
             f"{self.max_bytes})"
         )
 
-    def _candidates(self, object_key: str, size: int) -> list[bytes]:
-        """The oldest objects (not ``object_key``) whose bytes make room for ``size`` more, as read now."""
+    def _candidates(self, object_keys: Sequence[str], size: int) -> list[bytes]:
+        """The oldest objects (not one of ``object_keys``) whose bytes make room for ``size`` more, as read now."""
         k = self._keys
         need = int(self._redis.get(k.redis_results_used) or 0) + size - self.max_bytes
+        own = {name.encode() for name in object_keys}
         picked: list[bytes] = []
         start = 0
         while need > 0:
@@ -80,7 +111,7 @@ class RedisResultStore:
             if not page:
                 break
             for victim, stored in zip(page, self._redis.hmget(k.redis_results_sizes, page), strict=True):
-                if victim != object_key.encode() and need > 0:
+                if victim not in own and need > 0:
                     picked.append(victim)
                     need -= int(stored or 0)
             start += CANDIDATE_PAGE

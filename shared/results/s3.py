@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from shared.results.store import ResultStoreError, check_key, media_type_of
+from shared.results.store import ResultStoreError, check_key, media_type_of, put_each
 from shared.settings import S3_ATTEMPTS
 
 DELETE_PAGE = 1000  # DeleteObjects takes at most this many keys
@@ -38,6 +38,9 @@ class S3ResultStore:
             self._s3.put_object(Bucket=self.bucket, Key=name, Body=data, ContentType=media_type)
         except Exception as exc:  # noqa: BLE001 - botocore's many error types: one meaning here
             raise ResultStoreError(f"storing {key} in s3://{self.bucket}/{self.prefix} failed: {exc}") from exc
+
+    def put_many(self, items: Sequence[tuple[str, bytes]]) -> dict[str, ResultStoreError]:
+        return put_each(self, items)
 
     def get(self, key: str) -> bytes | None:
         name = self._object(key)

@@ -73,6 +73,12 @@ class ResultStore(Protocol):
 
     def put(self, key: str, data: bytes) -> None: ...
 
+    def put_many(self, items: Sequence[tuple[str, bytes]]) -> dict[str, ResultStoreError]:
+        """Store each ``(key, data)`` (a batch's outputs: the Redis store in one round trip, ``put_each`` elsewhere);
+        returns the keys it refused, each with its error, the others stored. Raises what ``put`` raises for the store
+        as a whole (``ResultStoreTimeout``; a Redis store's connection errors)."""
+        ...
+
     def get(self, key: str) -> bytes | None: ...
 
     def delete(self, keys: Sequence[str]) -> None: ...
@@ -81,3 +87,19 @@ class ResultStore(Protocol):
         """A URL a client can GET the object from directly for a while (presigned), or None if the backend has
         none (then the api streams the bytes)."""
         ...
+
+
+def put_each(store: ResultStore, items: Sequence[tuple[str, bytes]]) -> dict[str, ResultStoreError]:
+    """``put_many`` as one ``put`` per object (a store with no cheaper way): a refused object is recorded and the
+    rest go on; a call that did not return (``ResultStoreTimeout``) ends them all. Every key is checked first."""
+    for key, _ in items:
+        check_key(key)
+    refused: dict[str, ResultStoreError] = {}
+    for key, data in items:
+        try:
+            store.put(key, data)
+        except ResultStoreTimeout:
+            raise
+        except ResultStoreError as exc:
+            refused[key] = exc
+    return refused

@@ -25,7 +25,7 @@ from fakeredis.commands_mixins import server_mixin
 from moto.server import ThreadedMotoServer
 
 from shared.keys import RedisKeys
-from shared.results import ResultStore, ResultStoreError, ResultStoreTimeout, build_result_store
+from shared.results import ResultStore, ResultStoreError, ResultStoreTimeout, build_result_store, redis_store
 from shared.results.deadline import MAX_CALLS, DeadlineStore
 from shared.results.factory import BUILDERS
 from shared.results.filesystem import FilesystemResultStore
@@ -124,6 +124,18 @@ def test_put_then_get_returns_the_bytes(backend: Backend) -> None:
     assert backend.stored() == {"req1/tok1/0.png", "req1/tok1/1.webp"}
     backend.store.put("req1/tok1/0.png", b"second write")  # a retried write replaces the object
     assert backend.store.get("req1/tok1/0.png") == b"second write"
+
+
+def test_put_many_stores_every_object_and_a_retried_batch_replaces_them(backend: Backend) -> None:
+    batch = [("req1/tok1/0.png", PNG), ("req2/tok1/0.webp", b"webp bytes"), ("req2/tok1/1.jpeg", b"jpeg bytes")]
+    assert backend.store.put_many(batch) == {}
+    assert backend.stored() == {key for key, _ in batch}
+    assert [backend.store.get(key) for key, _ in batch] == [data for _, data in batch]
+    assert backend.store.put_many([("req1/tok1/0.png", b"second write"), *batch[1:]]) == {}  # a retried finish
+    assert backend.store.get("req1/tok1/0.png") == b"second write" and backend.stored() == {key for key, _ in batch}
+    with pytest.raises(ValueError, match="not a result-store key"):
+        backend.store.put_many([("req3/tok1/0.png", PNG), ("../x", PNG)])  # every key checked before a write
+    assert backend.store.get("req3/tok1/0.png") is None
 
 
 def test_get_of_a_missing_key_is_none(backend: Backend) -> None:
@@ -547,6 +559,61 @@ def test_redis_object_larger_than_the_cap_is_refused_unwritten(
     assert accounted(store, client) == 100
 
 
+def test_redis_put_many_is_one_script_call_in_the_order_given(
+    capped: tuple[RedisResultStore, fakeredis.FakeRedis], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch's objects go in one call, their order the order given (within one millisecond: scores strictly
+    increase), so a later put drops them first to last; an object alone over the cap is refused, the rest stored."""
+    store, client = capped
+    claimed(client, "c", "a", "b")
+    replies = script_calls(store, monkeypatch)
+    refused = store.put_many([("c/tok/0.png", b"c" * 30), ("big/tok/0.png", b"x" * 101), ("a/tok/0.png", b"a" * 30)])
+    assert list(refused) == ["big/tok/0.png"] and "exceeds the Redis result store's cap" in str(
+        refused["big/tok/0.png"]
+    )
+    assert replies == [[0, 1]] and backend_keys(client) == {"c/tok/0.png", "a/tok/0.png"}
+    assert accounted(store, client) == 60
+    store.put_many([("b/tok/0.png", b"b" * 80)])  # 140 > 100: both others go, c first
+    assert replies == [[0, 1], [2, 1]] and backend_keys(client) == {"b/tok/0.png"}
+    assert evicted(client, "a", "b", "c") == ["a", "c"]
+    store.put_many([("b/tok/0.png", b"b" * 40), ("d/tok/0.png", b"d" * 60)])  # b rewritten: counted once
+    assert replies[-1] == [0, 1] and accounted(store, client) == 100 and evicted(client, "b") == []
+
+
+def test_redis_put_many_over_the_cap_together_puts_one_by_one(
+    capped: tuple[RedisResultStore, fakeredis.FakeRedis], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Objects each within the cap but together over it make room one at a time, the batch's earlier ones
+    included: the last ones stay, and the bookkeeping stays exact."""
+    store, client = capped
+    claimed(client, "old", "a", "b", "c")
+    store.put("old/tok/0.png", b"o" * 50)
+    replies = script_calls(store, monkeypatch)
+    assert store.put_many([(f"{rid}/tok/0.png", rid.encode() * 45) for rid in "abc"]) == {}
+    assert len(replies) == 3 and backend_keys(client) == {"b/tok/0.png", "c/tok/0.png"}
+    assert accounted(store, client) == 90 and evicted(client, "old", "a", "b", "c") == ["old", "a"]
+
+
+def test_redis_put_many_pages_a_long_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = fakeredis.FakeRedis(decode_responses=False)
+    store = RedisResultStore(client, RedisKeys(PREFIX), max_bytes=10_000_000, keep_s=60)
+    monkeypatch.setattr(redis_store, "PUT_PAGE", 4)
+    replies = script_calls(store, monkeypatch)
+    assert store.put_many([(f"r/tok/0-{frame}.png", bytes([frame])) for frame in range(10)]) == {}
+    assert replies == [[0, 1]] * 3 and accounted(store, client) == 10
+    assert [store.get(f"r/tok/0-{frame}.png") for frame in range(10)] == [bytes([frame]) for frame in range(10)]
+
+
+def test_filesystem_put_many_refuses_one_and_stores_the_rest(tmp_path: Path) -> None:
+    root = tmp_path / "results"
+    store = FilesystemResultStore(root)
+    root.mkdir()
+    (root / "blocked").write_bytes(b"")  # a file where a request folder would go: mkdir fails
+    refused = store.put_many([("ok/tok1/0.png", PNG), ("blocked/tok1/0.png", PNG), ("ok2/tok1/0.png", PNG)])
+    assert list(refused) == ["blocked/tok1/0.png"] and isinstance(refused["blocked/tok1/0.png"], ResultStoreError)
+    assert store.get("ok/tok1/0.png") == PNG == store.get("ok2/tok1/0.png")
+
+
 def claimed(client: fakeredis.FakeRedis, *request_ids: str) -> None:
     """Requests whose current run (claim ``tok``) stores their objects now."""
     for request_id in request_ids:
@@ -664,7 +731,7 @@ def test_redis_put_gives_up_when_the_order_keeps_changing(
 ) -> None:
     store, client = capped
     store.put("r1/tok/0.png", b"a" * 60)
-    monkeypatch.setattr(store, "_candidates", lambda object_key, size: [])  # always stale: nothing to drop
+    monkeypatch.setattr(store, "_candidates", lambda object_keys, size: [])  # always stale: nothing to drop
     replies = script_calls(store, monkeypatch)
     with pytest.raises(ResultStoreError, match=f"kept changing under {PUT_TRIES} tries"):
         store.put("r2/tok/0.png", b"b" * 60)
