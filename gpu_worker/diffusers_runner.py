@@ -193,14 +193,10 @@ class DiffusersRunner(Runner):
         return self.step_mode
 
     def step_set(self, key: StepKey) -> StepSet:
-        """An empty running set for the requests of ``key``, with the key's LoRA active on the pipeline (as ``run``
-        activates a batch's); ValueError naming what step mode cannot run (an image task, video, true CFG)."""
-        engine = StepEngine.for_key(self.pipe, key)
-        lora = None
-        if key.lora_name is not None:
-            lora = LoraRef(name=key.lora_name, scale=1.0 if key.lora_scale is None else key.lora_scale)
-        self.loras.activate(lora)
-        return RequestSet(engine, self.device)
+        """An empty running set for the requests of ``key``, each row with its own LoRA adapter (the engine applies
+        them per row through ``loras``); ValueError naming what step mode cannot run (an image task, video, true
+        CFG)."""
+        return RequestSet(StepEngine.for_key(self.pipe, key, self.loras), self.device)
 
     def release_memory(self) -> None:
         """Give cached accelerator memory back after an out-of-memory forward, before a smaller retry."""

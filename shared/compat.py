@@ -8,7 +8,8 @@ scale, and the output encoding (format and quality, applied to each request's im
 and may differ inside a batch (the api resizes every input image to the request's output size, so images of one
 batch have one size). The worker applies each row's own adapter in the one fused forward (``gpu_worker.lora``:
 peft's per-row ``adapter_names``); a pipeline that cannot mix adapters runs the batch's rows grouped by adapter
-inside the worker. The step key keeps the adapter (the step engine runs one adapter per running set).
+inside the worker. The step key leaves it out too: a step-engine row carries its own adapter, applied per row in
+the prompt encoders and the denoiser (``gpu_worker.step_engine``).
 
 Both keys are derived: their fields are the ``RequestSpec`` fields marked ``BatchKey`` (``shared.contracts``), in
 field order, so a new batch-wide parameter is one marked field there and nothing here.
@@ -126,16 +127,15 @@ guidance, a request is ``n`` rows, a guided row without a negative prompt is gui
 do not split a running set: ``BatchKey(step=False)``."""
 
 STEP_ONLY: frozenset[str] = _STEP_NAMES - _COMPAT_NAMES
-"""The step-key fields that are not compatibility-key fields: the LoRA adapter and scale, per row in a request-level
-forward but one per running set (the step engine's denoiser and prompt-encoder calls run the adapter active on the
-pipeline): ``BatchKey(forward=False)``. :class:`StepKey`'s fields are exactly the :class:`CompatKey` fields less
+"""The step-key fields that are not compatibility-key fields (``BatchKey(forward=False)``): none since a step row
+carries its LoRA adapter itself. :class:`StepKey`'s fields are exactly the :class:`CompatKey` fields less
 :data:`PER_ROW`, plus these."""
 
 
 @_key_class(STEP_FIELDS)
 class StepKey(_Key):
     """Step-mode bucket of a request: what one running set's fused denoiser calls cannot mix (size, frames, prompt
-    sequence length, LoRA, task and strength, the model). Requests with equal step keys may share one running set
+    sequence length, task and strength, the model). Requests with equal step keys may share one running set
     (``docs/step_mode.md``)."""
 
     @property
@@ -146,5 +146,5 @@ class StepKey(_Key):
 
 
 def step_key(spec: RequestSpec) -> StepKey:
-    """The step-mode bucket of ``spec``: its compatibility key without the per-row fields, with its LoRA."""
+    """The step-mode bucket of ``spec``: its compatibility key without the per-row fields."""
     return StepKey(*(key_field.value(spec) for key_field in STEP_FIELDS))

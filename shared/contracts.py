@@ -159,7 +159,7 @@ class SamplingParams(Frozen):
     fps: Annotated[Fps | None, BatchKey()] = Field(None, description="Video models: frames per second.")
     seed: Seed | None = Field(None, description="Unset: the server picks one and reports it.")
     n: Annotated[Count, BatchKey(step=False)] = Field(1, description="Images generated for this prompt.")
-    lora: Annotated[LoraRef | None, BatchKey(forward=False, parts=("name", "scale"))] = Field(
+    lora: LoraRef | None = Field(
         None, description="A LoRA adapter of the fleet's LoRA folder, by name."
     )
     output_format: OutputFormat = Field(OutputFormat.PNG, description="Encoding of the images: png, jpeg or webp.")

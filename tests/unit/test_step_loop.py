@@ -309,19 +309,19 @@ def test_a_batch_the_step_engine_cannot_take_runs_request_level(worker: Worker, 
     assert worker.client.zcard(worker.keys.inflight) == 0
 
 
-def test_a_set_that_cannot_open_leaves_its_batch_to_the_executor(
+def test_a_joiner_whose_lora_cannot_load_fails_alone_saying_why(
     worker: Worker, hooked: Hooked, runner: DiffusersRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The key's LoRA is not in the LoRA folder (FileNotFoundError): request-level fails the request, saying why,
-    instead of leaving it running."""
+    """A row carries its LoRA (not in the step key): one missing from the LoRA folder (FileNotFoundError) fails its
+    request at its join, saying why, instead of leaving it running; the set closes with no row left."""
     monkeypatch.setattr(runner.loras, "lora_dir", tmp_path)
     lora = spec("lora", steps=2).model_copy(update={"lora": LoraRef(name="missing")})
     outcome = worker.loop.run(worker.schedule("B1", [lora]))
-    assert isinstance(outcome, BatchOutcome)
-    assert outcome.wait(30) == {"lora": "failed"}
+    assert isinstance(outcome, SetOutcome)
+    assert outcome.statuses == {"lora": "failed"}
     state = worker.request("lora")
     assert state["error_type"] == "FileNotFoundError" and "LoRA 'missing' not found" in state["error_message"]
-    assert hooked.steps == 0 and not worker.store.rows_at_close
+    assert hooked.steps == 0 and worker.store.rows_at_close[-1] == "0"
     assert worker.client.zcard(worker.keys.inflight) == 0
 
 
