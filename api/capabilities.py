@@ -78,6 +78,27 @@ def _frame_errors(request: GenerateRequest, traits: ModelTraits, name: str, loc:
     return errors
 
 
+DECODED_BYTES_PER_PIXEL = 3 * 4
+"""Bytes of one decoded video pixel: 3 channels of float32, as the VAE returns frames."""
+
+
+def decode_errors(request: GenerateRequest, traits: ModelTraits, limit: int, loc: Loc) -> list[ErrorDict]:
+    """A video request whose decoded clip (``DECODED_BYTES_PER_PIXEL`` per pixel of its n clips, at its num_frames or
+    the model's default) would exceed ``limit`` (``max_video_decode_bytes``): refused, naming num_frames."""
+    if not traits.video:
+        return []
+    frames = request.num_frames or traits.default_frames
+    decoded = request.n * frames * request.width * request.height * DECODED_BYTES_PER_PIXEL
+    if decoded <= limit:
+        return []
+    message = (
+        f"n x num_frames x width x height x {DECODED_BYTES_PER_PIXEL} bytes = {request.n} x {frames} x {request.width}"
+        f" x {request.height} x {DECODED_BYTES_PER_PIXEL} = {decoded} bytes to decode exceeds this server's "
+        f"max_video_decode_bytes ({limit}): ask for fewer frames or a smaller size"
+    )
+    return [_error("video_decode_too_large", loc, "num_frames", message, frames)]
+
+
 def task_errors(request: GenerateRequest, worker: ModelCapabilities, loc: Loc) -> list[ErrorDict]:
     """The request's task, when the worker's runner of its model does not do it."""
     if request.task in worker.tasks:
@@ -126,7 +147,9 @@ def capability_errors(
             errors.append(_error("model_unknown", loc, "model", message, model))
             continue
         per_worker = [
-            task_errors(request, worker, loc) + trait_errors(request, worker.traits, worker.model, loc)
+            task_errors(request, worker, loc)
+            + trait_errors(request, worker.traits, worker.model, loc)
+            + decode_errors(request, worker.traits, settings.max_video_decode_bytes, loc)
             for worker in served.get(model, ())
         ]
         if per_worker and all(per_worker):

@@ -21,15 +21,19 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import hashlib
 import importlib
 import inspect
 import logging
+import time
 import warnings
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from gpu_worker.batch_knee import KneeTable
 from gpu_worker.families import family_of
 from gpu_worker.lora import LoraActivator, LoraMixingError
 from gpu_worker.prompt_cache import PromptCache, install
@@ -37,8 +41,8 @@ from gpu_worker.runner import InputImages, Runner, StepCallback, StepSet, Video
 from gpu_worker.step_engine import StepEngine, supports
 from gpu_worker.step_engine.request_set import RequestSet
 from gpu_worker.torch_env import make_generators, resolve_device, resolve_dtype
-from shared.compat import StepKey, compat_key
-from shared.contracts import LoraRef, ModelTraits, RequestSpec, Task
+from shared.compat import StepKey, compat_key, pixel_cost
+from shared.contracts import BatchKnee, LoraRef, ModelTraits, RequestSpec, Task
 from shared.settings import Settings
 
 DERIVED_PIPELINES: dict[Task, str] = {
@@ -49,6 +53,9 @@ DERIVED_PIPELINES: dict[Task, str] = {
 family that names none of its own (``PipelineFamily.derived_pipelines``)."""
 
 log = logging.getLogger(__name__)
+
+KNEE_SAVE_EVERY = 16
+"""Live forwards between two writes of the batch knee table to disk."""
 
 
 def pipeline_class(name: str) -> Any:
@@ -119,6 +126,10 @@ class DiffusersRunner(Runner):
         pipe.set_progress_bar_config(disable=True)
         self.pipe: Any = pipe.to(self.device)
         self.family = family_of(self.pipe)
+        if self.family.traits.video and hasattr(getattr(self.pipe, "vae", None), "enable_slicing"):
+            # a batch's videos are decoded one at a time (the same frames as a solo decode): its decode memory is
+            # its largest video's, which the api bounds (max_video_decode_bytes)
+            self.pipe.vae.enable_slicing()
         fused = settings.fused if settings.fused is not None else self.family.traits.fused
         self._traits: ModelTraits = self.family.traits.model_copy(
             update={"fused": fused, "lora": hasattr(self.pipe, "load_lora_weights")}
@@ -143,6 +154,31 @@ class DiffusersRunner(Runner):
         if settings.prompt_cache_entries:
             for pipeline in {id(p): p for p in [self.pipe, *self._pipes.values()]}.values():
                 install(pipeline, self.prompt_cache, bypass=lambda: self.loras.active)
+        self.knees = KneeTable(self._knee_path(source))
+        """Seconds per step by request pixel cost and batch size of this model on this device: measured forwards,
+        kept on disk across restarts (``gpu_worker.batch_knee``)."""
+        self._unsaved_forwards = 0
+
+    def _knee_path(self, source: str) -> Path:
+        """The knee table's file: one per model, device and dtype, in the model cache folder."""
+        device = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type
+        digest = hashlib.sha256(f"{source}|{device}|{self.dtype}".encode()).hexdigest()[:16]
+        return Path(self.settings.model_cache_dir) / "batch-knees" / f"{digest}.json"
+
+    def batch_knees(self, margin: float) -> tuple[BatchKnee, ...]:
+        """The knee of every request pixel cost measured so far (what the worker announces)."""
+        knees = self.knees.knees(margin)
+        return tuple(
+            BatchKnee(cost=int(cost), knee=size) for cost, size in sorted(knees.items(), key=lambda c: int(c[0]))
+        )
+
+    def _observe(self, specs: Sequence[RequestSpec], seconds: float, steps: int) -> None:
+        """A forward of ``specs`` that ran ``steps`` steps in ``seconds``: into the knee table (saved now and then)."""
+        self.knees.observe(str(pixel_cost(specs[0])), len(specs), seconds, steps)
+        self._unsaved_forwards += 1
+        if self._unsaved_forwards >= KNEE_SAVE_EVERY:
+            self._unsaved_forwards = 0
+            self.knees.save()
 
     def _derived_pipelines(self) -> dict[Task, Any]:
         """The image-task pipelines of the loaded family, sharing its components."""
@@ -244,6 +280,12 @@ class DiffusersRunner(Runner):
         self, specs: Sequence[RequestSpec], on_step: StepCallback, inputs: Mapping[str, InputImages] | None
     ) -> list[list[Any]]:
         """One pipeline call over ``specs`` (of one compatibility key) with the adapters set up by the caller."""
+        ran = [0]  # the last step reported: a forward stopped early (aborted) is not a measurement of its size
+
+        def report(step: int, total: int) -> bool:
+            ran[0] = max(ran[0], step)
+            return on_step(step, total)
+
         head = specs[0]
         pipe = self._pipes[head.task]
         accepts = self._call_params[head.task]
@@ -279,7 +321,7 @@ class DiffusersRunner(Runner):
 
         def step_end(pipe: Any, step: int, timestep: Any, callback_kwargs: dict[str, Any]) -> dict[str, Any]:
             # image tasks denoise only the last `strength` part of the schedule: report the steps really run
-            if on_step(step + 1, getattr(pipe, "_num_timesteps", None) or steps):
+            if report(step + 1, getattr(pipe, "_num_timesteps", None) or steps):
                 pipe._interrupt = True
             return callback_kwargs
 
@@ -288,12 +330,16 @@ class DiffusersRunner(Runner):
         elif "callback" in accepts:  # older pipelines (PixArt): progress only, no stop before the forward ends
 
             def legacy_step(step: int, timestep: Any, latents: Any) -> None:
-                on_step(step + 1, steps)
+                report(step + 1, steps)
 
             kwargs.update(callback=legacy_step, callback_steps=1)
+        started = time.perf_counter()
         result = pipe(**kwargs)
+        elapsed = time.perf_counter() - started
         if "callback_on_step_end" not in accepts and "callback" not in accepts:
-            on_step(steps, steps)
+            report(steps, steps)
+        if ran[0] >= (getattr(pipe, "_num_timesteps", None) or steps) and not getattr(pipe, "_interrupt", False):
+            self._observe(specs, elapsed, ran[0])
         outputs: list[Any] = (
             list(result.images)
             if not self.traits.video

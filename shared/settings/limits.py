@@ -24,6 +24,12 @@ class LimitSettings(SettingsConcern):
     max_num_frames: int = Field(257, ge=1)
     """Largest accepted num_frames (frames of one video)."""
 
+    max_video_decode_bytes: int = Field(2 * 1024**3, ge=1024)
+    """Largest decoded clip a video request may ask for: n x num_frames x width x height x 3 channels x 4 bytes (the
+    float32 frames the VAE decodes; its activations grow with them), num_frames the model's default when unset;
+    refused at submit (422 naming num_frames). A video worker decodes a batch one video at a time (VAE slicing), so
+    this bounds a batch's decode too."""
+
     max_prompt_chars: int = Field(4000, ge=1)
     """Longest accepted prompt or negative prompt."""
 

@@ -64,6 +64,7 @@ def test_the_image_task_is_image_to_video_on_the_loaded_components(runner: Diffu
         assert runner.tasks == {Task.IMAGE_TO_IMAGE}
         assert type(i2v) is WanImageRowsPipeline and i2v.config.boundary_ratio == 0.875  # its config carried over
     assert all(i2v.components[name] is runner.pipe.components[name] for name in ("transformer", "vae", "text_encoder"))
+    assert runner.pipe.vae.use_slicing  # a batch decodes one video at a time: its decode memory is one video's
 
 
 def test_fused_image_to_video_rows_equal_their_solo_runs(runner: DiffusersRunner) -> None:

@@ -519,3 +519,21 @@ async def test_a_model_without_image_to_video_refuses_input_reference(video_api:
     data_url = "data:image/png;base64," + base64.b64encode(encoded(32, 32)).decode()
     error = await refused(video_api, size="32x32", input_reference={"image_url": data_url})
     assert error["param"] == "input_reference" and "does not do image-to-image" in error["message"], error
+
+
+# --- the decode bound ---------------------------------------------------------------------------------------------
+
+
+async def test_a_clip_past_the_decode_bound_is_refused_at_submit(tmp_path: Path) -> None:
+    """max_video_decode_bytes (n x frames x width x height x 12 bytes) is known at submit: the job is refused there,
+    naming seconds (num_frames natively), the model's default frame count counted when none is asked."""
+    decoded_9_frames = 9 * 32 * 32 * 12
+    settings = unit_settings(tmp_path, max_video_decode_bytes=decoded_9_frames)
+    async for api in api_harness(settings):
+        await announce(api, "w1", LTX, "LTXPipeline")
+        await create(api, size="32x32", seconds="1", fps=8)  # 9 frames: exactly the bound
+        error = await refused(api, size="32x32", seconds="2", fps=8)  # 17 frames
+        assert error["param"] == "seconds" and "max_video_decode_bytes" in error["message"], error
+        native = await api.http.post("/v1/requests", json={"prompt": "a fox", "width": 32, "height": 32})
+        assert native.status_code == 422  # LTX's default 161 frames
+        assert native.json()["detail"][0]["loc"][-1] == "num_frames", native.text
