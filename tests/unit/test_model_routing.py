@@ -66,12 +66,19 @@ def test_model_of_reads_the_first_spec_still_there() -> None:
 
 
 def announce(
-    client: fakeredis.FakeRedis, store: SchedulerStore, worker: str, *models: str, cold: tuple[str, ...] = ()
+    client: fakeredis.FakeRedis,
+    store: SchedulerStore,
+    worker: str,
+    *models: str,
+    cold: tuple[str, ...] = (),
+    batch_s: float | None = None,
 ) -> None:
     """A live worker serving ``models`` (its heartbeat, as heartbeat.lua writes it; those of ``cold`` not resident,
-    their load 1 s), and the scheduler woken."""
+    their load 1 s; ``batch_s`` its batches' seconds), and the scheduler woken."""
     served = tuple(
-        ModelCapabilities(model=m, pipeline="P", tasks=(Task.TEXT_TO_IMAGE,), resident=m not in cold, load_s=1.0)
+        ModelCapabilities(
+            model=m, pipeline="P", tasks=(Task.TEXT_TO_IMAGE,), resident=m not in cold, load_s=1.0, batch_s=batch_s
+        )
         for m in models
     )
     client.hset(store.keys.capabilities, worker, WorkerCapabilities.of(served).model_dump_json())
@@ -186,3 +193,22 @@ def test_with_every_worker_of_the_model_holding_it_the_batch_takes_the_models_qu
         announce(client, store, "w2", "px")
         assert wait_until(lambda: len(celery.sent) == 1, 5), celery.sent
     assert celery.sent[0][0] == "t.batches.px"  # any of them: the first free takes it
+
+
+def test_a_cold_load_is_taken_once_the_wait_at_the_resident_worker_is_over_twice_the_load() -> None:
+    settings = Settings(key_prefix="t", models=MODELS, max_num_seqs=4, request_batch_max_wait_ms=0)
+    client = fakeredis.FakeRedis(decode_responses=True)
+    store = SchedulerStore(client, settings)
+    store.ensure_groups()
+    submit(client, store.keys, "p1", model="px", width=64, height=64)
+    submit(client, store.keys, "p2", model="px", width=80, height=80)  # another size: a batch of its own
+    celery = QueuedBatches()
+    with running(scheduler(client, settings, celery)):  # type: ignore[arg-type]
+        announce(client, store, "mux", "sd", "px", cold=("px",))  # would load px in 1 s
+        announce(client, store, "w2", "px", batch_s=10.0)  # holds px; its batches take 10 s
+        assert wait_until(lambda: len(celery.sent) == 2, 5), celery.sent
+    # p1: w2 is idle (no wait); p2: one px batch ahead at w2, 10 s > 2 x 1 s: the model's queue, where mux loads it
+    assert [(queue, message["request_ids"]) for queue, message in celery.sent] == [
+        ("t.batches@w2", ["p1"]),
+        ("t.batches.px", ["p2"]),
+    ]
