@@ -46,7 +46,7 @@ from gpu_worker.runner import Runner, load_runner
 from gpu_worker.step_loop import StepLoop
 from gpu_worker.store import Locked, WorkerStore
 from shared.celery_config import RUN_BATCH_TASK, broker_transport, make_celery, publish_options
-from shared.contracts import BatchMessage, ModelCapabilities, WorkerCapabilities
+from shared.contracts import BatchKnee, BatchMessage, ModelCapabilities, WorkerCapabilities
 from shared.redis_conn import sync_client
 from shared.results import build_result_store
 from shared.retry import TRANSIENT_ERRORS, call_with_retry
@@ -80,6 +80,7 @@ class _ProcessState:
     heartbeat: Heartbeat | None = None
     finisher: BackgroundFinisher | None = None
     metrics: WorkerMetrics | None = None
+    knee_margin: float = 0.1  # settings.batch_knee_margin
 
     def route(self, model: str | None) -> str | None:
         """Which served model runs a batch of ``model``: itself, or None when this process does not serve it (a
@@ -94,14 +95,27 @@ class _ProcessState:
         """The announcement: each model's capabilities with its residency now."""
         assert self.residency is not None
         states = self.residency.announce()
+        held = self.residency.held()
         return WorkerCapabilities.of(
             tuple(
                 self.static[model].model_copy(
-                    update={"resident": state.resident, "load_s": state.load_s, "batch_s": state.batch_s}
+                    update={
+                        "resident": state.resident,
+                        "load_s": state.load_s,
+                        "batch_s": state.batch_s,
+                        "batch_knees": _knees_of(held.get(model), self.knee_margin),
+                    }
                 )
                 for model, state in states.items()
             )
         )
+
+
+def _knees_of(served: _Served | None, margin: float) -> tuple[BatchKnee, ...]:
+    """The batch knees a resident model's runner measured (``gpu_worker.batch_knee``); none for a runner that
+    measures none, or a model not loaded (the scheduler then caps at max_num_seqs alone)."""
+    knees = getattr(served.runner, "batch_knees", None) if served is not None else None
+    return tuple(knees(margin)) if callable(knees) else ()
 
 
 def _free_memory(model: str) -> None:
@@ -132,6 +146,7 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
         store = state.store = WorkerStore(sync_client(settings), settings, binary=binary)
         models = settings.served_models
         state.finisher = BackgroundFinisher(stuck_after_s=settings.batch_time_limit_s, on_stuck=retire)
+        state.knee_margin = settings.batch_knee_margin
         state.metrics = WorkerMetrics(sync_client(settings), store.keys)
         metrics = state.metrics
         results = build_result_store(settings, binary)
@@ -280,6 +295,7 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
             )
             return
         started = time.monotonic()
+        knees = _knees_of(served, state.knee_margin)
         try:
             if served.step_loop is not None:
                 outcome = served.step_loop.run(batch)
@@ -292,6 +308,8 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
             return
         finally:
             residency.release(model, time.monotonic() - started)
+        if _knees_of(served, state.knee_margin) != knees:
+            announce()  # the scheduler caps this model's batches at the new knee from now on
         if isinstance(outcome, Locked):
             # another worker runs this batch (a duplicate delivery): look again when its lock could lapse
             raise self.retry(countdown=outcome.retry_after_s, **publish_options(settings))  # a bounded publish

@@ -23,6 +23,7 @@ from celery import Celery
 
 from scheduler.capacity import ModelSlots, serving
 from scheduler.deadlines import overdue
+from scheduler.knees import KNEES_TTL_S, KneeCaps
 from scheduler.lease import LeaderLoop, Lease
 from scheduler.placement import holders, place
 from scheduler.policy import Dispatch, PolicyConfig, WaitingRequest, decide
@@ -79,6 +80,8 @@ class SchedulerService:
         self._placed: dict[str, str] = {}  # batch id -> the worker it was placed on (its own queue), in flight
         self._free: int | None = None  # free worker slots as last counted (minus our dispatches since)
         self._free_at = 0.0
+        self._knees = KneeCaps()  # the batch caps the workers announce (scheduler.knees)
+        self._knees_at = -KNEES_TTL_S
 
     # --- leadership ------------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -318,8 +321,18 @@ class SchedulerService:
                 if abort or status is not RequestStatus.QUEUED:
                     aborted.add(rid)
             self._fresh.update(stale)  # known now: the aborted set brings what changes
+        if window and self._clock() - self._knees_at >= KNEES_TTL_S:
+            self._knees, self._knees_at = KneeCaps.of(self._store.worker_models()), self._clock()
         return [
-            WaitingRequest(r.id, r.key, r.arrived_at, aborted=r.id in aborted, cost=r.cost, level=self._queue.level(r))
+            WaitingRequest(
+                r.id,
+                r.key,
+                r.arrived_at,
+                aborted=r.id in aborted,
+                cost=r.cost,
+                level=self._queue.level(r),
+                knee=self._knees.knee(r.key, r.cost),
+            )
             for r in window
         ]
 

@@ -236,6 +236,14 @@ class ModelTraits(Frozen):
     default_fps: int | None = Field(None, description="Video: fps when a request sets none.")
 
 
+class BatchKnee(Frozen):
+    """The largest batch of a model's requests of one pixel cost that still gains throughput on a worker
+    (``gpu_worker.batch_knee``): the scheduler caps their batches there."""
+
+    cost: int = Field(ge=1, description="The requests' pixel cost (shared.compat.pixel_cost).")
+    knee: int = Field(ge=1, description="The largest batch of them that still gains throughput by the margin.")
+
+
 class ModelCapabilities(Frozen):
     """What a worker announces about one model it serves (with its heartbeat): the api refuses up front what no
     live worker of that model can do."""
@@ -248,6 +256,9 @@ class ModelCapabilities(Frozen):
     load_s: float | None = Field(None, ge=0, description="Seconds its last load took on this worker (None: unknown).")
     batch_s: float | None = Field(
         None, ge=0, description="Seconds a batch of it takes on this worker, a moving average (None: none ran yet)."
+    )
+    batch_knees: tuple[BatchKnee, ...] = Field(
+        (), description="Its batch knee by request pixel cost on this worker, where measured (gpu_worker.batch_knee)."
     )
 
 
