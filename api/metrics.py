@@ -56,6 +56,26 @@ def _labelled(name: str, documentation: str, label: str, values: dict[str, int])
     return family
 
 
+def _batch_knees(snapshot: FleetSnapshot) -> GaugeMetricFamily:
+    """The batch cap by model and request pixel cost: the lowest knee the model's live workers announce (as the
+    scheduler applies it, ``scheduler.knees``)."""
+    lowest: dict[tuple[str, int], int] = {}
+    for worker in snapshot.workers:
+        if worker.live and worker.capabilities is not None:
+            for served in worker.capabilities.served:
+                for knee in served.batch_knees:
+                    key = (served.model, knee.cost)
+                    lowest[key] = min(lowest.get(key, knee.knee), knee.knee)
+    family = GaugeMetricFamily(
+        "fusefleet_batch_knee",
+        "Largest batch that still gains throughput, by model and request pixel cost (the scheduler caps there).",
+        labels=["model", "pixels"],
+    )
+    for (model, cost), knee in sorted(lowest.items()):
+        family.add_metric([model, str(cost)], knee)
+    return family
+
+
 def fleet_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
     """Every metric of the fleet in ``snapshot``: gauges, then the counters and histograms of ``P:metrics``."""
     yield GaugeMetricFamily("fusefleet_queue_depth", "Requests waiting in the request stream.", snapshot.queue_depth)
@@ -134,6 +154,7 @@ def fleet_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
         "model",
         counters.model_evictions,
     )
+    yield _batch_knees(snapshot)
     yield _labelled(
         "fusefleet_prompt_cache_lookups",
         "Prompt rows workers looked up in their prompt-embedding cache: hit (found encoded) or miss (encoded).",

@@ -28,6 +28,20 @@ def _residency(model: ModelCapabilities) -> str:
     return f" (resident{load})" if model.resident else f" (not loaded{load})"
 
 
+def _knees(model: ModelCapabilities) -> str:
+    """The batch cap each measured request pixel cost gets (``gpu_worker.batch_knee``), e.g. ``64x64: 4``."""
+    if not model.batch_knees:
+        return ""
+    caps = ", ".join(f"{_pixels(knee.cost)}: {knee.knee}" for knee in model.batch_knees)
+    return f" batch knee {caps}"
+
+
+def _pixels(cost: int) -> str:
+    """A pixel cost as a square side where it is one (``64x64``), else the pixel count."""
+    side = round(cost**0.5)
+    return f"{side}x{side}" if side * side == cost else f"{cost} px"
+
+
 def _worker_line(worker: WorkerState, batch: RunningBatch | None) -> str:
     state = "live" if worker.live else "stale"
     busy = "idle"
@@ -41,7 +55,7 @@ def _worker_line(worker: WorkerState, batch: RunningBatch | None) -> str:
         what = "; ".join(
             f"{model.model} {model.pipeline} [{model.traits.family}, "
             f"{'fused' if model.traits.fused else 'request by request'}; "
-            f"{', '.join(task.value for task in model.tasks)}]{_residency(model)}"
+            f"{', '.join(task.value for task in model.tasks)}]{_residency(model)}{_knees(model)}"
             for model in caps.served
         )
     return f"  {worker.name}: {state}, {busy}, {beat}, {what}"

@@ -22,7 +22,7 @@ from gpu_worker.store import WorkerStore
 from scheduler.lease import Lease
 from scheduler.store import SchedulerStore
 from shared import keys as k
-from shared.contracts import BatchMessage, ErrorInfo
+from shared.contracts import BatchKnee, BatchMessage, ErrorInfo, ModelCapabilities, WorkerCapabilities
 from shared.fleet_state import FleetReader, FleetSnapshot
 from shared.metrics import (
     TIME_BUCKETS_MS,
@@ -213,6 +213,19 @@ async def test_prompt_cache_lookups_reach_the_metrics(
     assert samples["fusefleet_prompt_cache_lookups_total{outcome=hit}"] == 3
     assert samples["fusefleet_prompt_cache_lookups_total{outcome=miss}"] == 3
     metrics.close()
+
+
+async def test_the_batch_knees_of_live_workers_are_a_gauge(
+    client: fakeredis.FakeRedis, server: fakeredis.FakeServer
+) -> None:
+    keys = k.RedisKeys("m")
+    now_ms = time.time() * 1000
+    client.zadd(keys.workers, {"w1": now_ms, "w2": now_ms, "gone": now_ms - 60_000})
+    for worker, knee in (("w1", 8), ("w2", 4), ("gone", 1)):
+        served = ModelCapabilities(model="sd", pipeline="P", tasks=(), batch_knees=(BatchKnee(cost=4096, knee=knee),))
+        client.hset(keys.capabilities, worker, WorkerCapabilities.of((served,)).model_dump_json())
+    samples = scrape(await snapshot(server, keys))
+    assert samples["fusefleet_batch_knee{model=sd,pixels=4096}"] == 4  # the lowest live one
 
 
 def silent_server() -> tuple[socket.socket, int]:

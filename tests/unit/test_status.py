@@ -17,7 +17,7 @@ from fusefleet.local_redis import RedisPointer, local_settings
 from fusefleet.status import FleetStatus, render
 from gpu_worker.families import FAMILIES
 from gpu_worker.metrics import WorkerMetrics
-from shared.contracts import ModelCapabilities, Task, WorkerCapabilities
+from shared.contracts import BatchKnee, ModelCapabilities, Task, WorkerCapabilities
 from shared.fleet_state import FleetReader
 from shared.keys import RedisKeys
 from shared.redis_conn import redacted
@@ -66,6 +66,20 @@ async def test_status_shows_what_each_worker_holds_resident() -> None:
     text = render(FleetStatus(snapshot))
     assert "sd StableDiffusionPipeline [" in text and "text-to-image] (resident, load 1.2 s)" in text
     assert "px PixArtSigmaPipeline [" in text and "text-to-image] (not loaded)" in text
+
+
+async def test_status_shows_each_models_batch_knees() -> None:
+    redis = fakeredis.FakeAsyncRedis(decode_responses=True)
+    keys = RedisKeys("t")
+    await redis.zadd(keys.workers, {"gpu0@host": int(time.time() * 1000)})
+    knees = (BatchKnee(cost=512 * 512, knee=8), BatchKnee(cost=1024 * 768, knee=1))
+    sd = ModelCapabilities(
+        model="sd", pipeline="StableDiffusionPipeline", tasks=(Task.TEXT_TO_IMAGE,), batch_knees=knees
+    )
+    await redis.hset(keys.capabilities, "gpu0@host", WorkerCapabilities.of((sd,)).model_dump_json())
+    snapshot = await FleetReader(redis, keys, worker_ttl_s=5, timeout_s=2).read()
+    assert snapshot is not None
+    assert "(resident) batch knee 512x512: 8, 786432 px: 1" in render(FleetStatus(snapshot))
 
 
 async def test_status_shows_who_runs_what_and_the_recent_throughput() -> None:
