@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from gpu_worker.diffusers_runner import DiffusersRunner
-from tests.integration.conftest import Fleet, running_fleet
+from shared.contracts import LoraRef
+from tests.integration.conftest import LORA_NAME, Fleet, running_fleet
 from tests.support.processes import wait_for
 from tests.support.redis_server import RedisServer
 from tests.support.solo import png_array, solo_image
@@ -59,6 +60,34 @@ def test_requests_with_other_steps_and_guidance_join_a_running_set(
             solo = solo_image(solo_runner, {**state, "seed": state["seed"] + k})
             assert np.abs(png_array(fleet.image(rid, k)) - solo).max() <= 1, f"{rid}/{k} differs from its solo run"
     assert fleet.wait_done([long], timeout=120)[long]["status"] == "succeeded"
+
+
+def test_requests_of_other_lora_adapters_join_one_running_set(step_fleet: Fleet, solo_runner: DiffusersRunner) -> None:
+    """The adapter is a row's own, not the step key's: joiners with the LoRA and without it join a set opened by a
+    request without one, and each equals its solo run with its own adapter (that adapters change a row is
+    tests/unit/test_step_engine_image_tasks.py's)."""
+    fleet = step_fleet
+    long = fleet.submit(prompt="the long one", num_inference_steps=LONG_STEPS, seed=30)
+    fleet.wait_running(long, min_step=2)
+    adapters = {"lora": LoraRef(name=LORA_NAME, scale=0.8), "none": None}
+    joiners = {
+        name: fleet.submit(
+            prompt=f"a lantern, {name}",
+            num_inference_steps=3 + k,
+            seed=31 + k,
+            **({"lora": lora.model_dump()} if lora is not None else {}),
+        )
+        for k, (name, lora) in enumerate(adapters.items())
+    }
+    states = fleet.wait_done(list(joiners.values()), timeout=60)
+    assert {s["status"] for s in states.values()} == {"succeeded"}, states
+    assert fleet.get(long)["status"] == "running", "the joiners waited for the long request instead of joining it"
+    assert len({_hash(fleet, rid)["worker"] for rid in [long, *joiners.values()]}) == 1
+    for name, rid in joiners.items():
+        solo = solo_image(solo_runner, states[rid], lora=adapters[name])
+        assert np.abs(png_array(fleet.image(rid)) - solo).max() <= 1, f"{name} differs from its solo run"
+    fleet.http.post(f"/v1/requests/{long}/abort")
+    assert fleet.wait_done([long], timeout=30)[long]["status"] == "aborted"
 
 
 def test_an_aborted_row_leaves_the_set_and_its_peer_goes_on(step_fleet: Fleet, solo_runner: DiffusersRunner) -> None:
