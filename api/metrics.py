@@ -71,8 +71,8 @@ def _batch_knees(snapshot: FleetSnapshot) -> GaugeMetricFamily:
         "Largest batch that still gains throughput, by model and request pixel cost (the scheduler caps there).",
         labels=["model", "pixels"],
     )
-    for (model, cost), knee in sorted(lowest.items()):
-        family.add_metric([model, str(cost)], knee)
+    for (model, cost), cap in sorted(lowest.items()):
+        family.add_metric([model, str(cost)], cap)
     return family
 
 
