@@ -98,6 +98,11 @@ class KneeTable:
             old = sizes.get(size)
             sizes[size] = step_s if old is None else (1 - LIVE_WEIGHT) * old + LIVE_WEIGHT * step_s
 
+    def clear(self, shape: str) -> None:
+        """Forget ``shape``'s measurements (a warm-up forward is not one)."""
+        with self._lock:
+            self._seconds.pop(shape, None)
+
     def seconds(self, shape: str) -> dict[int, float]:
         """Seconds per step by batch size at ``shape`` (empty when never measured)."""
         with self._lock:

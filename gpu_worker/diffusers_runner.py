@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from gpu_worker.batch_knee import KneeTable
+from gpu_worker.batch_knee import KneeTable, measured_sizes
 from gpu_worker.families import family_of
 from gpu_worker.lora import LoraActivator, LoraMixingError
 from gpu_worker.prompt_cache import PromptCache, install
@@ -158,12 +158,53 @@ class DiffusersRunner(Runner):
         """Seconds per step by request pixel cost and batch size of this model on this device: measured forwards,
         kept on disk across restarts (``gpu_worker.batch_knee``)."""
         self._unsaved_forwards = 0
+        if settings.batch_knee_warmup:
+            self.measure_knees(settings.knee_warmup_sizes, measured_sizes(settings.max_num_seqs))
 
     def _knee_path(self, source: str) -> Path:
         """The knee table's file: one per model, device and dtype, in the model cache folder."""
         device = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type
         digest = hashlib.sha256(f"{source}|{device}|{self.dtype}".encode()).hexdigest()[:16]
         return Path(self.settings.model_cache_dir) / "batch-knees" / f"{digest}.json"
+
+    def measure_knees(self, shapes: Sequence[tuple[int, int]], sizes: Sequence[int], steps: int = 2) -> None:
+        """Time a batch of each of ``sizes`` at each (width, height) of ``shapes`` not in the knee table yet (one
+        forward of the smallest first, not counted: the first call of a shape pays its set-up), progress logged;
+        the table saved. A family whose loaded pipeline needs an input image measures nothing here."""
+        if self.family.loaded_task is None:
+            return
+        for width, height in shapes:
+            probe = self._probe_specs(width, height, 1, steps)
+            if self.knees.seconds(str(pixel_cost(probe[0]))):
+                continue
+            log.info("measuring the batch knee of %s at %dx%d: batches of %s", self.pipeline_name, width, height, sizes)
+            self._call(probe, lambda step, total: False, None)  # warm-up
+            self.knees.clear(str(pixel_cost(probe[0])))
+            for size in sizes:
+                started = time.perf_counter()
+                self._call(self._probe_specs(width, height, size, steps), lambda step, total: False, None)
+                log.info("  %d requests: %.3f s", size, time.perf_counter() - started)
+        self.knees.save()
+
+    def _probe_specs(self, width: int, height: int, size: int, steps: int) -> list[RequestSpec]:
+        """``size`` requests of the family's defaults at ``width`` x ``height`` (for timing only)."""
+        multiple = self.traits.size_multiple
+        width, height = max(multiple, width // multiple * multiple), max(multiple, height // multiple * multiple)
+        video = {"num_frames": self.traits.frames_multiple + 1} if self.traits.video else {}
+        return [
+            RequestSpec(
+                id=f"knee-{i}",
+                model="knee",
+                prompt=f"a measurement {i}",
+                width=width,
+                height=height,
+                num_inference_steps=steps,
+                seed=i,
+                created_at=0.0,
+                **video,
+            )
+            for i in range(size)
+        ]
 
     def batch_knees(self, margin: float) -> tuple[BatchKnee, ...]:
         """The knee of every request pixel cost measured so far (what the worker announces)."""

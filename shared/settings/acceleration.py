@@ -3,7 +3,11 @@ where batching stops paying (``gpu_worker.batch_knee``)."""
 
 from __future__ import annotations
 
-from pydantic import Field
+import re
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode
 
 from shared.settings.concern import SettingsConcern
 
@@ -25,3 +29,24 @@ class AccelerationSettings(SettingsConcern):
     """Batch only where it pays: a worker announces, per model and request pixel cost, the largest batch up to which
     each doubling gains at least this much throughput (0.1: ten percent) by its measured forward times, and the
     scheduler caps batches there (never above max_num_seqs; gpu_worker/batch_knee.py)."""
+
+    batch_knee_warmup: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Request sizes (WIDTHxHEIGHT, comma-separated, e.g. 512x512,1024x1024) a worker times at start, batches of
+    1, 2, 4, ... up to max_num_seqs at 2 steps each, for the sizes not in its knee table on disk yet; empty (the
+    default, cheap on a CPU): only live forwards measure."""
+
+    @field_validator("batch_knee_warmup", mode="before")
+    @classmethod
+    def _sizes(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, list):
+            for size in value:
+                if not isinstance(size, str) or not re.fullmatch(r"[1-9][0-9]*x[1-9][0-9]*", size):
+                    raise ValueError(f"batch_knee_warmup: {size!r} is not WIDTHxHEIGHT (e.g. 512x512)")
+        return value
+
+    @property
+    def knee_warmup_sizes(self) -> list[tuple[int, int]]:
+        """``batch_knee_warmup`` as (width, height) pairs."""
+        return [(int(w), int(h)) for w, h in (size.split("x") for size in self.batch_knee_warmup)]

@@ -1,15 +1,19 @@
 """The runner measures its own batch knee: each forward that ran all its steps is one measurement of its size at
-its requests' pixel cost (one stopped early is none), and the table is kept per model and device on disk."""
+its requests' pixel cost (one stopped early is none), the sizes of batch_knee_warmup are timed at start, and the
+table is kept per model and device on disk."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 
 from bench.families import family_runner, family_specs
 from gpu_worker.batch_knee import KneeTable
+from gpu_worker.diffusers_runner import DiffusersRunner
 from shared.compat import pixel_cost
+from shared.settings import Settings
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -27,3 +31,19 @@ def test_forwards_feed_the_knee_table(tmp_path: Path) -> None:
     runner.knees.save()
     assert runner.knees.path is not None and runner.knees.path.is_relative_to(tmp_path)
     assert set(KneeTable(runner.knees.path).seconds(cost)) == {1, 3}
+
+
+def test_the_start_up_measurement_times_each_size_once_per_model_and_device(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = Settings(
+        model=None, model_cache_dir=tmp_path, torch_threads=2, max_num_seqs=3, batch_knee_warmup="32x32"
+    )
+    caplog.set_level(logging.INFO, logger="gpu_worker.diffusers_runner")
+    runner = DiffusersRunner(settings)
+    assert set(runner.knees.seconds(str(32 * 32))) == {1, 2, 3}  # the warm-up forward is not a measurement
+    assert "measuring the batch knee of StableDiffusionPipeline at 32x32" in caplog.text
+    caplog.clear()
+    again = DiffusersRunner(settings)  # a restart: the table on disk, nothing timed
+    assert again.knees.seconds(str(32 * 32)) == runner.knees.seconds(str(32 * 32))
+    assert "measuring" not in caplog.text
