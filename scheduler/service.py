@@ -218,6 +218,8 @@ class SchedulerService:
             self._free = None
         for batch_id, ids in reaped.request_ids.items():
             self._publish_again(batch_id, ids, "its last run ended without finishing it, or its message was lost")
+        if self._placed:
+            self._place_again_from_gone_workers()
         late = overdue(self._store.in_flight(), self._wall_clock())
         if late:
             statuses = self._store.expire(late)
@@ -386,6 +388,18 @@ class SchedulerService:
         fields = ids_of(batch_id=batch_id, request_ids=request_ids)
         where = f" on {worker}" if worker is not None else ""
         log.info("published batch %s with %d requests%s", batch_id, len(request_ids), where, extra=fields)
+
+    def _place_again_from_gone_workers(self) -> None:
+        """Publish again, placed anew, the batches in flight placed on a worker that is no longer live: its own queue
+        has no other consumer, so they would wait for the reaper's claim timeout. One it claimed before it went is
+        harmless to publish (the claim lock admits one run; the reaper re-runs it once its lock lapses)."""
+        live, in_flight = self._store.worker_models(), self._store.in_flight_ids()
+        for batch_id in set(self._placed) - in_flight:
+            del self._placed[batch_id]
+        gone = {batch_id: worker for batch_id, worker in self._placed.items() if worker not in live}
+        for batch_id, worker in gone.items():
+            del self._placed[batch_id]
+            self._republish(batch_id, f"it was placed on {worker}, which is gone")
 
     def _place(self, batch_id: str, model: str) -> str | None:
         """The worker holding ``model`` resident to place the batch on, or None for the model's queue

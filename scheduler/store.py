@@ -227,18 +227,24 @@ class SchedulerStore:
         return None
 
     def worker_models(self) -> dict[str, WorkerCapabilities]:
-        """What each live worker announces (the models it serves, which it holds resident), by worker name, as
-        their heartbeats left it (one round trip; ``free_slots`` sweeps the stale ones first)."""
+        """What each live worker (heartbeat newer than ``worker_ttl_s``, by Redis time) announces: the models it
+        serves and which it holds resident, by worker name (one round trip)."""
         pipe = self._redis.pipeline(transaction=False)
-        pipe.zrange(self.keys.workers, 0, -1)
+        pipe.time()
+        pipe.zrange(self.keys.workers, 0, -1, withscores=True)
         pipe.hgetall(self.keys.capabilities)
-        workers, announced = pipe.execute()
+        (seconds, micros), workers, announced = pipe.execute()
+        since_ms = int(seconds) * 1000 + int(micros) // 1000 - self._settings.worker_ttl_s * 1000
         out: dict[str, WorkerCapabilities] = {}
-        for worker in workers:
+        for worker, beat_ms in workers:
             capabilities = parse_capabilities(announced.get(worker))
-            if capabilities is not None:
+            if capabilities is not None and float(beat_ms) >= since_ms:
                 out[str(worker)] = capabilities
         return out
+
+    def in_flight_ids(self) -> set[str]:
+        """The ids of the batches in flight (one round trip)."""
+        return {str(batch_id) for batch_id in self._redis.zrange(self.keys.inflight, 0, -1)}
 
     def busy_models(self, known: dict[str, str]) -> list[str | None]:
         """The model of each batch in flight that occupies a worker (not in the storing zset: its forward is

@@ -212,3 +212,22 @@ def test_a_cold_load_is_taken_once_the_wait_at_the_resident_worker_is_over_twice
         ("t.batches@w2", ["p1"]),
         ("t.batches.px", ["p2"]),
     ]
+
+
+def test_a_batch_placed_on_a_worker_that_went_is_placed_again_without_waiting_for_the_claim_timeout() -> None:
+    settings = Settings(key_prefix="t", models=MODELS, max_num_seqs=4, request_batch_max_wait_ms=0)
+    client = fakeredis.FakeRedis(decode_responses=True)
+    store = SchedulerStore(client, settings)
+    store.ensure_groups()
+    submit(client, store.keys, "p1", model="px")
+    celery = QueuedBatches()
+    with running(scheduler(client, settings, celery)):  # type: ignore[arg-type]
+        announce(client, store, "mux", "sd", "px", cold=("px",))
+        announce(client, store, "w2", "px")
+        assert wait_until(lambda: len(celery.sent) == 1, 5), celery.sent
+        assert celery.sent[0][0] == "t.batches@w2"
+        client.zadd(store.keys.workers, {"w2": (client.time()[0] - 60) * 1000})  # its last beat: a minute ago
+        assert wait_until(lambda: len(celery.sent) == 2, 5), celery.sent
+    assert (celery.sent[1][0], celery.sent[1][1]["request_ids"]) == ("t.batches.px", ["p1"])  # mux loads px
+    assert celery.sent[1][1]["batch_id"] == celery.sent[0][1]["batch_id"]
+    assert settings.batch_claim_timeout_s >= 30  # published again long before the reaper's claim timeout
