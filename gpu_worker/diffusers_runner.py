@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from gpu_worker.accelerations import attention, bucket, compile_denoiser, use_channels_last
 from gpu_worker.batch_knee import KneeTable, measured_sizes
 from gpu_worker.families import family_of
 from gpu_worker.lora import LoraActivator, LoraMixingError
@@ -125,6 +126,8 @@ class DiffusersRunner(Runner):
             pipe.safety_checker = None
         pipe.set_progress_bar_config(disable=True)
         self.pipe: Any = pipe.to(self.device)
+        self.buckets = self._accelerate()
+        """The batch buckets a forward's rows are padded to (a compiled denoiser); empty: no padding."""
         self.family = family_of(self.pipe)
         if self.family.traits.video and hasattr(getattr(self.pipe, "vae", None), "enable_slicing"):
             # a batch's videos are decoded one at a time (the same frames as a solo decode): its decode memory is
@@ -160,6 +163,32 @@ class DiffusersRunner(Runner):
         self._unsaved_forwards = 0
         if settings.batch_knee_warmup:
             self.measure_knees(settings.knee_warmup_sizes, measured_sizes(settings.max_num_seqs))
+
+    def _accelerate(self) -> tuple[int, ...]:
+        """Apply the exact accelerations the settings ask for (``gpu_worker.accelerations``); the buckets."""
+        settings = self.settings
+        if settings.channels_last if settings.channels_last is not None else self.device.type == "cuda":
+            log.info("channels-last: %s", ", ".join(use_channels_last(self.pipe)) or "no convolutional component")
+        if not settings.compile_denoiser:
+            return ()
+        cache = settings.compile_cache_dir or Path(settings.model_cache_dir) / "inductor"
+        compiled = compile_denoiser(self.pipe, cache)
+        buckets = measured_sizes(settings.max_num_seqs) if compiled else ()
+        log.info("compiled %s (repeated blocks), batch buckets %s, cache %s", compiled, buckets, cache)
+        return buckets
+
+    def _pad(self, kwargs: dict[str, Any], rows: int) -> int:
+        """With a compiled denoiser, pad the call's rows up to their bucket (one static shape each): each padding
+        row repeats the last row's texts and inputs with a generator of its own. The number of rows added."""
+        padding = bucket(rows, self.buckets) - rows if self.buckets else 0
+        if padding <= 0:
+            return 0
+        for name in ("prompt", "negative_prompt", "image", "mask_image"):
+            if isinstance(kwargs.get(name), list):
+                kwargs[name] = kwargs[name] + [kwargs[name][-1]] * padding
+        extra = [torch.Generator(device=self.device).manual_seed(0) for _ in range(padding)]
+        kwargs["generator"] = list(kwargs["generator"]) + extra
+        return padding
 
     def _knee_path(self, source: str) -> Path:
         """The knee table's file: one per model, device and dtype, in the model cache folder."""
@@ -374,8 +403,10 @@ class DiffusersRunner(Runner):
                 report(step + 1, steps)
 
             kwargs.update(callback=legacy_step, callback_steps=1)
+        padding = self._pad(kwargs, len(rows))
         started = time.perf_counter()
-        result = pipe(**kwargs)
+        with attention(self.settings.sdpa_backend):
+            result = pipe(**kwargs)
         elapsed = time.perf_counter() - started
         if "callback_on_step_end" not in accepts and "callback" not in accepts:
             report(steps, steps)
@@ -386,6 +417,8 @@ class DiffusersRunner(Runner):
             if not self.traits.video
             else [Video(frames=list(frames), fps=self.family.fps(head)) for frames in result.frames]
         )
+        if padding and len(outputs) == len(rows) + padding:
+            outputs = outputs[: len(rows)]  # the padding rows' outputs: dropped here, never in a result
         expected = len(specs) * head.n
         if len(outputs) != expected:
             raise RuntimeError(f"pipeline returned {len(outputs)} outputs, expected {expected}")

@@ -4,12 +4,12 @@ where batching stops paying (``gpu_worker.batch_knee``)."""
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
-from shared.settings.concern import SettingsConcern
+from shared.settings.concern import OptionalUserPath, SettingsConcern
 
 
 class AccelerationSettings(SettingsConcern):
@@ -34,6 +34,22 @@ class AccelerationSettings(SettingsConcern):
     """Request sizes (WIDTHxHEIGHT, comma-separated, e.g. 512x512,1024x1024) a worker times at start, batches of
     1, 2, 4, ... up to max_num_seqs at 2 steps each, for the sizes not in its knee table on disk yet; empty (the
     default, cheap on a CPU): only live forwards measure."""
+
+    channels_last: bool | None = None
+    """Channels-last memory format for the UNet and VAE (exact: the same arithmetic in the layout convolution kernels
+    prefer); unset = on for a CUDA device, off elsewhere."""
+
+    sdpa_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = "auto"
+    """The scaled-dot-product-attention backend of every forward: auto = torch's choice per call, or one pinned."""
+
+    compile_denoiser: bool = False
+    """torch.compile the denoiser's repeated blocks (regional compilation), each batch padded up to its bucket (1, 2,
+    4, ... max_num_seqs; padding rows dropped, never in a result) so each bucket compiles once; compiled rows equal
+    their solo runs within 1/255. Off by default: it pays on a GPU, after a compile of seconds to minutes per bucket
+    (batch_knee_warmup compiles the buckets at start)."""
+
+    compile_cache_dir: OptionalUserPath = None
+    """Where torch's inductor keeps compiled artifacts across restarts; unset = <model_cache_dir>/inductor."""
 
     @field_validator("batch_knee_warmup", mode="before")
     @classmethod

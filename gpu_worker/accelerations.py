@@ -1,0 +1,94 @@
+"""Exact accelerations of a loaded pipeline: what changes how the forward is computed, never what it computes.
+
+* channels-last memory format for the convolutional components (the UNet, the VAE): the same arithmetic in the
+  layout the GPU's convolution kernels prefer (``channels_last``; unset: on a CUDA device only);
+* the scaled-dot-product-attention backend (``sdpa_backend``: auto lets torch choose; flash, efficient, cudnn or
+  math pin one), applied around every forward (``attention``);
+* regional ``torch.compile`` of the denoiser (``compile_denoiser``): only its repeated blocks (diffusers'
+  ``compile_repeated_blocks``; a family that names none has its ``transformer_blocks`` compiled one by one), so
+  compile time is that of one block; compiled artifacts kept in ``compile_cache_dir`` across restarts (inductor's
+  cache). With compilation on, a forward's rows are padded up to the next batch bucket (``buckets``: the sizes the
+  batch knee measures, ``gpu_worker.batch_knee.measured_sizes``) so each bucket is one static shape compiled
+  once; the padding rows are dropped from the outputs and never reach a result (``DiffusersRunner._call``).
+
+Every row still equals its solo run (compiled vs compiled) within 1/255: ``tests/integration/test_accelerations.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
+"""The ``sdpa_backend`` values: torch's own choice, or one backend pinned."""
+
+DENOISERS = ("unet", "transformer", "transformer_2")
+"""The pipeline components a family's denoiser is (Wan 2.2 has two transformers)."""
+
+
+def use_channels_last(pipe: Any) -> list[str]:
+    """Put the convolutional components of ``pipe`` in channels-last memory format; the names of those changed."""
+    changed = []
+    for name in ("unet", "vae"):
+        if isinstance(getattr(pipe, name, None), torch.nn.Module):
+            module: Any = getattr(pipe, name)
+            module.to(memory_format=torch.channels_last)
+            changed.append(name)
+    return changed
+
+
+@contextlib.contextmanager
+def attention(backend: str) -> Iterator[None]:
+    """Every scaled-dot-product attention within runs on ``backend`` (``auto``: torch's choice)."""
+    if backend == "auto":
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "math": SDPBackend.MATH,
+    }[backend]
+    with sdpa_kernel([chosen]):
+        yield
+
+
+def compile_denoiser(pipe: Any, cache_dir: Path | None) -> list[str]:
+    """Compile the repeated blocks of ``pipe``'s denoiser(s) (regional compilation); inductor's cache in
+    ``cache_dir``. The names of the components compiled (none: nothing to compile, logged)."""
+    if cache_dir is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir))
+        os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+    compiled = []
+    for name in DENOISERS:
+        if not isinstance(getattr(pipe, name, None), torch.nn.Module):
+            continue
+        module: Any = getattr(pipe, name)
+        blocks: Any = getattr(module, "transformer_blocks", None)
+        if getattr(module, "_repeated_blocks", None):
+            module.compile_repeated_blocks(fullgraph=True, dynamic=False)
+        elif isinstance(blocks, torch.nn.ModuleList):
+            for block in blocks:
+                block.compile(fullgraph=True, dynamic=False)
+        else:
+            log.warning("%s.%s has no repeated blocks to compile: it runs eagerly", type(pipe).__name__, name)
+            continue
+        compiled.append(name)
+    return compiled
+
+
+def bucket(rows: int, buckets: Sequence[int]) -> int:
+    """The batch a forward of ``rows`` rows is padded to: the smallest bucket that holds it (``rows`` itself above
+    the largest)."""
+    return min((size for size in buckets if size >= rows), default=rows)

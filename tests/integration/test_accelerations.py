@@ -1,0 +1,82 @@
+"""The exact accelerations on the tiny pipelines through the real runner: a forward padded up to its batch bucket
+gives each request what it gets unpadded (within 1/255) and the padding rows never reach a result, for every
+family; channels-last with a pinned attention backend changes nothing beyond 1/255; a compiled denoiser's fused
+rows equal their compiled solo runs, and the eager ones, within 1/255."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench.families import family_inputs, family_runner, family_specs, pixels
+from gpu_worker.diffusers_runner import DiffusersRunner
+from gpu_worker.families import FAMILIES
+from shared.settings import Settings
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("acceleration-models")
+
+
+def _specs(family: str, prompts: list[str]) -> Any:
+    extra = {"max_sequence_length": 32} if FAMILIES[family].traits.max_sequence_length is not None else {}
+    return family_specs(family, prompts, side=32, steps=2, seed=11, negative="blurry {i}", **extra)
+
+
+def _run(runner: DiffusersRunner, specs: Any) -> list[list[np.ndarray]]:
+    outputs = runner.run(specs, lambda step, total: False, family_inputs(specs))
+    return [[pixels(output) for output in request] for request in outputs]
+
+
+def _close(a: np.ndarray, b: np.ndarray) -> int:
+    return int(np.abs(a.astype(np.int16) - b.astype(np.int16)).max())
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_padded_forward_equals_the_unpadded_and_drops_its_padding(family: str, cache_dir: Path) -> None:
+    runner = family_runner(family, cache_dir)
+    specs = _specs(family, ["a red fox", "a blue whale"])
+    plain = _run(runner, specs)
+    runner.buckets = (4,)  # two rows padded to four
+    padded = _run(runner, specs)
+    assert [len(images) for images in padded] == [1, 1]  # the padding rows' outputs are in no result
+    for alone, bucketed in zip(plain, padded, strict=True):
+        assert _close(alone[0], bucketed[0]) <= 1, f"{family}: padding changed a row"
+
+
+def test_channels_last_and_a_pinned_attention_backend_change_nothing(cache_dir: Path) -> None:
+    stock = family_runner("stable-diffusion", cache_dir)
+    fast = DiffusersRunner(
+        Settings(model=None, model_cache_dir=cache_dir, torch_threads=2, channels_last=True, sdpa_backend="math")
+    )
+    specs = _specs("stable-diffusion", ["a red fox", "a blue whale"])
+    for a, b in zip(_run(stock, specs), _run(fast, specs), strict=True):
+        assert _close(a[0], b[0]) <= 1
+
+
+@pytest.mark.soak  # ~50 s on two CPU cores: inductor compiles the UNet's blocks for two buckets
+def test_a_compiled_denoiser_equals_its_solo_runs_and_the_eager_one(cache_dir: Path, tmp_path: Path) -> None:
+    eager = family_runner("stable-diffusion", cache_dir)
+    settings = Settings(
+        model=None,
+        model_cache_dir=cache_dir,
+        torch_threads=2,
+        compile_denoiser=True,
+        compile_cache_dir=tmp_path / "inductor",
+        max_num_seqs=2,
+    )
+    compiled = DiffusersRunner(settings)
+    assert compiled.buckets == (1, 2)
+    specs = _specs("stable-diffusion", ["a red fox", "a blue whale"])
+    fused = _run(compiled, specs)
+    reference = _run(eager, specs)
+    for spec, images, stock in zip(specs, fused, reference, strict=True):
+        (alone,) = _run(compiled, [spec])
+        assert _close(images[0], alone[0]) <= 1, "compiled: fused differs from solo"
+        assert _close(images[0], stock[0]) <= 1, "compiled differs from eager"
