@@ -14,30 +14,11 @@ from PIL import Image
 
 from demo_models import ensure_demo_model
 from fusefleet.client import Client
-from gpu_worker.video import decode_mp4
 from tests.integration.conftest import running_fleet
 from tests.support.redis_server import RedisServer
+from tests.support.video import FRAMES, SIDE, mp4_frames, video_body
 
 pytestmark = pytest.mark.timeout(600)
-
-SIDE, FRAMES, STEPS, FPS = 32, 9, 2, 8
-
-
-def video_body(prompt: str, seed: int, frames: int = FRAMES) -> dict[str, object]:
-    return {
-        "prompt": prompt,
-        "seed": seed,
-        "width": SIDE,
-        "height": SIDE,
-        "num_frames": frames,
-        "fps": FPS,
-        "num_inference_steps": STEPS,
-        "guidance_scale": 3.0,
-    }
-
-
-def frames_of(data: bytes) -> np.ndarray:
-    return np.stack([np.asarray(frame.convert("RGB"), dtype=np.int16) for frame in decode_mp4(data)])
 
 
 def test_video_requests_are_fused_stored_and_served(
@@ -58,7 +39,7 @@ def test_video_requests_are_fused_stored_and_served(
         assert refused.status_code == 422, refused.text
         assert {error["loc"][-1] for error in refused.json()["detail"]} == {"num_frames", "width"}
 
-        ids = fleet.submit_batch([video_body("a fox", 1), video_body("a whale", 2), video_body("a fox", 1, 17)])
+        ids = fleet.submit_batch([video_body("a fox", 1), video_body("a whale", 2), video_body("a fox", 1, frames=17)])
         states = fleet.wait_done(ids, timeout=300)
         assert [states[rid]["status"] for rid in ids] == ["succeeded"] * 3, states
         assert states[ids[0]]["batch_id"] == states[ids[1]]["batch_id"] and states[ids[0]]["batch_size"] == 2
@@ -69,7 +50,7 @@ def test_video_requests_are_fused_stored_and_served(
             assert state["videos"] == [f"/v1/requests/{rid}/videos/0"] and len(state["images"]) == frames
             video = fleet.http.get(f"/v1/requests/{rid}/video")
             assert video.status_code == 200 and video.headers["content-type"] == "video/mp4"
-            decoded = frames_of(video.content)
+            decoded = mp4_frames(video.content)
             assert decoded.shape == (frames, SIDE, SIDE, 3)
             first_png = Image.open(io.BytesIO(fleet.image(rid, 0)))
             assert first_png.size == (SIDE, SIDE)
