@@ -87,7 +87,7 @@ def decode_errors(request: GenerateRequest, traits: ModelTraits, limit: int, loc
     the model's default) would exceed ``limit`` (``max_video_decode_bytes``): refused, naming num_frames."""
     if not traits.video:
         return []
-    frames = request.num_frames or traits.default_frames
+    frames = request.num_frames or traits.default_frames or 1
     decoded = request.n * frames * request.width * request.height * DECODED_BYTES_PER_PIXEL
     if decoded <= limit:
         return []
