@@ -3,9 +3,11 @@ runner) and three workers, one per model and one multiplexing both with ``max_re
 
 Interleaved requests of both models through the native API and the official ``openai`` client all succeed and
 equal their model's solo runs (within 1/255); each ran on a worker that serves its model (a worker of one model
-never runs the other); ``GET /v1/models`` lists both, resident. Then the worker of one model leaves: that model's
-batches go to the multiplexing worker, which loads it on demand (evicting the other: a load and an eviction in the
-metrics) and still runs each request on its own model's pipeline, with no attempt lost to a hand-back.
+never runs the other), and the model the multiplexing worker does not hold ran on its own worker, placed there
+through that worker's own queue; ``GET /v1/models`` lists both, resident. Then the worker of one model leaves:
+that model's batches go to the multiplexing worker, which loads it on demand (evicting the other: a load and an
+eviction in the metrics) and still runs each request on its own model's pipeline, with no attempt lost to a
+hand-back.
 """
 
 from __future__ import annotations
@@ -150,7 +152,11 @@ def test_models_lists_both_and_the_multiplexing_worker_holds_one(fleet: Fleet, c
 def test_interleaved_requests_of_both_models_equal_their_solo_runs(
     fleet: Fleet, client: openai.OpenAI, solo: dict[str, DiffusersRunner]
 ) -> None:
-    run_interleaved(fleet, client, solo, ["sd", "px", "px", "sd", "px", "sd"], seed=10)
+    states = run_interleaved(fleet, client, solo, ["sd", "px", "px", "sd", "px", "sd"], seed=10)
+    sd_only = node(fleet, ONE_MODEL_WORKERS["sd"])
+    assert {state["worker"] for state in states.values() if state["params"]["model"] == "sd"} == {sd_only}
+    # the multiplexing worker holds px, not sd: sd's batches were placed on sd's own worker, through its own queue
+    assert f"requests on {sd_only}" in fleet.scheduler.log()
 
 
 def test_without_its_own_worker_a_model_is_loaded_on_demand_by_the_multiplexing_worker(
