@@ -30,8 +30,8 @@ all candidate sets; ties: the one that joined last, then the lowest worker name,
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -60,6 +60,7 @@ class PolicyConfig:
     stable_s: float
     grouped: bool = False  # True: skip incompatible requests instead of stopping at the first one
     max_batch_cost: int | None = None  # the per-batch budget of summed request costs (None = unbounded)
+    by_model: Mapping[str, PolicyConfig] = field(default_factory=dict)  # a model's own knobs (its key's ``model``)
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -69,14 +70,29 @@ class PolicyConfig:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PolicyConfig:
-        """The policy of a fleet configured by ``settings``."""
+        """The policy of a fleet configured by ``settings``: each model of ``model_batching`` with its own knobs."""
+        own = {name: cls._of_settings(settings.batching_for(name)) for name in settings.model_batching}
+        return cls._of_settings(settings, own)
+
+    @classmethod
+    def _of_settings(cls, settings: Settings, by_model: Mapping[str, PolicyConfig] | None = None) -> PolicyConfig:
         return cls(
             max_num_seqs=settings.max_num_seqs,
             max_wait_s=settings.request_batch_max_wait_ms / 1000.0,
             stable_s=settings.wait_stable_ms / 1000.0,
             grouped=settings.batch_order == "grouped",
             max_batch_cost=settings.max_batch_pixels,
+            by_model=by_model or {},
         )
+
+    def of(self, head: WaitingRequest) -> PolicyConfig:
+        """The knobs of a batch led by ``head``: its model's own (``by_model``, by its key's ``model``), else these."""
+        return self.by_model.get(str(getattr(head.key, "model", "")), self) if self.by_model else self
+
+    @property
+    def widest(self) -> int:
+        """The largest ``max_num_seqs`` of any model."""
+        return max([self.max_num_seqs, *(own.max_num_seqs for own in self.by_model.values())])
 
     def cap(self, head: WaitingRequest) -> int:
         """Most requests in a batch led by ``head``: ``max_num_seqs``, lowered to fit the budget and to the head's
@@ -169,6 +185,7 @@ def decide(waiting: Sequence[WaitingRequest], free_slots: int, now: float, confi
     head = next((r for r in waiting if not r.aborted), None)
     if head is None or free_slots <= 0:
         return Wait(until=None, dropped_ids=dropped)
+    config = config.of(head)
 
     live = [r for r in waiting if not r.aborted and r.level == head.level]
     cap = config.cap(head)
@@ -191,6 +208,7 @@ def place(waiting: Sequence[WaitingRequest], open_sets: Sequence[OpenSet], confi
     head = next((r for r in waiting if not r.aborted), None)
     if head is None:
         return None
+    config = config.of(head)
     cap = config.cap(head)
     usable = [s for s in open_sets if not s.sealed and s.key == head.key and s.rows < cap]
     if not usable:
@@ -215,7 +233,7 @@ def preempt(
     same = [s for s in open_sets if not s.sealed and s.key == head.key]
     if any(s.evicting for s in same):
         return None
-    cap = config.cap(head)
+    cap = config.of(head).cap(head)
     candidates = [(m, s.worker) for s in same if s.rows - 1 < cap for m in s.members if m.level < head.level]
     if not candidates:
         return None

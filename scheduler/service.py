@@ -71,7 +71,7 @@ class SchedulerService:
         self._leader = LeaderLoop(lease, self._lead, name="scheduler", clock=clock, healthy_lead_s=HEALTHY_LEAD_S)
         self._wall_clock = wall_clock  # the deadlines' (RequestSpec.deadline)
         self._config = PolicyConfig.from_settings(settings)
-        self._window = max(HEAD_WINDOW_MIN, 4 * settings.max_num_seqs)
+        self._window = max(HEAD_WINDOW_MIN, 4 * self._config.widest)
         self._queue = QUEUES[settings.scheduling_policy]()  # the requests read and not yet dispatched
         self._fresh: set[str] = set()  # queued and unaborted as far as we know: see _head_window
         self._slots: ModelSlots | None = None  # each model's room (None: a fleet of one model, not counted)

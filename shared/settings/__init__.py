@@ -13,11 +13,13 @@ from __future__ import annotations
 from typing import Self
 
 from pydantic import model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from shared.settings.acceleration import AccelerationSettings
 from shared.settings.api import ApiSettings
 from shared.settings.batching import BatchingSettings, BatchOrder, SchedulingPolicy
 from shared.settings.concern import ENV_PREFIX, SettingsConcern
+from shared.settings.config_file import CONFIG_VARIABLE, ConfigFileError, FleetConfigFile
 from shared.settings.limits import LimitSettings
 from shared.settings.model import ModelSettings
 from shared.settings.results import S3_ATTEMPT_SLACK_S, S3_ATTEMPTS, ResultSettings, ResultStoreName
@@ -27,6 +29,7 @@ from shared.settings.wiring import WiringSettings
 from shared.settings.worker import WorkerSettings
 
 __all__ = [
+    "CONFIG_VARIABLE",
     "ENV_PREFIX",
     "S3_ATTEMPTS",
     "S3_ATTEMPT_SLACK_S",
@@ -34,6 +37,7 @@ __all__ = [
     "ApiSettings",
     "BatchOrder",
     "BatchingSettings",
+    "ConfigFileError",
     "LimitSettings",
     "ModelSettings",
     "ResultSettings",
@@ -67,6 +71,26 @@ class Settings(
     def concerns(cls) -> tuple[type[SettingsConcern], ...]:
         """The concerns, in the order the settings reference lists them."""
         return tuple(base for base in cls.__bases__ if issubclass(base, SettingsConcern))
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments, then ``FUSEFLEET_*`` variables, then the fleet config file (``FUSEFLEET_CONFIG``), then the
+        defaults (``shared.settings.config_file``)."""
+        return init_settings, env_settings, dotenv_settings, FleetConfigFile(settings_cls), file_secret_settings
+
+    @model_validator(mode="after")
+    def _model_batching_names_models(self) -> Self:
+        unknown = [name for name in self.model_batching if name not in self.catalog]
+        if unknown:
+            raise ValueError(f"model_batching names {', '.join(unknown)}, not among models ({', '.join(self.catalog)})")
+        return self
 
     @model_validator(mode="after")
     def _timeouts_fit(self) -> Self:

@@ -2,17 +2,43 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shared.contracts import PRIORITY_MAX, PRIORITY_MIN
-from shared.settings.concern import SettingsConcern
+from shared.settings.concern import SettingsConcern, field_adapter
 
 SchedulingPolicy = Literal["priority", "fcfs"]
 """The queue orders (``scheduling_policy``); ``scheduler.queue.QUEUES`` holds the queue of each."""
 BatchOrder = Literal["strict", "grouped"]
 """How a batch is formed behind its head (``batch_order``, ``scheduler.policy``)."""
+MODEL_ENGINE_ARGS = ("max_num_seqs", "request_batch_max_wait_ms", "max_batch_pixels")
+"""The batching settings a model of the fleet may set for itself (``model_batching``; ``[models.<name>]`` of the
+fleet config file): each bounded as the fleet-wide setting of that name."""
+
+
+class ModelBatching(BaseModel):
+    """One model's own engine args (``MODEL_ENGINE_ARGS``); unset ones are the fleet-wide settings."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_num_seqs: int | None = None
+    request_batch_max_wait_ms: float | None = None
+    max_batch_pixels: int | None = None
+
+    @model_validator(mode="after")
+    def _within_fleet_bounds(self) -> ModelBatching:
+        for name, value in self.given().items():
+            try:
+                BatchingSettings.validate_engine_arg(name, value)
+            except ValidationError as exc:
+                raise ValueError(f"{name}: {exc.errors()[0]['msg']}") from None
+        return self
+
+    def given(self) -> dict[str, object]:
+        """The engine args this model sets, by name."""
+        return {name: value for name in MODEL_ENGINE_ARGS if (value := getattr(self, name)) is not None}
 
 
 class BatchingSettings(SettingsConcern):
@@ -55,6 +81,21 @@ class BatchingSettings(SettingsConcern):
         le=PRIORITY_MAX,
         description=f"Priority of a request that sets none ({PRIORITY_MIN} lowest .. {PRIORITY_MAX} highest).",
     )
+
+    model_batching: dict[str, ModelBatching] = Field(default_factory=dict)
+    """Per-model engine args where a model differs from the fleet-wide ones: a JSON object, model name ->
+    {max_num_seqs, request_batch_max_wait_ms, max_batch_pixels} (e.g. '{"pixart": {"max_num_seqs": 2}}'); the fleet
+    config file sets them under [models.<name>]. A model not named batches by the fleet-wide settings."""
+
+    @classmethod
+    def validate_engine_arg(cls, name: str, value: object) -> object:
+        """``value`` checked as the setting ``name`` (its type and bounds); a ValidationError otherwise."""
+        return field_adapter(cls.model_fields[name]).validate_python(value)
+
+    def batching_for(self, model: str) -> Self:
+        """These settings as the batching policy of ``model`` reads them: its own engine args over the fleet's."""
+        own = self.model_batching.get(model)
+        return self.model_copy(update=own.given()) if own is not None else self
 
     @property
     def wait_stable_ms(self) -> float:

@@ -8,9 +8,10 @@ A concern's class holds its fields and validates its own rules; ``shared.setting
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import AfterValidator, BeforeValidator
+from pydantic import AfterValidator, BeforeValidator, TypeAdapter
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "FUSEFLEET_"
@@ -49,3 +50,9 @@ class SettingsConcern(BaseSettings):
 
     section: ClassVar[str] = ""
     """The concern's heading in the settings reference (``fusefleet settings``)."""
+
+
+def field_adapter(info: FieldInfo) -> TypeAdapter[Any]:
+    """Validates a value as the setting of ``info`` does: its type and bounds (not its class's validators)."""
+    annotation: Any = info.annotation
+    return TypeAdapter(Annotated[annotation, *info.metadata] if info.metadata else annotation)
