@@ -194,6 +194,54 @@ def stepmode(
 
 
 @cli.command()
+def accel(
+    device: Annotated[str, typer.Option(help="cuda (default), cuda:N or cpu.")] = "cuda",
+    tiny: Annotated[bool, typer.Option(help="The tiny demo models (SD and SD3) instead of full-size ones.")] = False,
+    size: Annotated[int, typer.Option(help="SD 1.5 image side in px.")] = 512,
+    dit_size: Annotated[int, typer.Option(help="DiT image side in px.")] = 1024,
+    dit_model: Annotated[Path | None, typer.Option(help="A diffusers DiT pipeline folder (unset: skipped).")] = None,
+    steps: Annotated[int, typer.Option(help="Denoising steps.")] = 20,
+    batches: Annotated[str, typer.Option(help="Batch sizes, comma separated.")] = "1,4,8,16",
+    seconds: Annotated[float, typer.Option(help="Timed window per point.")] = 4.0,
+    compile: Annotated[bool, typer.Option(help="Compile the denoiser in the exact variant.")] = True,
+    torch_threads: Annotated[int | None, typer.Option(help="torch.set_num_threads (4 on cuda, 2 on cpu).")] = None,
+    cache_dir: Annotated[Path | None, typer.Option(help="Where models are saved once.")] = None,
+    out: Annotated[Path, typer.Option(help="The JSON results.")] = Path("bench-results/accel.json"),
+    docs: Annotated[bool, typer.Option(help="Merge the P6_* figures into docs/benchmarks.json.")] = False,
+    docs_dir: Annotated[Path, typer.Option(help="Where benchmarks.json is.")] = Path("docs"),
+) -> None:
+    """Stock vs exact accelerations side by side (bench/gpu.sh accel): images/s by batch, speed-up, deviation."""
+    from bench.accel import AccelConfig, markdown, run_accel
+    from bench.gpu import parse_sizes
+    from shared.settings import Settings
+
+    try:
+        cfg = AccelConfig(
+            device=device,
+            tiny=tiny,
+            size=size,
+            dit_size=dit_size,
+            dit_model=dit_model,
+            steps=steps,
+            batches=parse_sizes(batches),
+            seconds=seconds,
+            compile=compile,
+            torch_threads=torch_threads,
+            cache_dir=cache_dir or Settings().model_cache_dir,
+            out=out,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    try:
+        results = run_accel(cfg, docs_dir if docs else None, log=lambda line: typer.echo(line, err=True))
+    except RuntimeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(markdown(results))
+    typer.echo(f"results: {out}", err=True)
+
+
+@cli.command()
 def gpu(
     device: Annotated[str, typer.Option(help="cuda (default; exits 2 without one), cuda:N or cpu.")] = "cuda",
     tiny: Annotated[bool, typer.Option(help="The tiny demo model instead of the SD1.5-size one.")] = False,

@@ -1,0 +1,204 @@
+"""Per-GPU speed side by side (``bench/gpu.sh accel`` or ``python -m bench accel``): the worker's own runner at
+each batch size, once per variant, on the same device in one run.
+
+Variants (``VARIANTS``): ``stock`` (diffusers as loaded: no prompt cache, no channels-last, eager) and ``exact``
+(the exact accelerations, ``gpu_worker.accelerations``: the prompt cache, channels-last on CUDA, the denoiser's
+repeated blocks compiled with batch buckets; ``--no-compile`` leaves compilation out, for a CPU). The approximate
+ones (first-block cache, FP8) are not built yet: the run lists them under ``not_built``.
+
+Models: ``sd15`` (Stable Diffusion 1.5's architecture with random fp16 weights, ``bench.gpu``; ``--tiny``: the
+tiny demo) at ``--size`` (512), and ``dit`` at ``--dit-size`` (1024): ``--dit-model`` (a diffusers folder, e.g. a
+DiT family saved with random weights); ``--tiny``: the tiny Stable Diffusion 3 demo; neither: skipped and said so.
+
+Per point: images/s over at least two calls and ``--seconds`` (after one warm-up call that also compiles its
+bucket), and each variant's largest pixel deviation from ``stock`` on the same requests (/255). Figures:
+``P6_exact_speedup_sd15_b8`` and ``P6_exact_speedup_dit_b4`` (exact / stock images/s), ``P6_approx_speedup_sd15_b8``
+(null until an approximate variant exists); ``--docs`` merges the non-null ones into docs/benchmarks.json.
+tests/integration/test_bench_accel.py runs the CPU tiny path.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.report import merge_figures, write_json
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "stock": {"prompt_cache_entries": 0, "channels_last": False, "compile_denoiser": False},
+    "exact": {"compile_denoiser": True},
+}
+"""Each variant's settings over the run's own (the defaults are the exact accelerations' own choices)."""
+
+NOT_BUILT = ("first-block cache (diffusers cache hooks)", "FP8 weights (torchao)")
+"""Approximate accelerations the issue names that this run does not measure yet."""
+
+
+@dataclass(frozen=True)
+class AccelConfig:
+    device: str = "cuda"
+    tiny: bool = False
+    size: int = 512
+    dit_size: int = 1024
+    dit_model: Path | None = None
+    steps: int = 20
+    batches: tuple[int, ...] = (1, 4, 8, 16)
+    seconds: float = 4.0
+    compile: bool = True
+    torch_threads: int | None = None
+    cache_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "fusefleet")
+    out: Path = Path("bench-results/accel.json")
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+
+def _models(cfg: AccelConfig) -> dict[str, tuple[dict[str, Any], int] | str]:
+    """Each model's settings (``model``/``demo_family``) and side, or why it is skipped."""
+    from bench.gpu import ensure_sd15_model
+
+    models: dict[str, tuple[dict[str, Any], int] | str] = {}
+    if cfg.tiny:
+        models["sd15"] = ({"model": None, "demo_family": "stable-diffusion"}, cfg.size)
+        models["dit"] = ({"model": None, "demo_family": "stable-diffusion-3"}, cfg.size)
+        return models
+    models["sd15"] = ({"model": str(ensure_sd15_model(cfg.cache_dir)[0])}, cfg.size)
+    if cfg.dit_model is None:
+        models["dit"] = "no DiT model given (--dit-model: a diffusers folder, e.g. SD3 or Flux with random weights)"
+    else:
+        models["dit"] = ({"model": str(cfg.dit_model)}, cfg.dit_size)
+    return models
+
+
+def _specs(family: str, batch: int, side: int, steps: int) -> list[Any]:
+    from bench.families import family_specs
+
+    prompts = [f"a benchmark prompt number {i}" for i in range(batch)]
+    return family_specs(family, prompts, side=side, steps=steps, seed=1, negative="blurry")
+
+
+def _measure(runner: Any, specs: list[Any], seconds: float, sync: Callable[[], None]) -> dict[str, Any]:
+    warm = time.perf_counter()
+    first = runner.run(specs, lambda step, total: False)
+    warm_s = time.perf_counter() - warm
+    calls, begun = 0, time.perf_counter()
+    while calls < 2 or time.perf_counter() - begun < seconds:
+        runner.run(specs, lambda step, total: False)
+        calls += 1
+    sync()
+    elapsed = time.perf_counter() - begun
+    return {
+        "images_per_s": calls * len(specs) / elapsed,
+        "seconds_per_call": elapsed / calls,
+        "calls": calls,
+        "warmup_s": warm_s,
+        "first": np.asarray(first[0][0].convert("RGB"), dtype=np.int16),
+    }
+
+
+def run_accel(cfg: AccelConfig, docs_dir: Path | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The whole run; writes ``cfg.out``; returns the results."""
+    import torch
+
+    from gpu_worker.diffusers_runner import DiffusersRunner
+    from shared.settings import Settings
+
+    if cfg.cuda and not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device: pass --device cpu (with --tiny --no-compile) to try it")
+    sync = torch.cuda.synchronize if cfg.cuda else (lambda: None)
+    threads = cfg.torch_threads or (4 if cfg.cuda else 2)
+    results: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
+        "device_name": torch.cuda.get_device_name() if cfg.cuda else "cpu",
+        "models": {},
+        "not_built": list(NOT_BUILT),
+    }
+    for name, model in _models(cfg).items():
+        if isinstance(model, str):
+            results["models"][name] = {"skipped": model}
+            log(f"{name}: skipped ({model})")
+            continue
+        chosen, side = model
+        points: dict[str, dict[str, Any]] = {}
+        reference: dict[int, np.ndarray] = {}
+        for variant, overrides in VARIANTS.items():
+            overrides = {**overrides, "compile_denoiser": overrides.get("compile_denoiser", False) and cfg.compile}
+            settings = Settings(
+                **chosen,
+                device=cfg.device,
+                torch_dtype="float16" if cfg.cuda else "float32",
+                torch_threads=threads,
+                model_cache_dir=cfg.cache_dir,
+                max_num_seqs=max(cfg.batches),
+                **overrides,
+            )
+            started = time.perf_counter()
+            runner = DiffusersRunner(settings)
+            family = runner.family.name
+            log(f"{name} {variant}: {runner.pipeline_name} loaded in {time.perf_counter() - started:.1f} s")
+            by_batch: dict[str, Any] = {}
+            for batch in cfg.batches:
+                point = _measure(runner, _specs(family, batch, side, cfg.steps), cfg.seconds, sync)
+                image = point.pop("first")
+                if variant == "stock":
+                    reference[batch] = image
+                point["deviation_255"] = int(np.abs(image - reference[batch]).max()) if batch in reference else None
+                by_batch[str(batch)] = point
+                log(f"  batch {batch}: {point['images_per_s']:.3f} images/s, deviation {point['deviation_255']}")
+            points[variant] = {"family": family, "side": side, "batches": by_batch}
+            del runner
+            gc.collect()
+            if cfg.cuda:
+                torch.cuda.empty_cache()
+        results["models"][name] = points
+    results["figures"] = figures(results)
+    write_json(cfg.out, results)
+    if docs_dir is not None:
+        merge_figures(docs_dir / "benchmarks.json", {k: v for k, v in results["figures"].items() if v is not None})
+    return results
+
+
+def _speedup(results: dict[str, Any], model: str, variant: str, batch: int) -> float | None:
+    points = results["models"].get(model, {})
+    try:
+        fast = points[variant]["batches"][str(batch)]["images_per_s"]
+        stock = points["stock"]["batches"][str(batch)]["images_per_s"]
+    except KeyError:
+        return None
+    return float(fast / stock)
+
+
+def figures(results: dict[str, Any]) -> dict[str, float | None]:
+    """The P6 figures (None where the point was not run)."""
+    return {
+        "P6_exact_speedup_sd15_b8": _speedup(results, "sd15", "exact", 8),
+        "P6_exact_speedup_dit_b4": _speedup(results, "dit", "exact", 4),
+        "P6_approx_speedup_sd15_b8": None,  # no approximate variant built yet (NOT_BUILT)
+    }
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """Images/s by model, variant and batch, with the speed-up over stock and the deviation."""
+    lines = ["| model | variant | batch | images/s | x stock | deviation /255 |", "|---|---|---|---|---|---|"]
+    for model, points in results["models"].items():
+        if "skipped" in points:
+            lines.append(f"| {model} | - | - | skipped: {points['skipped']} | | |")
+            continue
+        for variant, run in points.items():
+            for batch, point in run["batches"].items():
+                gain = _speedup(results, model, variant, int(batch))
+                lines.append(
+                    f"| {model} ({run['family']}, {run['side']} px) | {variant} | {batch} | "
+                    f"{point['images_per_s']:.3f} | {'-' if gain is None else f'{gain:.2f}'} | "
+                    f"{'-' if point['deviation_255'] is None else point['deviation_255']} |"
+                )
+    lines.append(f"\nnot built: {', '.join(results['not_built'])}")
+    return "\n".join(lines)
