@@ -147,7 +147,7 @@ class SamplingParams(Frozen):
     )
     guidance_scale: Annotated[Number, BatchKey(step=False)] = Field(5.0, ge=0.0, le=50.0)
     guidance_rescale: Annotated[Number, BatchKey(step=False)] = Field(0.0, ge=0.0, le=1.0)
-    true_cfg_scale: Annotated[Number | None, BatchKey()] = Field(
+    true_cfg_scale: Annotated[Number | None, BatchKey(step=False)] = Field(
         None,
         ge=1.0,
         le=50.0,

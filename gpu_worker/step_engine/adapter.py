@@ -29,12 +29,14 @@ Conditioning = Mapping[str, torch.Tensor]
 
 @dataclass(frozen=True, slots=True)
 class Canvas:
-    """What every row of a running set shares (the step key's part the engine sees): the output size and the
-    prompt sequence length (None: the pipeline's default)."""
+    """What every row of a running set shares (the step key's part the engine sees): the output size, the
+    prompt sequence length, and a video's frames and frame rate (None: the pipeline's default)."""
 
     width: int
     height: int
     max_sequence_length: int | None = None
+    num_frames: int | None = None
+    fps: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,9 @@ class FamilyAdapter(ABC):
     mixes_lora: ClassVar[bool] = True
     """Whether rows of one set may have different LoRA adapters (peft's per-row ``adapter_names`` in the denoiser
     and the text encoders); False keeps the adapter in the step key (``ModelTraits.step_rows``)."""
+    video: ClassVar[bool] = False
+    """Whether the family makes videos: the canvas's ``num_frames`` and ``fps`` are its (else a canvas with frames
+    is refused)."""
 
     def __init__(self, pipe: Any, canvas: Canvas) -> None:
         self.pipe = pipe
@@ -79,6 +84,8 @@ class FamilyAdapter(ABC):
             value = getattr(canvas, name)
             if value <= 0 or value % multiple:
                 raise ValueError(f"{name} must be a positive multiple of {multiple} for {type(pipe).__name__}")
+        if canvas.num_frames is not None and not self.video:
+            raise ValueError(f"num_frames: {type(pipe).__name__} makes images, not videos, in step mode")
         step_params = inspect.signature(pipe.scheduler.step).parameters
         self._step_takes = frozenset(step_params)
 
@@ -155,6 +162,11 @@ class FamilyAdapter(ABC):
     def denoise(self, sample: torch.Tensor, timesteps: torch.Tensor, conditioning: Conditioning) -> torch.Tensor:
         """One denoiser call over ``sample`` (the batch), ``timesteps`` (one per batch row) and the conditioning
         tensors concatenated in the same row order."""
+
+    def collate(self, halves: Sequence[Conditioning]) -> dict[str, torch.Tensor]:
+        """The denoiser call's conditioning from the halves in its batch order: each tensor concatenated. A family
+        whose rows' tensors differ in shape (Qwen-Image's prompts of their own lengths) pads them here."""
+        return {name: torch.cat([half[name] for half in halves]) for name in halves[0]}
 
     def guide(self, uncond: torch.Tensor, cond: torch.Tensor, row: Row) -> torch.Tensor:
         """Classifier-free guidance of one row with its own scale (and rescale, where the pipeline rescales)."""

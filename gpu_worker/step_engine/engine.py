@@ -27,7 +27,9 @@ from gpu_worker.families import family_of
 from gpu_worker.step_engine.adapter import Canvas, FamilyAdapter, Prompt
 from gpu_worker.step_engine.flux import FluxAdapter
 from gpu_worker.step_engine.image_task import Inpainting
+from gpu_worker.step_engine.ltx_video import LtxVideoAdapter
 from gpu_worker.step_engine.pixart import PixArtAdapter
+from gpu_worker.step_engine.qwen_image import QwenImageAdapter
 from gpu_worker.step_engine.rows import Finished, Row, RowProgress
 from gpu_worker.step_engine.sana import SanaAdapter
 from gpu_worker.step_engine.stable_diffusion import StableDiffusionAdapter
@@ -48,6 +50,8 @@ ADAPTERS: Mapping[str, type[FamilyAdapter]] = {
         PixArtAdapter,
         FluxAdapter,
         SanaAdapter,
+        QwenImageAdapter,
+        LtxVideoAdapter,
     )
 }
 """Family name (``gpu_worker.families``) -> its step-mode adapter; every other family runs request-level."""
@@ -118,13 +122,16 @@ class StepEngine:
         width: int,
         height: int,
         max_sequence_length: int | None = None,
+        num_frames: int | None = None,
+        fps: int | None = None,
         loras: LoraActivator | None = None,
     ) -> None:
         family = family_of(pipe).name
         if family not in ADAPTERS:
             known = ", ".join(sorted(ADAPTERS))
             raise UnsupportedPipeline(f"{type(pipe).__name__} ({family}) has no step mode; step-mode families: {known}")
-        self.adapter: FamilyAdapter = ADAPTERS[family](pipe, Canvas(width, height, max_sequence_length))
+        canvas = Canvas(width, height, max_sequence_length, num_frames, fps)
+        self.adapter: FamilyAdapter = ADAPTERS[family](pipe, canvas)
         self.loras = loras
         """Applies each row's LoRA adapter (None: rows take none; ``join`` refuses a row with one)."""
         self._live: dict[str, _LiveRow] = {}
@@ -133,14 +140,11 @@ class StepEngine:
     @classmethod
     def for_key(cls, pipe: Any, key: StepKey, loras: LoraActivator | None = None) -> StepEngine:
         """An engine for the requests of ``key``; ValueError naming the field the step engine cannot run."""
-        if key.task is not None and key.task.needs_image:
-            # image rows join an engine through ``join`` with their image (and mask); a set made from a key gets
-            # its requests' specs only (``RequestSet.join``), so their tasks run request-level
-            raise ValueError(f"task: a running set of requests runs text-to-image only, not {key.task}")
-        for name in ("num_frames", "true_cfg_scale", "strength"):
-            if getattr(key, name) is not None:
-                raise ValueError(f"{name}: not taken in step mode")
-        return cls(pipe, key.width, key.height, key.max_sequence_length, loras)
+        tasks = ADAPTERS[family_of(pipe).name].tasks if supports(pipe) else frozenset()
+        if tasks and key.task not in tasks:
+            names = ", ".join(sorted(tasks))
+            raise ValueError(f"task: step mode runs {names} on {type(pipe).__name__}, not {key.task}")
+        return cls(pipe, key.width, key.height, key.max_sequence_length, key.num_frames, key.fps, loras)
 
     @contextmanager
     def _adapters(self, loras: Sequence[LoraRef | None]) -> Iterator[None]:
@@ -244,7 +248,7 @@ class StepEngine:
         sample = torch.cat([scaled[i] for i in order])
         timesteps = torch.stack([batch[i].timestep for i in order])
         halves = [*unconds.values(), *(live.prompt.cond for live in batch)]
-        conditioning = {name: torch.cat([half[name] for half in halves]) for name in batch[0].prompt.cond}
+        conditioning = adapter.collate(halves)
         with self._adapters([batch[i].row.lora for i in order]):
             prediction = adapter.denoise(sample, timesteps, conditioning)
         unconditional, conditional = prediction[: len(guided)], prediction[len(guided) :]

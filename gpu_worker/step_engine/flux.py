@@ -1,14 +1,16 @@
 """Flux (``FluxPipeline``, a ``FluxTransformer2DModel`` over packed latents with a flow-matching scheduler): the
 step engine's adapter.
 
-Mirrors ``FluxPipeline.__call__`` (diffusers 0.42) for text-to-image without true CFG (the step key refuses
-``true_cfg_scale``, so a set never runs the negative branch; the family takes no negative prompt without it):
+Mirrors ``FluxPipeline.__call__`` (diffusers 0.42) for text-to-image:
 
 * CLIP (pooled projection) and T5 (``max_sequence_length`` tokens, the pipeline's default 512 unless the step key
   sets one) embeddings per row;
 * **the guidance embedding per row**: a guidance-distilled transformer (``guidance_embeds``, Flux-dev) takes a
   ``(batch,)`` guidance tensor, so each row's own ``guidance_scale`` is its entry; there is no classifier-free
-  guidance (each row is one denoiser row, whatever its scale; schnell-like transformers ignore the scale);
+  guidance by ``guidance_scale`` (schnell-like transformers ignore the scale);
+* **true CFG per row** (:mod:`gpu_worker.step_engine.true_cfg`): a row with a negative prompt and its own
+  ``true_cfg_scale`` above 1 adds its negative half (the negative prompt's CLIP and T5 embeddings, its guidance
+  entry) and is combined as ``neg + true_cfg_scale (cond - neg)``; every other row is one denoiser row;
 * **packed latents**: each row's ``(channels, 2h, 2w)`` noise drawn from its own generator and packed into
   ``(h w, 4 channels)`` tokens as the pipeline packs them, unpacked at decode;
 * **the rotary ids** (the image's ``img_ids`` grid and the text's zero ``txt_ids``) depend on the canvas and the
@@ -29,15 +31,15 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from gpu_worker.step_engine.adapter import Canvas, Conditioning, FamilyAdapter, Prompt, split
+from gpu_worker.step_engine.adapter import Canvas, Conditioning, Prompt, split
 from gpu_worker.step_engine.rows import Row
+from gpu_worker.step_engine.true_cfg import TrueCfgAdapter
 
 
-class FluxAdapter(FamilyAdapter):
+class FluxAdapter(TrueCfgAdapter):
     family: ClassVar[str] = "flux"
     denoiser_name: ClassVar[str] = "transformer"
     scales_initial_noise: ClassVar[bool] = False
-    rescales_guidance: ClassVar[bool] = False
 
     def __init__(self, pipe: Any, canvas: Canvas) -> None:
         super().__init__(pipe, canvas)
@@ -55,10 +57,6 @@ class FluxAdapter(FamilyAdapter):
         scale = self.pipe.vae_scale_factor
         channels = int(self.denoiser.config.in_channels) // 4
         return channels, 2 * (self.canvas.height // (scale * 2)), 2 * (self.canvas.width // (scale * 2))
-
-    def guided(self, row: Row) -> bool:
-        """Never classifier-free: the guidance scale goes into the guidance embedding."""
-        return False
 
     def scheduler_for(self, steps: int) -> Any:
         from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
@@ -88,9 +86,10 @@ class FluxAdapter(FamilyAdapter):
         packed = self.pipe._pack_latents(noise, len(rows), channels, height, width)
         return [packed[i : i + 1] for i in range(len(rows))]
 
-    def encode(self, rows: Sequence[Row]) -> list[Prompt]:
+    def _encode(self, prompts: list[str], rows: Sequence[Row]) -> list[dict[str, torch.Tensor]]:
+        """The CLIP pooled and T5 embeddings of ``prompts`` (one call), each with its row's guidance entry."""
         embeds, pooled, txt_ids = self.pipe.encode_prompt(
-            prompt=[row.prompt for row in rows],
+            prompt=prompts,
             prompt_2=None,
             device=self.device,
             num_images_per_prompt=1,
@@ -99,11 +98,19 @@ class FluxAdapter(FamilyAdapter):
         _, height, width = self.latent_shape()
         self.img_ids = self.pipe._prepare_latent_image_ids(1, height // 2, width // 2, self.device, embeds.dtype)
         self.txt_ids = txt_ids
-        conds = split({"encoder_hidden_states": embeds, "pooled_projections": pooled}, len(rows))
+        halves = split({"encoder_hidden_states": embeds, "pooled_projections": pooled}, len(prompts))
         if self.embeds_guidance:
-            for cond, row in zip(conds, rows, strict=True):
-                cond["guidance"] = torch.full([1], row.guidance_scale, device=self.device, dtype=torch.float32)
-        return [Prompt(cond, None) for cond in conds]
+            for half, row in zip(halves, rows, strict=True):
+                half["guidance"] = torch.full([1], row.guidance_scale, device=self.device, dtype=torch.float32)
+        return halves
+
+    def encode(self, rows: Sequence[Row]) -> list[Prompt]:
+        conds = self._encode([row.prompt for row in rows], rows)
+        guided = [row for row in rows if self.guided(row)]
+        negatives = iter(self._encode([row.negative_prompt or "" for row in guided], guided) if guided else [])
+        return [
+            Prompt(cond, next(negatives) if self.guided(row) else None) for cond, row in zip(conds, rows, strict=True)
+        ]
 
     def denoise(self, sample: torch.Tensor, timesteps: torch.Tensor, conditioning: Conditioning) -> torch.Tensor:
         transformer = self.pipe.transformer

@@ -2,7 +2,7 @@
 finished row's latents.
 
 A row carries everything that may differ between the rows of one running set (prompt, negative prompt, steps,
-guidance scale and rescale, its own generator, its task with its strength, input image and mask, and
+guidance scale and rescale, true CFG scale, its own generator, its task with its strength, input image and mask, and
 its LoRA adapter); what must be shared by the whole set (size, scheduler type, the model) is the step key's
 (``shared.compat.StepKey``) and the engine's. Which tasks a family's rows may have, and whether their adapters
 differ, is its adapter's (``FamilyAdapter.tasks``, ``FamilyAdapter.mixes_lora``).
@@ -35,6 +35,9 @@ class Row:
     generator: torch.Generator
     negative_prompt: str | None = None
     guidance_rescale: float = 0.0
+    true_cfg_scale: float | None = None
+    """True classifier-free guidance (Flux, Qwen-Image): above 1, with a negative prompt, the row is guided by it;
+    None: the pipeline's default (``FamilyAdapter.true_cfg``)."""
     output: int = 0
     """Which of its request's ``n`` outputs this row is (0-based)."""
     task: Task = Task.TEXT_TO_IMAGE
@@ -61,6 +64,8 @@ class Row:
             raise ValueError(f"row {self.id}: guidance_scale must be finite, got {self.guidance_scale}")
         if not 0.0 <= self.guidance_rescale <= 1.0:
             raise ValueError(f"row {self.id}: guidance_rescale must be in [0, 1], got {self.guidance_rescale}")
+        if self.true_cfg_scale is not None and not math.isfinite(self.true_cfg_scale):
+            raise ValueError(f"row {self.id}: true_cfg_scale must be finite, got {self.true_cfg_scale}")
         if self.task.needs_image and self.image is None:
             raise ValueError(f"row {self.id}: image: {self.task} needs an input image")
         if self.task is Task.INPAINT and self.mask is None:
@@ -96,6 +101,7 @@ def rows_of(
             steps=spec.num_inference_steps,
             guidance_scale=spec.guidance_scale,
             guidance_rescale=spec.guidance_rescale,
+            true_cfg_scale=spec.true_cfg_scale,
             generator=generator,
             task=spec.task,
             strength=spec.strength,

@@ -186,13 +186,21 @@ def run(engine: StepEngine, joins: dict[int, list[Row]]) -> tuple[dict[str, Fini
     return finished, at
 
 
+def pixels(output: Any) -> np.ndarray:
+    """An image's pixels, or a video's frames' stacked (``gpu_worker.runner.Video``), as int16."""
+    frames = getattr(output, "frames", None)
+    if frames is None:
+        return np.asarray(output, dtype=np.int16)
+    return np.stack([np.asarray(frame, dtype=np.int16) for frame in frames])
+
+
 def assert_matches(engine: StepEngine, done: Finished, expected: Reference) -> None:
     """``done`` equals its solo pipeline call within the tolerances."""
     scale = float(expected.latents.abs().max())
     latent_error = float((done.latents - expected.latents).abs().max()) / scale
     assert latent_error <= LATENT_TOLERANCE, f"{done.row.id}: latents differ by {latent_error:.2e} (relative)"
-    (image,) = engine.decode([done])
-    pixel_error = int(np.abs(np.asarray(image, dtype=np.int16) - expected.pixels).max())
+    (output,) = engine.decode([done])
+    pixel_error = int(np.abs(pixels(output) - expected.pixels).max())
     assert pixel_error <= PIXEL_TOLERANCE, f"{done.row.id}: pixels differ by {pixel_error}/255"
 
 
@@ -427,8 +435,8 @@ def test_what_the_engine_refuses(pipes: dict[str, Any]) -> None:
         StepEngine(pipe, 30, 32)
     with pytest.raises(ValueError, match="height"):
         StepEngine(pipes["stable-diffusion-3"], 16, 0)
-    with pytest.raises(ValueError, match="task"):
-        StepEngine.for_key(pipe, step_key(spec(task=Task.IMAGE_TO_IMAGE, strength=0.5)))
+    with pytest.raises(ValueError, match="task"):  # SD3's rows are text-to-image (SD's take the image tasks)
+        StepEngine.for_key(pipes["stable-diffusion-3"], step_key(spec(task=Task.IMAGE_TO_IMAGE, strength=0.5)))
     engine = StepEngine.for_key(pipe, step_key(spec()))
     with pytest.raises(ValueError, match="steps"):
         engine.join([Case("a", steps=0, guidance=2.0, seed=1).row("zero")])

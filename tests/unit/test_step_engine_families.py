@@ -1,20 +1,23 @@
-"""The step engine's adapters for SDXL, PixArt-Sigma, Flux and Sana, on their tiny demo pipelines saved and loaded
-through ``from_pretrained`` as the worker loads them (float32, CPU), and Flux with a guidance embedding (Flux-dev-like:
-the demo's transformer has none).
+"""The step engine's adapters for SDXL, PixArt-Sigma, Flux, Sana, Qwen-Image and LTX-Video (9-frame videos), on
+their tiny demo pipelines saved and loaded through ``from_pretrained`` as the worker loads them (float32, CPU), and
+Flux with a guidance embedding (Flux-dev-like: the demo's transformer has none).
 
 The same claims as ``tests/unit/test_step_engine.py`` makes for Stable Diffusion 1.x/2.x and SD3, per family:
 
 * a row run alone equals the standard pipeline call (with the family's fixed call arguments, as the request-level
-  runner calls it) bit for bit, guided with and without a negative prompt and unguided;
+  runner calls it) bit for bit, guided with and without a negative prompt and unguided (within the tolerances for a
+  true-CFG row: its pipeline makes the negative half a second transformer call);
 * rows with different step counts, guidance scales and negative prompts share each step (one denoiser call over 2
-  rows per guided row and 1 per unguided row; 1 per row for Flux, whose guidance is an embedding per row) and equal
-  their solo calls within the tolerances;
+  rows per guided row and 1 per unguided row; for Flux and Qwen-Image a row is guided by its negative prompt with its
+  own true CFG scale, Flux's guidance scale is an embedding per row) and equal their solo calls within the
+  tolerances;
 * a row joining mid-flight and the peers of an aborted row equal their solo calls within the tolerances.
 """
 
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,8 @@ from demo_models import ensure_demo_model, flux  # noqa: E402
 from demo_models.components import seeded, sizes  # noqa: E402
 from gpu_worker.diffusers_runner import absent_components  # noqa: E402
 from gpu_worker.families import family_of  # noqa: E402
-from gpu_worker.step_engine import ADAPTERS, Finished, StepEngine, supports  # noqa: E402
+from gpu_worker.runner import Video  # noqa: E402
+from gpu_worker.step_engine import ADAPTERS, Finished, Row, StepEngine, supports  # noqa: E402
 from tests.unit.test_step_engine import (  # noqa: E402
     GUIDED,
     MIXED,
@@ -37,16 +41,32 @@ from tests.unit.test_step_engine import (  # noqa: E402
     Reference,
     assert_matches,
     denoiser_calls,
+    pixels,
     run,
 )
 
-SIZES = {"stable-diffusion-xl": 32, "pixart": 16, "flux": 32, "sana": 32}
+SIZES = {"stable-diffusion-xl": 32, "pixart": 16, "flux": 32, "sana": 32, "qwen-image": 16, "ltx-video": 32}
 """The image side each family's test runs at (a multiple of its size multiple; small latents)."""
+FRAMES = {"ltx-video": 9}
+"""The frames of a video family's test (the step key's ``num_frames``)."""
 VARIANTS = [*SIZES, "flux+guidance"]
 """Each family's demo pipeline, and Flux with a guidance-embedding transformer."""
+TRUE_CFG = {"flux", "qwen-image"}
+"""The families whose rows are guided by their negative prompt with their own true CFG scale."""
 
 GUIDED_BY_DEFAULT = Case("a cat on a mat", steps=3, guidance=4.0, seed=3)
 """A guided row without a negative prompt: SDXL guides it by zeros (force_zeros_for_empty_prompt), PixArt by ''."""
+
+
+@dataclass(frozen=True)
+class TrueCfgCase(Case):
+    """A row with its own true CFG scale (Flux, Qwen-Image; None: the pipeline's default)."""
+
+    true_cfg: float | None = None
+
+    def row(self, request_id: str) -> Row:
+        return replace(super().row(request_id), true_cfg_scale=self.true_cfg)
+
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/unit/conftest.py
 
@@ -72,6 +92,12 @@ def pipes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def side_of(variant: str) -> int:
     return SIZES[variant.partition("+")[0]]
+
+
+def engine_of(pipes: dict[str, Any], variant: str) -> StepEngine:
+    """An empty engine on ``variant``'s pipeline at its test's size (and frames)."""
+    side = side_of(variant)
+    return StepEngine(pipes[variant], side, side, num_frames=FRAMES.get(variant))
 
 
 def batch_size(engine: StepEngine, cases: list[Case], steps_done: int) -> int:
@@ -101,7 +127,11 @@ def reference(pipe: Any, side: int, case: Case) -> Reference:
         kwargs["negative_prompt"] = [case.negative]
     if case.rescale and family_of(pipe).traits.guidance_rescale:
         kwargs["guidance_rescale"] = case.rescale
-    images = pipe(
+    if isinstance(case, TrueCfgCase) and case.true_cfg is not None:
+        kwargs["true_cfg_scale"] = case.true_cfg
+    if family_of(pipe).name in FRAMES:
+        kwargs["num_frames"] = FRAMES[family_of(pipe).name]
+    result = pipe(
         prompt=[case.prompt],
         generator=[torch.Generator().manual_seed(case.seed)],
         num_inference_steps=case.steps,
@@ -110,8 +140,19 @@ def reference(pipe: Any, side: int, case: Case) -> Reference:
         height=side,
         output_type="pil",
         **kwargs,
-    ).images
-    return Reference(final[0], np.asarray(images[0], dtype=np.int16))
+    )
+    frames = getattr(result, "frames", None)
+    output = result.images[0] if frames is None else Video(frames=frames[0], fps=0)
+    return Reference(final[0], pixels(output))
+
+
+def solo_is_exact(variant: str, guided: bool) -> bool:
+    """Whether a row alone computes what its pipeline call computes, operation for operation: not a true-CFG row
+    (the pipeline's negative half is a second transformer call, the engine's is in the one call) nor an unguided
+    LTX-Video row (the pipeline feeds the transformer its packed latents as a non-contiguous view, the engine a
+    contiguous batch: another matmul reduction order, ~1e-7)."""
+    family = variant.partition("+")[0]
+    return not (family in TRUE_CFG and guided) and not (family == "ltx-video" and not guided)
 
 
 @pytest.mark.parametrize("family", SIZES)
@@ -124,21 +165,24 @@ def test_the_family_has_an_adapter(pipes: dict[str, Any], family: str) -> None:
 def test_a_row_alone_is_the_pipeline_call_bit_for_bit(pipes: dict[str, Any], family: str) -> None:
     pipe, side = pipes[family], side_of(family)
     for case in (GUIDED, GUIDED_BY_DEFAULT, UNGUIDED):
-        engine = StepEngine(pipe, side, side)
+        engine = engine_of(pipes, family)
         finished, at = run(engine, {0: [case.row("solo")]})
         expected = reference(pipe, side, case)
         done = finished["solo/0"]
         assert at["solo/0"] == case.steps
+        if not solo_is_exact(family, engine.adapter.guided(case.row("solo"))):
+            assert_matches(engine, done, expected)
+            continue
         assert torch.equal(done.latents, expected.latents), f"{family}: {case} differs from the pipeline"
-        (image,) = engine.decode([done])
-        assert np.array_equal(np.asarray(image, dtype=np.int16), expected.pixels)
+        (output,) = engine.decode([done])
+        assert np.array_equal(pixels(output), expected.pixels)
 
 
 @pytest.mark.parametrize("family", VARIANTS)
 def test_different_step_counts_guidance_and_negatives_share_each_step(pipes: dict[str, Any], family: str) -> None:
     pipe, side = pipes[family], side_of(family)
     cases = [*MIXED, GUIDED_BY_DEFAULT]
-    engine = StepEngine(pipe, side, side)
+    engine = engine_of(pipes, family)
     engine.join([case.row(f"r{i}") for i, case in enumerate(cases)])
     finished: dict[str, Finished] = {}
     at: dict[str, int] = {}
@@ -150,8 +194,8 @@ def test_different_step_counts_guidance_and_negatives_share_each_step(pipes: dic
                 finished[done.row.id], at[done.row.id] = done, step
     assert sizes == [batch_size(engine, cases, done) for done in range(step)], "one denoiser call per step, every row"
     assert at == {f"r{i}/0": case.steps for i, case in enumerate(cases)}
-    images = engine.decode([finished[f"r{i}/0"] for i in range(len(cases))])  # one batched decode
-    assert len({image.tobytes() for image in images}) == len(cases), "rows are not distinct"
+    outputs = engine.decode([finished[f"r{i}/0"] for i in range(len(cases))])  # one batched decode
+    assert len({pixels(output).tobytes() for output in outputs}) == len(cases), "rows are not distinct"
     for i, case in enumerate(cases):
         assert_matches(engine, finished[f"r{i}/0"], reference(pipe, side, case))
 
@@ -164,7 +208,7 @@ def test_a_joiner_mid_flight_and_the_peers_of_an_aborted_row_equal_their_solo_ru
     first = Case("a red fox", steps=5, guidance=5.0, seed=21, negative="blurry")
     doomed = Case("a blue whale", steps=5, guidance=3.0, seed=22)
     joiner = Case("a lighthouse at night", steps=3, guidance=1.0, seed=23)
-    engine = StepEngine(pipe, side, side)
+    engine = engine_of(pipes, family)
     engine.join([first.row("a"), doomed.row("b")])
     with denoiser_calls(engine) as sizes:
         engine.step()
@@ -200,3 +244,28 @@ def test_what_the_adapters_refuse(pipes: dict[str, Any]) -> None:
             StepEngine(pipes["pixart"], 16, 16)
     finally:
         transformer.use_additional_conditions = False
+
+
+@pytest.mark.parametrize("family", sorted(TRUE_CFG))
+def test_rows_carry_their_own_true_cfg_scale(pipes: dict[str, Any], family: str) -> None:
+    """Rows guided by their negative prompts at their own true CFG scales, one at the pipeline's default, and rows
+    the pipeline leaves unguided (no negative prompt; a scale of 1) share each step and equal their solo calls."""
+    pipe, side = pipes[family], side_of(family)
+    cases = [
+        TrueCfgCase("a red fox", steps=3, guidance=3.5, seed=31, negative="blurry", true_cfg=2.5),
+        TrueCfgCase("a blue whale", steps=4, guidance=3.5, seed=32, negative="a boat", true_cfg=6.0),
+        TrueCfgCase("a lighthouse", steps=2, guidance=3.5, seed=33, negative="fog", true_cfg=1.0),
+        TrueCfgCase("a tree", steps=3, guidance=3.5, seed=34, true_cfg=4.0),
+        TrueCfgCase("an owl", steps=3, guidance=3.5, seed=35, negative="day"),
+    ]
+    engine = engine_of(pipes, family)
+    guided = [engine.adapter.guided(case.row("count")) for case in cases]
+    assert guided == [True, True, False, False, family == "qwen-image"], "the pipeline's do_true_cfg, per row"
+    engine.join([case.row(f"r{i}") for i, case in enumerate(cases)])
+    finished: dict[str, Finished] = {}
+    with denoiser_calls(engine) as calls:
+        while len(engine):
+            finished.update((done.row.id, done) for done in engine.step())
+    assert calls[0] == len(cases) + sum(guided), "the guided rows' negative halves in the one call"
+    for i, case in enumerate(cases):
+        assert_matches(engine, finished[f"r{i}/0"], reference(pipe, side, case))
