@@ -35,11 +35,15 @@ DENOISERS = ("unet", "transformer", "transformer_2")
 
 
 def use_channels_last(pipe: Any) -> list[str]:
-    """Put the convolutional components of ``pipe`` in channels-last memory format; the names of those changed."""
+    """Put the 2-D convolutional components of ``pipe`` (its UNet, its image VAE) in channels-last memory format;
+    the names of those changed. A component with 3-D convolutions (a video VAE) is left as it is: channels-last is a
+    4-D format."""
     changed = []
     for name in ("unet", "vae"):
         if isinstance(getattr(pipe, name, None), torch.nn.Module):
             module: Any = getattr(pipe, name)
+            if any(parameter.dim() == 5 for parameter in module.parameters()):
+                continue
             module.to(memory_format=torch.channels_last)
             changed.append(name)
     return changed

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from bench.families import family_inputs, family_runner, family_specs, pixels
+from gpu_worker.accelerations import use_channels_last
 from gpu_worker.diffusers_runner import DiffusersRunner
 from gpu_worker.families import FAMILIES
 from shared.settings import Settings
@@ -80,3 +81,9 @@ def test_a_compiled_denoiser_equals_its_solo_runs_and_the_eager_one(cache_dir: P
         (alone,) = _run(compiled, [spec])
         assert _close(images[0], alone[0]) <= 1, "compiled: fused differs from solo"
         assert _close(images[0], stock[0]) <= 1, "compiled differs from eager"
+
+
+@pytest.mark.parametrize("family", ["stable-diffusion", "flux", "wan"])
+def test_channels_last_takes_the_2d_convolutional_components_only(family: str, cache_dir: Path) -> None:
+    runner = family_runner(family, cache_dir)
+    assert use_channels_last(runner.pipe) == {"stable-diffusion": ["unet", "vae"], "flux": ["vae"], "wan": []}[family]
