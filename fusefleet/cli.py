@@ -1,22 +1,27 @@
 """``fusefleet``: the console entry point of every long-running service.
 
-Each service is configured only by ``FUSEFLEET_*`` environment variables (``shared.settings.Settings``);
-the flags here are the few a process supervisor typically sets on the command line.
+Each service is configured by ``shared.settings.Settings``: the fleet config file (``--config`` /
+``FUSEFLEET_CONFIG``), ``FUSEFLEET_*`` environment variables over it, and on ``up``, ``scheduler`` and ``worker`` a
+flag per setting over both (``fusefleet.settings_flags``).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from fusefleet.local_redis import STATE_DIR
+from fusefleet.settings_flags import settings_flags
 from shared.contracts import OutputFormat
 from shared.settings import Settings
 
 cli = typer.Typer(help="fusefleet: a request-batching diffusion serving fleet.", no_args_is_help=True)
 LogLevel = Annotated[str, typer.Option(help="Log level.")]
+UP_OWN = ("api_host", "api_port", "worker_name")
+"""Settings ``up`` sets itself (--host, --port; each worker its own name): not flags of ``up``."""
 ApiUrl = Annotated[
     str | None, typer.Option("--url", envvar="FUSEFLEET_URL", help="The api (default http://127.0.0.1:8000).")
 ]
@@ -52,30 +57,40 @@ def api(
     )
 
 
+def _settings(settings_env: dict[str, str]) -> Settings:
+    """The settings of this process: its flags become its variables (and those of what it starts), then read."""
+    os.environ.update(settings_env)
+    return Settings()
+
+
 @cli.command()
-def scheduler(log_level: LogLevel = "info") -> None:
+@settings_flags()
+def scheduler(settings_env: dict[str, str], log_level: LogLevel = "info") -> None:
     """Run the batching scheduler (one is active; further ones stand by), the result sweeper and the webhook
     dispatcher (one is active)."""
     from scheduler.app import run_scheduler
 
-    settings = Settings()
+    settings = _settings(settings_env)
     _logging(log_level, settings, "scheduler")
     run_scheduler(settings)
 
 
 @cli.command()
-def worker(log_level: LogLevel = "info") -> None:
+@settings_flags()
+def worker(settings_env: dict[str, str], log_level: LogLevel = "info") -> None:
     """Run a Celery GPU worker (one batch at a time, the model loaded once)."""
     from gpu_worker.app import run_worker
     from gpu_worker.log_context import install_worker_logging
 
-    settings = Settings()
+    settings = _settings(settings_env)
     install_worker_logging(log_level, settings.log_format)  # Celery keeps it; each task's lines name its batch
     run_worker(settings, loglevel=log_level.upper())
 
 
 @cli.command()
+@settings_flags(exclude=UP_OWN)
 def up(
+    settings_env: dict[str, str],
     host: Annotated[str, typer.Option(help="Address of the API.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port of the API.")] = 8000,
     workers: Annotated[
@@ -84,10 +99,11 @@ def up(
     state_dir: Annotated[Path, typer.Option(help="Where the embedded Valkey keeps its data and its URL.")] = STATE_DIR,
 ) -> None:
     """Run the whole fleet locally in the foreground: embedded Valkey (unless FUSEFLEET_REDIS_URL is set), api,
-    scheduler and workers. Ctrl-C stops everything."""
+    scheduler and workers, each with the settings given as flags (e.g. --models
+    sd=demo:stable-diffusion,pixart=demo:pixart --max-num-seqs 4). Ctrl-C stops everything."""
     from fusefleet.up import run_up
 
-    raise typer.Exit(run_up(host, port, workers, state_dir))
+    raise typer.Exit(run_up(host, port, workers, state_dir, settings_env))
 
 
 @cli.command()

@@ -126,9 +126,12 @@ def banner(host: str, port: int) -> str:
     )
 
 
-def run_up(host: str, port: int, workers: int, state_dir: Path) -> int:
-    """Run the local fleet until Ctrl-C/SIGTERM or until one of its processes exits; returns an exit code."""
-    fleet = LocalFleet(host=host, port=port, workers=workers, state_dir=state_dir)
+def run_up(host: str, port: int, workers: int, state_dir: Path, env_overrides: Mapping[str, str] | None = None) -> int:
+    """Run the local fleet until Ctrl-C/SIGTERM or until one of its processes exits; returns an exit code.
+    ``env_overrides``: ``FUSEFLEET_*`` variables of every service over the environment (``up``'s flags)."""
+    fleet = LocalFleet(
+        host=host, port=port, workers=workers, state_dir=state_dir, env_overrides=dict(env_overrides or {})
+    )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
