@@ -40,6 +40,7 @@ from gpu_worker.executor import BatchExecutor
 from gpu_worker.finisher import BackgroundFinisher
 from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.metrics import WorkerMetrics
+from gpu_worker.output_bounds import OutputBounds
 from gpu_worker.prompt_cache import PromptCache
 from gpu_worker.residency import NotNow, Residency, shared_footprints
 from gpu_worker.runner import Runner, load_runner
@@ -175,6 +176,7 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
                 finisher=state.finisher,
                 metrics=metrics,
             )
+            executor.writer.bounds = OutputBounds(settings.max_request_output_bytes, settings.max_batch_output_bytes)
             served = _Served(runner, executor)
             if settings.step_mode and runner.step_mode and len(models) == 1:
                 served.step_loop = StepLoop(

@@ -17,6 +17,7 @@ from PIL import Image
 
 from gpu_worker.finisher import FinisherStuck
 from gpu_worker.images import encode
+from gpu_worker.output_bounds import OUTPUT_TOO_LARGE, OutputBounds
 from gpu_worker.runner import Video, video_frames
 from gpu_worker.store import WorkerStore
 from gpu_worker.video import encode_mp4
@@ -88,6 +89,10 @@ class ResultWriter:
         """How long ``redis`` retries a call through an outage."""
         return self._outage_retry_s
 
+    bounds: OutputBounds = OutputBounds()
+    """What a request's and a forward's encoded outputs may take (``gpu_worker.output_bounds``; the worker sets
+    ``max_request_output_bytes`` and ``max_batch_output_bytes``): unbounded by default."""
+
     def redis(self, call: Callable[[], T], what: str) -> T:
         """``call()``, retried through a Redis outage for ``outage_retry_s`` (then its error is raised)."""
         return call_with_retry(call, what=what, give_up_after_s=self._outage_retry_s)
@@ -124,6 +129,7 @@ class ResultWriter:
         refuses, fails alone."""
         encoded: dict[str, list[tuple[str, bytes]]] = {}
         errors: dict[str, ErrorInfo] = {}
+        budget = self.bounds.budget()
         for spec, output in zip(specs, outputs, strict=True):
             frames = video_frames(spec, self._traits)
             problem = output_problem(spec, output, frames)
@@ -132,12 +138,16 @@ class ResultWriter:
                 continue
             assert isinstance(output, Sequence)
             try:
-                encoded[spec.id] = list(
-                    zip(result_keys(spec, token, frames), encode_outputs(spec, output), strict=True)
-                )
+                items = list(zip(result_keys(spec, token, frames), encode_outputs(spec, output), strict=True))
             except Exception as exc:  # noqa: BLE001 - a bad image fails its request, not the batch
                 message = f"encoding the image failed: {type(exc).__name__}: {exc}"
                 errors[spec.id] = ErrorInfo(type="RunnerError", message=message)
+                continue
+            too_large = budget.take(sum(len(data) for _, data in items))
+            if too_large is not None:  # dropped before anything of it is stored
+                errors[spec.id] = ErrorInfo(type=OUTPUT_TOO_LARGE, message=too_large)
+            else:
+                encoded[spec.id] = items
         refused = self._put_many([item for items in encoded.values() for item in items])
         stored: dict[str, list[str]] = {}
         for request_id, items in encoded.items():

@@ -41,6 +41,16 @@ class ResultSettings(SettingsConcern):
     """Redis result store only: bytes of images kept at most; beyond it the oldest are dropped first (their requests say
     so, and their image URLs answer 410)."""
 
+    max_request_output_bytes: int = Field(512 * 1024**2, ge=1024)
+    """Largest a request's encoded outputs may be (its images; a video's MP4 and its frames): one whose outputs encode
+    larger fails alone with OutputTooLarge, before any of it is stored (only known once encoded: not refused at
+    submit). Bounds what one request writes to the result store."""
+
+    max_batch_output_bytes: int = Field(2 * 1024**3, ge=1024)
+    """Largest the encoded outputs of one forward of a batch may be together (a batch is one forward unless its
+    requests have several compatibility keys): its requests are counted in order, and one whose outputs would take
+    the total past it fails alone with OutputTooLarge. Bounds what a batch's finish holds in memory and writes."""
+
     result_dir: UserPath = Field(default_factory=_default_result_dir)
     """Filesystem result store only: the folder of the images (shared by the api and the workers)."""
 
