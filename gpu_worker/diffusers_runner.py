@@ -236,7 +236,11 @@ class DiffusersRunner(Runner):
         ]
 
     def batch_knees(self, margin: float) -> tuple[BatchKnee, ...]:
-        """The knee of every request pixel cost measured so far (what the worker announces)."""
+        """The knee of every request pixel cost measured so far (what the worker announces); none where
+        ``batch_knee_cap`` is off (unset: on a CUDA device only)."""
+        cap = self.settings.batch_knee_cap
+        if not (cap if cap is not None else self.device.type == "cuda"):
+            return ()
         knees = self.knees.knees(margin)
         return tuple(
             BatchKnee(cost=int(cost), knee=size) for cost, size in sorted(knees.items(), key=lambda c: int(c[0]))

@@ -25,6 +25,11 @@ class AccelerationSettings(SettingsConcern):
     """Bound on the memory (on the model's device) the prompt cache of one model holds, in MiB; an encoded prompt
     larger than this is not kept."""
 
+    batch_knee_cap: bool | None = None
+    """Whether a worker announces its batch knees, so the scheduler caps batches there; unset = on for a CUDA
+    device (a CPU's forward times are too noisy to cap on, and a capped fleet would batch by timing in tests).
+    The knees are measured either way."""
+
     batch_knee_margin: float = Field(0.1, ge=0)
     """Batch only where it pays: a worker announces, per model and request pixel cost, the largest batch up to which
     each doubling gains at least this much throughput (0.1: ten percent) by its measured forward times, and the

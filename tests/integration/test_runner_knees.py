@@ -26,6 +26,8 @@ def test_forwards_feed_the_knee_table(tmp_path: Path) -> None:
     runner.run(specs, lambda step, total: False)
     runner.run(specs[:2], lambda step, total: True)  # stopped at its first step: not a measurement
     assert set(runner.knees.seconds(cost)) == {1, 3}
+    assert runner.batch_knees(margin=0.0) == ()  # a CPU worker announces none unless batch_knee_cap says so
+    runner.settings = runner.settings.model_copy(update={"batch_knee_cap": True})
     (knee,) = runner.batch_knees(margin=0.0)
     assert knee.cost == int(cost) and knee.knee in (1, 3)
     runner.knees.save()
