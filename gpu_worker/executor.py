@@ -41,6 +41,8 @@ from shared.retry import is_transient
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+Progress = tuple[int, int] | None
+"""A forward's last (step, total), None when it reported no step."""
 
 
 @dataclass(slots=True)
@@ -65,17 +67,18 @@ class RunnerError(Exception):
 @dataclass(slots=True)
 class _Run:
     """One claimed run of a batch: its claim token, the decoded inputs of its image-conditioned requests, and the
-    outputs of its forwards that wait to be stored (each forward's requests and their outputs)."""
+    outputs of its forwards that wait to be stored (each forward's requests, their outputs, and its last (step,
+    total), which their ending writes: ``StepReporter.close_unwritten``)."""
 
     token: str
     inputs: dict[str, InputImages] = field(default_factory=dict)
-    outputs: list[tuple[list[RequestSpec], list[object]]] = field(default_factory=list)
+    outputs: list[tuple[list[RequestSpec], list[object], Progress]] = field(default_factory=list)
     _ended: Statuses = field(default_factory=dict)  # requests ended while their forward ran (aborted)
     _lock: threading.Lock = field(default_factory=threading.Lock)  # _ended is written by reporter threads
 
     @property
     def waiting_ids(self) -> set[str]:
-        return {spec.id for specs, _ in self.outputs for spec in specs}
+        return {spec.id for specs, _, _ in self.outputs for spec in specs}
 
     def ended(self, statuses: Statuses) -> None:
         """These requests ended while their forward ran (any thread): their outputs are not stored."""
@@ -88,12 +91,12 @@ class _Run:
         with self._lock:
             return dict(self._ended)
 
-    def keep(self, specs: Sequence[RequestSpec], outputs: Sequence[object]) -> None:
+    def keep(self, specs: Sequence[RequestSpec], outputs: Sequence[object], progress: Progress = None) -> None:
         """Keep a forward's outputs to store, less those of the requests already ended."""
         ended = self.ended_statuses
         kept = [(spec, output) for spec, output in zip(specs, outputs, strict=True) if spec.id not in ended]
         if kept:
-            self.outputs.append(([spec for spec, _ in kept], [output for _, output in kept]))
+            self.outputs.append(([spec for spec, _ in kept], [output for _, output in kept], progress))
 
 
 def decode_inputs(spec: RequestSpec, image: bytes | None, mask: bytes | None) -> InputImages:
@@ -190,9 +193,10 @@ class BatchExecutor:
         A store that fails for another reason than a Redis outage fails its requests with the error; through an
         outage past ``outage_retry_s`` the batch is left to the reaper."""
         try:
-            for specs, outputs in run.outputs:
+            for specs, outputs, progress in run.outputs:
                 try:
-                    outcome.statuses.update(self.writer.store_results(specs, outputs, run.token))
+                    stored = self.writer.store_results(specs, outputs, run.token, progress=progress)
+                    outcome.statuses.update(stored)
                 except Exception as exc:  # noqa: BLE001 - the requests must end and say why
                     if is_transient(exc):
                         raise
@@ -285,7 +289,7 @@ class BatchExecutor:
 
         def forward(request_ids: Sequence[str]) -> None:
             chosen = [by_id[rid] for rid in request_ids]
-            run.keep(chosen, self._forward(chosen, run))
+            run.keep(chosen, *self._forward(chosen, run))
 
         def fail(request_id: str, error: ErrorInfo) -> None:
             statuses.update(self._fail({request_id: error}, run.token))
@@ -304,12 +308,15 @@ class BatchExecutor:
         """End these requests of this claim as failed, each with its error (retried through an outage)."""
         return self.writer.fail(errors, token)
 
-    def _forward(self, specs: Sequence[RequestSpec], run: _Run) -> list[list[Image.Image]]:
+    def _forward(self, specs: Sequence[RequestSpec], run: _Run) -> tuple[list[list[Image.Image]], Progress]:
         """One runner call for ``specs``, its progress reported and its aborted requests ended as they are found
-        (see the module's docstring); the outputs of every spec, in order."""
+        (see the module's docstring); the outputs of every spec, in order, and the forward's last (step, total),
+        left for their ending to write when the forward ran to its end."""
         on_aborted = partial(self._end_aborted, {spec.id: spec for spec in specs}, run)
         reporter = StepReporter(self._store, [spec.id for spec in specs], run.token, on_aborted=on_aborted)
         started = time.monotonic()
+        progress: Progress = None
+        ran = False
         try:
             by_steps = forward_by_steps(self._runner, specs, reporter)  # aborted rows leave at the next step
             if by_steps is not None:
@@ -320,15 +327,19 @@ class BatchExecutor:
             else:
                 images = self._runner.run(specs, reporter.on_step)
             elapsed_s = time.monotonic() - started
+            ran = True
         finally:
-            reporter.close()
+            if ran:  # its last step is written with the requests' ending (finish.lua)
+                progress = reporter.close_unwritten()
+            else:
+                reporter.close()
             ended = run.ended_statuses
             late = [
                 spec
                 for spec, signal in zip(specs, reporter.signals, strict=True)
                 if signal is RowSignal.ABORTED and spec.id not in ended
             ]
-            if late:  # found by the final write, or its ending met an outage: end it now
+            if late:  # found by a write whose ending met an outage (finish.lua ends the rest): end it now
                 log.info("aborted while running, ended after the forward: %s", [spec.id for spec in late])
                 run.ended(self.writer.abort(late, run.token))
         if not isinstance(images, Sequence) or len(images) != len(specs):
@@ -337,7 +348,7 @@ class BatchExecutor:
         if self._metrics is not None:
             outputs = sum(spec.n for spec in specs)
             self._metrics.forward(len(specs), outputs, reporter.last_step, elapsed_s)
-        return list(images)
+        return list(images), progress
 
     def _end_aborted(self, specs: dict[str, RequestSpec], run: _Run, request_ids: list[str]) -> None:
         """The step reporter's ``on_aborted`` (its thread): end these requests ``aborted`` at once, under the run's

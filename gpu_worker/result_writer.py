@@ -123,9 +123,17 @@ class ResultWriter:
             return self.store.finish_aborted(keys, token, no_inputs=plain)
         return self.redis(lambda: self.store.finish_aborted(keys, token, no_inputs=plain), "ending aborted requests")
 
-    def store_results(self, specs: Sequence[RequestSpec], outputs: Sequence[object], token: str) -> Statuses:
+    def store_results(
+        self,
+        specs: Sequence[RequestSpec],
+        outputs: Sequence[object],
+        token: str,
+        *,
+        progress: tuple[int, int] | None = None,
+    ) -> Statuses:
         """Encode every request's outputs, write them all to the result store (``put_many``: one round trip for the
-        Redis store), and finish the requests in one round trip; a request whose output is wrong, or that the store
+        Redis store), and finish the requests in one round trip, with their forward's last ``progress`` (step,
+        total) when the step reporter left it unwritten; a request whose output is wrong, or that the store
         refuses, fails alone."""
         encoded: dict[str, list[tuple[str, bytes]]] = {}
         errors: dict[str, ErrorInfo] = {}
@@ -159,7 +167,10 @@ class ResultWriter:
         if errors:
             log.warning("%d requests returned unusable output: %s", len(errors), errors)
         plain = _no_inputs(specs)
-        return self.redis(lambda: self.store.finish_many(stored, errors, token, no_inputs=plain), "storing results")
+        return self.redis(
+            lambda: self.store.finish_many(stored, errors, token, no_inputs=plain, progress=progress),
+            "storing results",
+        )
 
     def _put_many(self, items: Sequence[tuple[str, bytes]]) -> dict[str, str]:
         """Write the outputs to the result store (a Redis store's writes are retried through an outage); the keys

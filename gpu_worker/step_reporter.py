@@ -8,7 +8,8 @@ run claimed since (a stalled worker replaced after its lock lapsed). The forward
 is known to be aborted or not ours, so an abort reaches the loop within ``WRITE_EVERY_S`` plus one Redis round trip
 plus one step, and a slow or stalled Redis slows nothing but the reports. While Redis fails, reports pause for
 ``PAUSE_S`` and the forward goes on. ``close`` writes the final step at once (so a finished request shows
-``step == total``) and stops the thread, within ``CLOSE_TIMEOUT_S``.
+``step == total``) and stops the thread, within ``CLOSE_TIMEOUT_S``; ``close_unwritten`` leaves that write to the
+requests' ending (``finish.lua`` writes the step with their status).
 
 ``on_aborted``, when given, is called on the reporter's thread (never the loop's) with the requests a write just
 found aborted, once per request, so their owner can end them at once while the forward still runs (the request-level
@@ -52,6 +53,8 @@ class StepReporter:
         self._handed: set[str] = set()  # requests handed to on_aborted (reporter thread only)
         self._lock = threading.Lock()
         self._pending: tuple[int, int] | None = None
+        self._latest: tuple[int, int] | None = None  # the last step reported, written or not
+        self._leave_last = False  # close_unwritten: the caller writes the last step
         self._last_step = 0
         self._signals = [RowSignal.GO_ON] * len(self._ids)
         self._wake = threading.Event()
@@ -62,7 +65,7 @@ class StepReporter:
     def on_step(self, step: int, total: int) -> bool:
         """The runner's step callback: record the step, and whether to stop (every row aborted or not ours)."""
         with self._lock:
-            self._pending = (step, total)
+            self._pending = self._latest = (step, total)
             self._last_step = max(self._last_step, step)
             stop = all(signal is not RowSignal.GO_ON for signal in self._signals)
         self._wake.set()
@@ -85,6 +88,15 @@ class StepReporter:
         self._wake.set()
         self._thread.join(CLOSE_TIMEOUT_S)
 
+    def close_unwritten(self) -> tuple[int, int] | None:
+        """Stop the thread without writing the last step (bounded by ``CLOSE_TIMEOUT_S``): the caller writes it
+        with the requests' ending (``finish.lua``), so a forward that ran to its end costs no write of its own. The
+        last (step, total) the forward reported, None when it reported none."""
+        self._leave_last = True
+        self.close()
+        with self._lock:
+            return self._latest
+
     def _run(self) -> None:
         self._closed.wait(WRITE_EVERY_S)  # the first write one interval in (close ends the wait: the last step)
         while True:
@@ -92,14 +104,14 @@ class StepReporter:
             self._wake.clear()
             with self._lock:
                 pending, self._pending = self._pending, None
-            if pending is not None:
+            if pending is not None and not self._leave_last:
                 started = time.monotonic()
                 self._write(*pending)
                 self._closed.wait(WRITE_EVERY_S - (time.monotonic() - started))  # close ends the wait
             if self._closed.is_set():
                 with self._lock:
                     last = self._pending
-                if last is not None:
+                if last is not None and not self._leave_last:
                     self._write(*last)
                 return
 

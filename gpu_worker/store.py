@@ -139,14 +139,16 @@ class WorkerStore:
         token: str,
         *,
         no_inputs: Collection[str] = (),
+        progress: tuple[int, int] | None = None,
     ) -> dict[str, RequestStatus | None]:
         """End running requests of this claim in one script call: those in ``results`` succeeded with the images
         stored under these result keys, those in ``errors`` failed; returns each one's status after the call
         (unchanged where not ours). ``no_inputs``: those of them whose spec needs no input image (its task), so
-        ending them deletes no input fields."""
+        ending them deletes no input fields. ``progress``: their forward's last (step, total), written with their
+        ending (the step reporter left it: ``StepReporter.close_unwritten``)."""
         rows: list[_FinishRow] = [(rid, RequestStatus.SUCCEEDED, keys, None) for rid, keys in results.items()]
         rows += [(rid, RequestStatus.FAILED, (), error) for rid, error in errors.items()]
-        return self._finish_rows(rows, token, no_inputs)
+        return self._finish_rows(rows, token, no_inputs, progress)
 
     def finish_aborted(
         self, result_keys: Mapping[str, Sequence[str]], token: str, *, no_inputs: Collection[str] = ()
@@ -160,7 +162,11 @@ class WorkerStore:
         return self._finish_rows(rows, token, no_inputs)
 
     def _finish_rows(
-        self, rows: Sequence[_FinishRow], token: str, no_inputs: Collection[str]
+        self,
+        rows: Sequence[_FinishRow],
+        token: str,
+        no_inputs: Collection[str],
+        progress: tuple[int, int] | None = None,
     ) -> dict[str, RequestStatus | None]:
         """One ``finish.lua`` call for ``rows`` (request id, outcome, its result keys, its error)."""
         if not rows:
@@ -169,6 +175,8 @@ class WorkerStore:
         for request_id, outcome, keys, error in rows:
             args += [request_id, outcome.value, error.type if error else "", error.message if error else ""]
             args += ["1" if request_id in no_inputs else "", len(keys), *keys]
+        if progress is not None:
+            args += list(progress)
         ids = [row[0] for row in rows]
         replies = self._finish(keys=k.finish_keys(self.keys, *ids), args=args)
         return {rid: _status(reply) for rid, reply in zip(ids, replies, strict=True)}

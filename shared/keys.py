@@ -20,6 +20,8 @@ from shared.contracts import RequestStatus
 SCHEDULER_GROUP = "scheduler"
 SCHEDULER_CONSUMER = "active"  # one consumer name: a new leader inherits its predecessor's pending entries
 EVENTS_MAXLEN = 1000
+REQUEST_EVENTS_MAXLEN = 64
+"""About how many entries a request's event stream keeps (each progress event trims it): small however many steps."""
 STEP_SEALED = "sealed"
 """A worker's ``P:step:sets`` field once its running set takes no more joins (a value no step key digest has)."""
 WEBHOOK_GROUP = "webhooks"
@@ -161,7 +163,8 @@ class RedisKeys:
 
 def _generated() -> str:
     """Lua that every script starts with, generated from the Python that owns each fact: the status names
-    (``STATUS.queued`` ..., ``TERMINAL[status]``, from ``RequestStatus``), ``EVENTS_MAXLEN`` and the key groups
+    (``STATUS.queued`` ..., ``TERMINAL[status]``, from ``RequestStatus``), ``EVENTS_MAXLEN``,
+    ``REQUEST_EVENTS_MAXLEN`` and the key groups
     (``request_keys(i)``, ``request_at(fixed, j)``, ``request_count(fixed)``, ``end_keys(i)``, from ``RequestKeys``
     and ``EndKeys``)."""
 
@@ -179,6 +182,7 @@ def _generated() -> str:
             f"local TERMINAL = {{{terminal}}}",
             f"local REQUEST_STRIDE = {stride}",
             f"local EVENTS_MAXLEN = {EVENTS_MAXLEN}  -- about how many entries P:events keeps (every XADD trims it)",
+            f"local REQUEST_EVENTS_MAXLEN = {REQUEST_EVENTS_MAXLEN}  -- about how many entries a request's events keep",
             group("request_keys", RequestKeys._fields),
             group("end_keys", EndKeys._fields),
             "-- the j-th request's stride (j from 1) after a script's ``fixed`` keys, and how many strides there are",

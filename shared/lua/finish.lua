@@ -10,7 +10,10 @@
 -- (``request_keys``).
 -- ARGV[1] now (s), ARGV[2] ttl (s), ARGV[3] finished channel, ARGV[4] claim token, then per request (KEYS order):
 -- its id, outcome (succeeded|failed), error type, error message, '1' when its spec needs no input image ('' =
--- unknown: its input fields are deleted whatever), the count of its result keys and those keys (in image order).
+-- unknown: its input fields are deleted whatever), the count of its result keys and those keys (in image order);
+-- then, optionally, the forward's last step and its total (the step reporter's last write, folded in: a request
+-- that ends succeeded or failed gets them in its HSET and, when its step was not yet that, the ``progress`` event
+-- and webhook entry progress.lua would have written, just before its terminal event).
 -- Returns per request (KEYS order) its status after the call (unchanged when it is not running under this claim;
 -- 'missing' when it has no hash).
 local ending, journal = end_keys(1), KEYS[4]
@@ -25,6 +28,20 @@ for j = 1, request_count(FIXED) do
   a = a + 6 + #row.results
   rows[j] = row
 end
+local final_step, final_total = ARGV[a], ARGV[a + 1]  -- nil: no step to write
+
+-- the forward's last step, as progress.lua writes it (the event before the terminal one)
+local function last_progress(row, st)
+  if not final_step or row.status == STATUS.aborted then return end
+  for _, value in ipairs({'step', final_step, 'total', final_total}) do table.insert(row.known.fields, value) end
+  if st[6] == final_step then return end
+  local event = redis.call('XADD', row.request.events, 'MAXLEN', REQUEST_EVENTS_MAXLEN, '*', 'event', 'progress',
+                           'step', final_step, 'total', final_total)
+  if st[4] and string.find(st[4], ' progress ', 1, true) then
+    redis.call('XADD', ending.webhooks, '*', 'id', row.id, 'event', 'progress', 'entry', event,
+               'step', final_step, 'total', final_total)
+  end
+end
 
 -- each key of ``keys`` with its score (false where it is not in the journal), ZMSCORE a page at a time
 local function journaled(keys)
@@ -38,10 +55,12 @@ end
 
 local candidates = {}  -- the keys of the requests that may succeed, in row order
 for _, row in ipairs(rows) do
-  local st = redis.call('HMGET', row.request.hash, 'status', 'abort', 'claim', 'webhook_on', INPUT_COUNT_FIELD)
+  local st = redis.call('HMGET', row.request.hash, 'status', 'abort', 'claim', 'webhook_on', INPUT_COUNT_FIELD,
+                       'step')
   row.status = st[1] or 'missing'
   if st[1] == STATUS.running and st[3] == token then
-    row.ends, row.known = true, {webhook_on = st[4], counted = st[5], none_held = row.none_held}
+    row.ends, row.known = true, {webhook_on = st[4], counted = st[5], none_held = row.none_held, fields = {}}
+    row.st = st
     row.status = st[2] and STATUS.aborted or row.outcome
     if row.status == STATUS.succeeded then
       for _, key in ipairs(row.results) do table.insert(candidates, key) end
@@ -71,6 +90,7 @@ for _, row in ipairs(rows) do
       row.known.fields = {'error_type', row.error_type, 'error_message', row.error_message}
       row.known.error_type = row.error_type
     end
+    last_progress(row, row.st)
     for _, key in ipairs(row.results) do
       table.insert(due, at)
       table.insert(due, key)

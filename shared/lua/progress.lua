@@ -3,8 +3,8 @@
 -- A ``progress`` event goes to the request's event stream when the step changed and either it is the last step or
 -- the stream's last event is EVENT_EVERY_MS old (field ``event_ms``, the Redis time of the last event: written with
 -- the ``running`` event by claim.lua and with each progress event here; without it, as for a request that came
--- running another way, the last entry's id is read once), trimmed to EVENT_MAXLEN entries: the stream stays small
--- however many steps a request runs.
+-- running another way, the last entry's id is read once), trimmed to REQUEST_EVENTS_MAXLEN entries: the stream
+-- stays small however many steps a request runs.
 -- A request whose webhook subscribed to progress also gets an entry in the webhook outbox (shared/webhooks.py) for
 -- such an event, at most one per WEBHOOK_EVERY_MS (field webhook_progress_ms), and for the last step.
 -- KEYS[1] webhook outbox, then one stride per request (``request_keys``).
@@ -14,7 +14,7 @@ local webhooks = KEYS[1]
 local FIXED = 1
 local step, total, token = ARGV[1], ARGV[2], ARGV[3]
 local function request_id(j) return ARGV[3 + j] end
-local EVENT_EVERY_MS, EVENT_MAXLEN, WEBHOOK_EVERY_MS = 250, 64, 1000
+local EVENT_EVERY_MS, WEBHOOK_EVERY_MS = 250, 1000
 
 local now = now_ms()  -- lib_time.lua
 local out = {}
@@ -33,7 +33,7 @@ for j = 1, request_count(FIXED) do
       last_ms = last and tonumber(string.match(last[1], '^%d+'))
     end
     if st[4] ~= step and (step == total or not last_ms or now - last_ms >= EVENT_EVERY_MS) then
-      local event = redis.call('XADD', request.events, 'MAXLEN', EVENT_MAXLEN, '*', 'event', 'progress',
+      local event = redis.call('XADD', request.events, 'MAXLEN', REQUEST_EVENTS_MAXLEN, '*', 'event', 'progress',
                                'step', step, 'total', total)
       table.insert(fields, 'event_ms')
       table.insert(fields, string.match(event, '^%d+'))

@@ -405,3 +405,31 @@ def test_finish_drops_the_inputs_of_an_image_request_beside_requests_known_to_ho
     assert ended == dict.fromkeys("abc", RequestStatus.SUCCEEDED)
     assert not client.hexists(worker.keys.request("a"), "input_image")
     assert client.get(worker.keys.input_bytes) == "0"
+
+
+def test_finish_writes_the_forwards_last_step_with_the_ending_and_its_event_before_the_terminal_one(
+    client: fakeredis.FakeRedis, settings: Settings, scheduled: tuple[SchedulerStore, Lease, list[str]]
+) -> None:
+    """The step reporter left the last step to the ending (``progress``): each request that ends succeeded or failed
+    records it, and gets the ``progress`` event (and the webhook entry it subscribed to) just before its terminal
+    event, unless its step already was that one; an aborted one gets no step."""
+    worker = WorkerStore(client, settings)
+    keys = worker.keys
+    batch = BatchMessage(batch_id="B1", request_ids=("a", "b", "c"), created_at=0.0)
+    assert isinstance(worker.claim(batch, "tok1", "w1"), Claimed)
+    client.hset(keys.request("a"), "webhook_on", " progress completed ")
+    worker.progress(["b"], 4, 4, "tok1")  # b's last step was written already
+    client.hset(keys.request("c"), "abort", "1")
+    hooks_before = client.xlen(keys.webhooks)
+    ended = worker.finish_many({"a": [], "b": [], "c": []}, {}, "tok1", progress=(4, 4))
+    assert ended == {"a": RequestStatus.SUCCEEDED, "b": RequestStatus.SUCCEEDED, "c": RequestStatus.ABORTED}
+    events = {rid: [fields for _, fields in client.xrange(keys.request_events(rid))] for rid in "abc"}
+    assert events["a"][-2:] == [{"event": "progress", "step": "4", "total": "4"}, {"event": "succeeded"}]
+    assert [fields["event"] for fields in events["b"]].count("progress") == 1 and events["b"][-1]["event"] == (
+        "succeeded"
+    )
+    assert "progress" not in [fields["event"] for fields in events["c"]]
+    assert client.hmget(keys.request("a"), ["step", "total"]) == ["4", "4"]
+    assert client.hmget(keys.request("c"), ["step", "total"]) == ["0", None]  # as its claim left it
+    hooks = [fields for _, fields in client.xrange(keys.webhooks)][hooks_before:]
+    assert [(fields["id"], fields["event"], fields.get("step")) for fields in hooks] == [("a", "progress", "4")]

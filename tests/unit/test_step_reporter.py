@@ -184,3 +184,18 @@ def test_a_forward_shorter_than_the_interval_writes_only_its_last_step(settings:
     reporter.close()
     assert time.monotonic() - closing < WRITE_EVERY_S / 2
     assert len(store.started) == 1 and client.hget(store.keys.request("a"), "step") == "10"
+
+
+def test_close_unwritten_leaves_the_last_step_to_the_ending(settings: Settings) -> None:
+    """A forward that ran to its end: its reporter stops without writing its last step and hands it over, for
+    ``finish.lua`` to write with the requests' ending; a forward shorter than one interval writes nothing."""
+    client = fakeredis.FakeRedis(decode_responses=True)
+    claimed(client, settings, ["a"])
+    store = SlowStore(client, settings)
+    store.delay_s = 0.0
+    reporter = StepReporter(store, ["a"], "tok")
+    for step in range(1, 5):
+        reporter.on_step(step, 4)
+    assert reporter.close_unwritten() == (4, 4)
+    assert store.writes == 0 and client.hget(store.keys.request("a"), "step") == "0"
+    assert StepReporter(store, ["a"], "tok").close_unwritten() is None  # no step reported
