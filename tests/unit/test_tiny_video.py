@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import inspect
 import io
-from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any, cast
 
@@ -24,44 +23,23 @@ from PIL import Image  # noqa: E402
 
 from demo_models import video as tiny_video  # noqa: E402
 from gpu_worker import video  # noqa: E402
+from tests.support.tiny_video import NEGATIVES, PROMPTS, SEEDS, frames_of, generators, loaded_back, pixels  # noqa: E402
 
 SIZE = 32  # the smallest valid height and width (multiples of 32)
 FRAMES = 9  # the smallest video frame count of the 8k + 1 rule (1 is a still)
 BASE: dict[str, Any] = {"height": SIZE, "width": SIZE, "num_inference_steps": 2, "max_sequence_length": 16}
-PROMPTS = ["a red fox", "a blue whale in the sea at night", "lighthouse"]
-NEGATIVES = ["blurry", "", "a dog"]
-SEEDS = [11, 22, 33]
 
 
 @pytest.fixture(scope="module")
 def pipe(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from diffusers import DiffusionPipeline
-
-    path = tmp_path_factory.mktemp("tiny-video")
-    tiny_video.build().save_pretrained(path)
-    loaded = DiffusionPipeline.from_pretrained(path)  # type: ignore[no-untyped-call]
-    loaded.set_progress_bar_config(disable=True)
-    return loaded
-
-
-def _frames(out: Any) -> list[list[Image.Image]]:
-    frames: list[list[Image.Image]] = out.frames
-    return frames
-
-
-def _uint8(frames: Sequence[Image.Image]) -> np.ndarray:
-    return np.stack([np.asarray(frame, dtype=np.int16) for frame in frames])
-
-
-def _gens(seeds: Sequence[int]) -> list[torch.Generator]:
-    return [torch.Generator().manual_seed(seed) for seed in seeds]
+    return loaded_back(tiny_video.build, tmp_path_factory.mktemp("tiny-video"))
 
 
 @pytest.fixture(scope="module")
 def fused(pipe: Any) -> list[list[Image.Image]]:
     """Three prompts (each with its own negative prompt) in ONE call with one generator per video."""
-    out = pipe(prompt=PROMPTS, negative_prompt=NEGATIVES, num_frames=FRAMES, generator=_gens(SEEDS), **BASE)
-    return _frames(out)
+    out = pipe(prompt=PROMPTS, negative_prompt=NEGATIVES, num_frames=FRAMES, generator=generators(SEEDS), **BASE)
+    return frames_of(out)
 
 
 def test_loads_back_as_ltx_pipeline(pipe: Any, fused: list[list[Image.Image]]) -> None:
@@ -76,7 +54,7 @@ def test_loads_back_as_ltx_pipeline(pipe: Any, fused: list[list[Image.Image]]) -
     for frames in fused:
         assert isinstance(frames, list) and len(frames) == FRAMES
         assert all(isinstance(f, Image.Image) and f.size == (SIZE, SIZE) and f.mode == "RGB" for f in frames)
-    assert not np.array_equal(_uint8(fused[0]), _uint8(fused[1]))  # distinct videos, not one repeated
+    assert not np.array_equal(pixels(fused[0]), pixels(fused[1]))  # distinct videos, not one repeated
 
 
 def test_build_is_identical_across_builds() -> None:
@@ -89,15 +67,15 @@ def test_build_is_identical_across_builds() -> None:
 
 def test_fused_equals_solo(pipe: Any, fused: list[list[Image.Image]]) -> None:
     for index, (prompt, negative, seed) in enumerate(zip(PROMPTS, NEGATIVES, SEEDS, strict=True)):
-        out = pipe(prompt=prompt, negative_prompt=negative, num_frames=FRAMES, generator=_gens([seed])[0], **BASE)
-        solo = _frames(out)[0]
-        np.testing.assert_allclose(_uint8(solo), _uint8(fused[index]), rtol=0, atol=1, err_msg=f"video {index}")
+        out = pipe(prompt=prompt, negative_prompt=negative, num_frames=FRAMES, generator=generators([seed])[0], **BASE)
+        solo = frames_of(out)[0]
+        np.testing.assert_allclose(pixels(solo), pixels(fused[index]), rtol=0, atol=1, err_msg=f"video {index}")
 
 
 def test_frame_count_rule_is_8k_plus_1_and_silently_floored(pipe: Any) -> None:
     def count(num_frames: int) -> int:
         out = pipe(prompt="cat", num_frames=num_frames, **{**BASE, "num_inference_steps": 1})
-        return len(_frames(out)[0])
+        return len(frames_of(out)[0])
 
     assert [count(n) for n in (1, 9, 17)] == [1, 9, 17]
     assert [count(n) for n in (8, 10, 16)] == [1, 9, 9]  # (n - 1) // 8 * 8 + 1 frames, no error
@@ -105,7 +83,7 @@ def test_frame_count_rule_is_8k_plus_1_and_silently_floored(pipe: Any) -> None:
 
 def test_size_multiple_is_32(pipe: Any) -> None:
     out = pipe(prompt="cat", num_frames=1, **{**BASE, "width": 64, "num_inference_steps": 1})
-    assert _frames(out)[0][0].size == (64, 32)  # PIL size is (width, height): non-square sizes work
+    assert frames_of(out)[0][0].size == (64, 32)  # PIL size is (width, height): non-square sizes work
     for height, width in ((48, 32), (32, 16)):
         with pytest.raises(ValueError, match="divisible by 32"):
             pipe(prompt="cat", num_frames=1, **{**BASE, "height": height, "width": width})
@@ -135,8 +113,8 @@ def test_frame_rate_guidance_rescale_and_negative_prompt_change_the_output(pipe:
     negative_prompt need not: it is a per-video list (test_fused_equals_solo)."""
 
     def run(**kwargs: Any) -> np.ndarray:
-        out = pipe(prompt="a red fox", num_frames=FRAMES, generator=_gens([5])[0], **BASE, **kwargs)
-        return _uint8(_frames(out)[0])
+        out = pipe(prompt="a red fox", num_frames=FRAMES, generator=generators([5])[0], **BASE, **kwargs)
+        return pixels(frames_of(out)[0])
 
     base = run()
     assert np.array_equal(base, run(frame_rate=25))  # the default
@@ -158,12 +136,12 @@ def test_callback_on_step_end_and_interrupt(pipe: Any) -> None:
     out = pipe(
         prompt=PROMPTS[:2],
         num_frames=FRAMES,
-        generator=_gens(SEEDS[:2]),
+        generator=generators(SEEDS[:2]),
         callback_on_step_end=stop,
         **{**BASE, "num_inference_steps": 4},
     )
     assert steps == [0]  # remaining steps are skipped ...
-    frames = _frames(out)  # ... and the partly denoised latents are still decoded, for the whole batch
+    frames = frames_of(out)  # ... and the partly denoised latents are still decoded, for the whole batch
     assert len(frames) == 2 and all(len(f) == FRAMES for f in frames)
 
 
@@ -175,16 +153,18 @@ def test_image_to_video_from_the_same_components(pipe: Any) -> None:
     i2v: Any = LTXImageToVideoPipeline(**pipe.components)  # type: ignore[no-untyped-call]
     i2v.set_progress_bar_config(disable=True)
     images = [Image.new("RGB", (SIZE, SIZE), color) for color in ((200, 30, 30), (30, 30, 200))]
-    fused = _frames(i2v(image=images, prompt=PROMPTS[:2], num_frames=FRAMES, generator=_gens(SEEDS[:2]), **BASE))
+    fused = frames_of(i2v(image=images, prompt=PROMPTS[:2], num_frames=FRAMES, generator=generators(SEEDS[:2]), **BASE))
     assert len(fused) == 2 and all(len(f) == FRAMES and f[0].size == (SIZE, SIZE) for f in fused)
-    solo = _frames(i2v(image=images[1], prompt=PROMPTS[1], num_frames=FRAMES, generator=_gens(SEEDS[1:2]), **BASE))
-    np.testing.assert_allclose(_uint8(solo[0]), _uint8(fused[1]), rtol=0, atol=1)
+    solo = frames_of(
+        i2v(image=images[1], prompt=PROMPTS[1], num_frames=FRAMES, generator=generators(SEEDS[1:2]), **BASE)
+    )
+    np.testing.assert_allclose(pixels(solo[0]), pixels(fused[1]), rtol=0, atol=1)
 
 
 # --- MP4 ---
 
 
-def test_mp4_round_trip_of_pipeline_frames(fused: list[list[Image.Image]]) -> None:
+def test_mp4_round_trip_of_pipelineframes_of(fused: list[list[Image.Image]]) -> None:
     data = video.encode_mp4(fused[0], fps=24)
     assert data[4:8] == b"ftyp"
     decoded = video.decode_mp4(data)

@@ -9,7 +9,6 @@ negative prompt), what changes the output (so what the batch key must hold), cal
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from demo_models import wan as tiny_wan  # noqa: E402
 from demo_models import wan_i2v as tiny_i2v  # noqa: E402
 from gpu_worker.families import FAMILIES, family_of  # noqa: E402
 from shared.contracts import RequestSpec, Task  # noqa: E402
+from tests.support.tiny_video import NEGATIVES, PROMPTS, SEEDS, frames_of, generators, loaded_back, pixels  # noqa: E402
 
 SIZE = 32  # a small valid side (multiples of 16); 16 itself is one latent patch
 FRAMES = 5  # the smallest video frame count of the 4k + 1 rule (1 is a still)
@@ -36,41 +36,19 @@ BASE: dict[str, Any] = {
     "guidance_scale": 4.0,
     "output_type": "pil",  # what the runner asks for (Wan's own default is numpy)
 }
-PROMPTS = ["a red fox", "a blue whale in the sea at night", "lighthouse"]
-NEGATIVES = ["blurry", "", "a dog"]
-SEEDS = [11, 22, 33]
 
 
 @pytest.fixture(scope="module")
 def pipe(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from diffusers import DiffusionPipeline
-
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    path = tmp_path_factory.mktemp("tiny-wan")
-    tiny_wan.build().save_pretrained(path)
-    loaded = DiffusionPipeline.from_pretrained(path)  # type: ignore[no-untyped-call]
-    loaded.set_progress_bar_config(disable=True)
-    return loaded
-
-
-def _frames(out: Any) -> list[list[Image.Image]]:
-    frames: list[list[Image.Image]] = out.frames
-    return frames
-
-
-def _uint8(frames: Sequence[Image.Image]) -> np.ndarray:
-    return np.stack([np.asarray(frame, dtype=np.int16) for frame in frames])
-
-
-def _gens(seeds: Sequence[int]) -> list[torch.Generator]:
-    return [torch.Generator().manual_seed(seed) for seed in seeds]
+    return loaded_back(tiny_wan.build, tmp_path_factory.mktemp("tiny-wan"))
 
 
 @pytest.fixture(scope="module")
 def fused(pipe: Any) -> list[list[Image.Image]]:
     """Three prompts (each with its own negative prompt) in ONE call with one generator per video."""
-    out = pipe(prompt=PROMPTS, negative_prompt=NEGATIVES, num_frames=FRAMES, generator=_gens(SEEDS), **BASE)
-    return _frames(out)
+    out = pipe(prompt=PROMPTS, negative_prompt=NEGATIVES, num_frames=FRAMES, generator=generators(SEEDS), **BASE)
+    return frames_of(out)
 
 
 def test_loads_back_as_wan_pipeline_of_the_wan_family(pipe: Any, fused: list[list[Image.Image]]) -> None:
@@ -83,7 +61,7 @@ def test_loads_back_as_wan_pipeline_of_the_wan_family(pipe: Any, fused: list[lis
     for frames in fused:
         assert isinstance(frames, list) and len(frames) == FRAMES
         assert all(isinstance(f, Image.Image) and f.size == (SIZE, SIZE) and f.mode == "RGB" for f in frames)
-    assert not np.array_equal(_uint8(fused[0]), _uint8(fused[1]))  # distinct videos, not one repeated
+    assert not np.array_equal(pixels(fused[0]), pixels(fused[1]))  # distinct videos, not one repeated
 
 
 def test_the_traits_are_the_pipelines_rules(pipe: Any) -> None:
@@ -108,15 +86,15 @@ def test_build_is_identical_across_builds() -> None:
 
 def test_fused_equals_solo(pipe: Any, fused: list[list[Image.Image]]) -> None:
     for index, (prompt, negative, seed) in enumerate(zip(PROMPTS, NEGATIVES, SEEDS, strict=True)):
-        out = pipe(prompt=prompt, negative_prompt=negative, num_frames=FRAMES, generator=_gens([seed])[0], **BASE)
-        solo = _frames(out)[0]
-        np.testing.assert_allclose(_uint8(solo), _uint8(fused[index]), rtol=0, atol=1, err_msg=f"video {index}")
+        out = pipe(prompt=prompt, negative_prompt=negative, num_frames=FRAMES, generator=generators([seed])[0], **BASE)
+        solo = frames_of(out)[0]
+        np.testing.assert_allclose(pixels(solo), pixels(fused[index]), rtol=0, atol=1, err_msg=f"video {index}")
 
 
 def test_frame_count_rule_is_4k_plus_1_and_silently_rounded(pipe: Any) -> None:
     def count(num_frames: int) -> int:
         out = pipe(prompt="cat", num_frames=num_frames, **{**BASE, "num_inference_steps": 1})
-        return len(_frames(out)[0])
+        return len(frames_of(out)[0])
 
     assert [count(n) for n in (1, 5, 9)] == [1, 5, 9]
     assert [count(n) for n in (4, 6, 8)] == [5, 5, 9]  # n // 4 * 4 + 1 frames (up or down), a warning, no error
@@ -124,7 +102,7 @@ def test_frame_count_rule_is_4k_plus_1_and_silently_rounded(pipe: Any) -> None:
 
 def test_size_multiple_is_16(pipe: Any) -> None:
     out = pipe(prompt="cat", num_frames=1, **{**BASE, "width": 48, "num_inference_steps": 1})
-    assert _frames(out)[0][0].size == (48, 32)  # PIL size is (width, height): non-square sizes work
+    assert frames_of(out)[0][0].size == (48, 32)  # PIL size is (width, height): non-square sizes work
     for height, width in ((40, 32), (32, 24)):
         with pytest.raises(ValueError, match="divisible by 16"):
             pipe(prompt="cat", num_frames=1, **{**BASE, "height": height, "width": width})
@@ -162,8 +140,8 @@ def test_sequence_length_and_negative_prompt_change_the_output(pipe: Any) -> Non
     attention sees the padding); negative_prompt need not: it is a per-video list (test_fused_equals_solo)."""
 
     def run(**kwargs: Any) -> np.ndarray:
-        out = pipe(prompt="a red fox", num_frames=FRAMES, generator=_gens([5])[0], **{**BASE, **kwargs})
-        return _uint8(_frames(out)[0])
+        out = pipe(prompt="a red fox", num_frames=FRAMES, generator=generators([5])[0], **{**BASE, **kwargs})
+        return pixels(frames_of(out)[0])
 
     base = run()
     assert np.array_equal(base, run(max_sequence_length=16))
@@ -184,12 +162,12 @@ def test_callback_on_step_end_and_interrupt(pipe: Any) -> None:
     out = pipe(
         prompt=PROMPTS[:2],
         num_frames=FRAMES,
-        generator=_gens(SEEDS[:2]),
+        generator=generators(SEEDS[:2]),
         callback_on_step_end=stop,
         **{**BASE, "num_inference_steps": 4},
     )
     assert steps == [0]  # remaining steps are skipped ...
-    frames = _frames(out)  # ... and the partly denoised latents are still decoded, for the whole batch
+    frames = frames_of(out)  # ... and the partly denoised latents are still decoded, for the whole batch
     assert len(frames) == 2 and all(len(f) == FRAMES for f in frames)
 
 
