@@ -1,8 +1,9 @@
-"""Step mode end to end for the families with adapters beyond SD 1.x/2.x and SD3 (SDXL, PixArt-Sigma, Flux, Sana):
-real api, scheduler and worker processes (``FUSEFLEET_STEP_MODE=1``, ``FUSEFLEET_DEMO_FAMILY``) on each family's
-tiny demo pipeline, black-box. Requests with other step counts and guidance scales (and, where the family takes
-them, negative prompts) join a long request's running set at a step boundary and leave it when done, each image
-equal to its solo run within 1/255; the long request, aborted, leaves the set.
+"""Step mode end to end for the families with adapters beyond SD 1.x/2.x and SD3 (SDXL, PixArt-Sigma, Flux, Sana,
+Qwen-Image): real api, scheduler and worker processes (``FUSEFLEET_STEP_MODE=1``, ``FUSEFLEET_DEMO_FAMILY``) on each
+family's tiny demo pipeline, black-box. Requests with other step counts and guidance scales (and, where the family
+takes them, negative prompts; with a true CFG scale of their own where the family has true CFG) join a long
+request's running set at a step boundary and leave it when done, each image equal to its solo run within 1/255; the
+long request, aborted, leaves the set.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tests.support.solo import png_array, solo_image
 
 pytestmark = pytest.mark.timeout(600)
 
-STEP_FAMILIES = ["stable-diffusion-xl", "pixart", "flux", "sana"]
+STEP_FAMILIES = ["stable-diffusion-xl", "pixart", "flux", "sana", "qwen-image"]
 SIDE = 32
 LONG_STEPS = 900  # runs while the others join and leave, aborted at the end (DDIM takes at most 1000 steps)
 
@@ -50,9 +51,15 @@ def family_fleet(
 
 
 def joiner_bodies(family: str) -> list[dict[str, Any]]:
-    """Requests of other step counts and guidance scales; negative prompts where the family takes them."""
-    negative = FAMILIES[family].traits.negative_prompt
+    """Requests of other step counts and guidance scales; negative prompts where the family takes them, with a true
+    CFG scale of their own where it has true CFG."""
+    traits = FAMILIES[family].traits
+    negative = traits.negative_prompt
+    true_cfg = [
+        {"prompt": "a fox", "num_inference_steps": 4, "seed": 8, "negative_prompt": "fog", "true_cfg_scale": 3.0},
+    ]
     return [
+        *(true_cfg if traits.true_cfg_scale else []),
         {"prompt": "a cat", "num_inference_steps": 3, "guidance_scale": 1.0, "seed": 5},
         {"prompt": "a dog", "num_inference_steps": 5, "guidance_scale": 5.0, "seed": 6}
         | ({"negative_prompt": "blurry"} if negative else {}),

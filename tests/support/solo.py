@@ -49,6 +49,7 @@ def solo_image(runner: DiffusersRunner, state: dict[str, Any], lora: LoraRef | N
         height=params["height"],
         num_inference_steps=params["num_inference_steps"],
         guidance_scale=params["guidance_scale"],
+        true_cfg_scale=params.get("true_cfg_scale"),
         n=1,
         lora=lora,
         created_at=0.0,
