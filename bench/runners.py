@@ -169,9 +169,12 @@ class SimulatedStepSet:
         self._live: dict[str, _LiveRequest] = {}  # joining order
         self._finished: dict[str, _LiveRequest] = {}  # left the set, outputs not taken yet
 
-    def join(self, specs: Sequence[RequestSpec]) -> dict[str, str]:
-        """Add the requests; they take their first step at the next ``step``. ``{request id: why}`` for those
-        refused (a duplicate, another step key, steps < 1, a guidance the engine refuses)."""
+    def join(
+        self, specs: Sequence[RequestSpec], inputs: Mapping[str, InputImages] | None = None
+    ) -> dict[str, str]:
+        """Add the requests (their ``inputs`` are not looked at); they take their first step at the next
+        ``step``. ``{request id: why}`` for those refused (a duplicate, another step key, steps < 1, a guidance the
+        engine refuses)."""
         refused: dict[str, str] = {}
         with self._lock:
             for spec in specs:

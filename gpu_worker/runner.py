@@ -70,9 +70,12 @@ class StepSet(Protocol):
     may be called from any thread.
     """
 
-    def join(self, specs: Sequence[RequestSpec]) -> dict[str, str]:
+    def join(
+        self, specs: Sequence[RequestSpec], inputs: Mapping[str, InputImages] | None = None
+    ) -> dict[str, str]:
         """Add the requests' rows; they take their first step at the next ``step`` (prompts encoded together).
-        Returns ``{request id: why}`` for the requests refused (nothing of them joined; the others did)."""
+        ``inputs``: each image-task request's input image (and mask), by request id. Returns ``{request id: why}``
+        for the requests refused (nothing of them joined; the others did)."""
         ...
 
     def step(self, only: Collection[str] | None = None) -> list[str]:

@@ -25,13 +25,13 @@ from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import ValidationError
 
 from gpu_worker.bisection import Rows, bisect_on_failure, is_out_of_memory
-from gpu_worker.executor import BatchExecutor, BatchOutcome
+from gpu_worker.executor import BatchExecutor, BatchOutcome, decode_inputs
 from gpu_worker.finisher import Finisher, InlineFinisher
 from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.log_context import carry_context, ids
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.result_writer import ResultWriter, Statuses, error_info
-from gpu_worker.runner import Runner, StepSet
+from gpu_worker.runner import InputImages, Runner, StepSet
 from gpu_worker.step_reporter import StepReporter
 from gpu_worker.store import Claimed, Locked, RowSignal, WorkerStore
 from shared.compat import StepKey, step_key
@@ -278,6 +278,23 @@ class _RunningSet:
         if self.loop.heartbeat is not None:
             self.loop.heartbeat.hold(batch_id, token)
 
+    def _inputs(self, specs: Sequence[RequestSpec]) -> tuple[dict[str, InputImages], dict[str, ErrorInfo]]:
+        """The decoded input image (and mask) of each image-task request of ``specs`` (one Redis read), and the
+        error of each whose inputs cannot be read (it fails alone, ``InvalidInput``, as request-level)."""
+        conditioned = [spec for spec in specs if spec.task.needs_image]
+        if not conditioned:
+            return {}, {}
+        ids = [spec.id for spec in conditioned]
+        stored = self.writer.redis(lambda: self.store.input_images(ids), "reading input images")
+        inputs: dict[str, InputImages] = {}
+        errors: dict[str, ErrorInfo] = {}
+        for spec in conditioned:
+            try:
+                inputs[spec.id] = decode_inputs(spec, *stored[spec.id])
+            except ValueError as exc:
+                errors[spec.id] = ErrorInfo(type="InvalidInput", message=str(exc))
+        return inputs, errors
+
     def _admit(self, message: BatchMessage, claim: Claimed, counted: int | None = None) -> None:
         """Join the claimed batch's running requests to the set. ``counted``: the requests ``P:step:rows`` counts
         for the batch (None: exactly those the claim runs, as the set was opened with)."""
@@ -294,8 +311,13 @@ class _RunningSet:
             self._end_batch(held)
             return
         self.writer.journal(specs, held.token)
+        inputs, unreadable = self._inputs(specs)
+        if unreadable:
+            self.outcome.statuses.update(self.writer.fail(unreadable, held.token))
+            self._leave(len(unreadable))
+            specs = [spec for spec in specs if spec.id not in unreadable]
         try:
-            refused = self.set.join(specs)
+            refused = self.set.join(specs, inputs)
         except SoftTimeLimitExceeded:
             raise
         except Exception as exc:  # noqa: BLE001 - the joiner fails alone (its prompt encoding, its latents)

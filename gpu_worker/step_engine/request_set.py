@@ -10,13 +10,14 @@ one VAE call. Threads as the engine's: ``join``, ``step`` and ``outputs`` on the
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import torch
 from PIL import Image
 
+from gpu_worker.runner import InputImages
 from gpu_worker.step_engine.engine import StepEngine
-from gpu_worker.step_engine.rows import Finished, rows_of
+from gpu_worker.step_engine.rows import Finished, Row, rows_of
 from shared.contracts import RequestSpec
 
 
@@ -37,9 +38,20 @@ class RequestSet:
         with self._lock:
             return tuple(self._outputs)
 
-    def join(self, specs: Sequence[RequestSpec]) -> dict[str, str]:
-        """Add every request's rows (prompts encoded in one batch); ``{request id: why}`` for those refused. When
-        the engine refuses the whole batch, the requests join one by one so only the refused ones are reported."""
+    def join(
+        self, specs: Sequence[RequestSpec], inputs: Mapping[str, InputImages] | None = None
+    ) -> dict[str, str]:
+        """Add every request's rows (prompts encoded in one batch; an image task's rows with its ``inputs``);
+        ``{request id: why}`` for those refused. When the engine refuses the whole batch, the requests join one by
+        one so only the refused ones are reported."""
+        given = inputs or {}
+
+        def rows(spec: RequestSpec) -> list[Row]:
+            images = given.get(spec.id)
+            if images is None:
+                return rows_of(spec, self._device)
+            return rows_of(spec, self._device, images.image, images.mask)
+
         with self._lock:
             taken = set(self._outputs)
         refused: dict[str, str] = {}
@@ -53,12 +65,12 @@ class RequestSet:
         if not admitted:
             return refused
         try:
-            self.engine.join([row for spec in admitted for row in rows_of(spec, self._device)])
+            self.engine.join([row for spec in admitted for row in rows(spec)])
         except ValueError:
             joined = []
             for spec in admitted:
                 try:
-                    self.engine.join(rows_of(spec, self._device))
+                    self.engine.join(rows(spec))
                 except ValueError as exc:
                     refused[spec.id] = str(exc)
                     continue

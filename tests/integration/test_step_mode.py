@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 
 from gpu_worker.diffusers_runner import DiffusersRunner
-from shared.contracts import LoraRef
+from gpu_worker.runner import InputImages
+from shared.contracts import LoraRef, RequestSpec, Task
 from tests.integration.conftest import LORA_NAME, Fleet, running_fleet
+from tests.integration.test_image_tasks import encoded, picture
 from tests.support.processes import wait_for
 from tests.support.redis_server import RedisServer
-from tests.support.solo import png_array, solo_image
+from tests.support.solo import no_stop, png_array, solo_image
 
 LONG_STEPS = 400  # long enough for the others to join while it runs (the demo model takes ~10 ms a step)
 
@@ -86,6 +88,52 @@ def test_requests_of_other_lora_adapters_join_one_running_set(step_fleet: Fleet,
     for name, rid in joiners.items():
         solo = solo_image(solo_runner, states[rid], lora=adapters[name])
         assert np.abs(png_array(fleet.image(rid)) - solo).max() <= 1, f"{name} differs from its solo run"
+    fleet.http.post(f"/v1/requests/{long}/abort")
+    assert fleet.wait_done([long], timeout=30)[long]["status"] == "aborted"
+
+
+def test_image_to_image_requests_join_a_running_set_at_their_strength(
+    step_fleet: Fleet, solo_runner: DiffusersRunner
+) -> None:
+    """Image-to-image requests of other steps, guidance and LoRA (one strength: it is in the step key) join a set
+    opened by a long one; each starts at its strength's step from its own input image and equals the pipeline's
+    own image-to-image call (request-level, solo) within 1/255."""
+    fleet = step_fleet
+    image = {"strength": 0.6}
+    long = fleet.submit(
+        prompt="the long one", num_inference_steps=LONG_STEPS, seed=40, image=encoded(picture(40)), **image
+    )
+    fleet.wait_running(long, min_step=2)
+    lora = LoraRef(name=LORA_NAME, scale=0.8)
+    bodies = [
+        {"prompt": "a harbour", "num_inference_steps": 5, "guidance_scale": 1.0, "seed": 41},
+        {"prompt": "a forest", "num_inference_steps": 8, "guidance_scale": 6.0, "seed": 42, "lora": lora.model_dump()},
+    ]
+    joiners = [fleet.submit(**body, image=encoded(picture(41 + k)), **image) for k, body in enumerate(bodies)]
+    states = fleet.wait_done(joiners, timeout=60)
+    assert {s["status"] for s in states.values()} == {"succeeded"}, states
+    assert fleet.get(long)["status"] == "running", "the joiners waited for the long request instead of joining it"
+    workers = {fleet.redis.hget(fleet.keys.request(rid), "worker") for rid in [long, *joiners]}  # (binary inputs)
+    assert len(workers) == 1, workers
+    for k, rid in enumerate(joiners):
+        params = states[rid]["params"]
+        assert params["task"] == Task.IMAGE_TO_IMAGE
+        assert states[rid]["progress"]["total"] == int(params["num_inference_steps"] * 0.6), "its strength's steps"
+        spec = RequestSpec(
+            id="solo",
+            model="demo",
+            prompt=params["prompt"],
+            seed=states[rid]["seed"],
+            num_inference_steps=params["num_inference_steps"],
+            guidance_scale=params["guidance_scale"],
+            task=Task.IMAGE_TO_IMAGE,
+            strength=0.6,
+            lora=lora if k == 1 else None,
+            created_at=0.0,
+        )
+        ((solo,),) = solo_runner.run([spec], no_stop, inputs={"solo": InputImages(picture(41 + k))})
+        solo_pixels = np.asarray(solo, dtype=np.int16)
+        assert np.abs(png_array(fleet.image(rid)) - solo_pixels).max() <= 1, f"{rid} differs from its solo run"
     fleet.http.post(f"/v1/requests/{long}/abort")
     assert fleet.wait_done([long], timeout=30)[long]["status"] == "aborted"
 

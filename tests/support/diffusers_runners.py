@@ -39,9 +39,11 @@ class ExplodingSet:
         self.inner = inner
         self.marked: set[str] = set()
 
-    def join(self, specs: Sequence[RequestSpec]) -> dict[str, str]:
+    def join(
+        self, specs: Sequence[RequestSpec], inputs: Mapping[str, InputImages] | None = None
+    ) -> dict[str, str]:
         self.marked |= {spec.id for spec in specs if EXPLODE_MARKER in spec.prompt}
-        return self.inner.join(specs)
+        return self.inner.join(specs, inputs)
 
     def step(self, only: Collection[str] | None = None) -> list[str]:
         stepped = self.inner.requests if only is None else tuple(only)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from gpu_worker.diffusers_runner import DiffusersRunner  # noqa: E402
 from gpu_worker.executor import BatchExecutor, BatchOutcome  # noqa: E402
 from gpu_worker.finisher import BackgroundFinisher  # noqa: E402
 from gpu_worker.heartbeat import Heartbeat  # noqa: E402
-from gpu_worker.runner import Runner, StepCallback, StepSet  # noqa: E402
+from gpu_worker.runner import InputImages, Runner, StepCallback, StepSet  # noqa: E402
 from gpu_worker.step_loop import SetOutcome, StepLoop  # noqa: E402
 from gpu_worker.store import WorkerStore  # noqa: E402
 from scheduler.lease import Lease  # noqa: E402
@@ -91,10 +91,12 @@ class HookedSet(ExplodingSet):
         super().__init__(inner)
         self.owner = owner
 
-    def join(self, specs: Sequence[RequestSpec]) -> dict[str, str]:
+    def join(
+        self, specs: Sequence[RequestSpec], inputs: Mapping[str, InputImages] | None = None
+    ) -> dict[str, str]:
         if any(JOIN_FAILS in spec.prompt for spec in specs):
             raise RuntimeError("the text encoder broke on this batch")
-        return super().join(specs)
+        return super().join(specs, inputs)
 
     def step(self, only: Collection[str] | None = None) -> list[str]:
         if only is None:
