@@ -82,11 +82,13 @@ class StepReporter:
         with self._lock:
             return list(self._signals)
 
-    def close(self) -> None:
-        """Write the last step not yet written, then stop the thread (bounded by ``CLOSE_TIMEOUT_S``)."""
+    def close(self, *, wait: bool = True) -> None:
+        """Write the last step not yet written, then stop the thread; ``wait``: until it has (bounded by
+        ``CLOSE_TIMEOUT_S``), else return at once (a later ``close()`` waits)."""
         self._closed.set()
         self._wake.set()
-        self._thread.join(CLOSE_TIMEOUT_S)
+        if wait:
+            self._thread.join(CLOSE_TIMEOUT_S)
 
     def close_unwritten(self) -> tuple[int, int] | None:
         """Stop the thread without writing the last step (bounded by ``CLOSE_TIMEOUT_S``): the caller writes it

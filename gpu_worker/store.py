@@ -271,6 +271,11 @@ class WorkerStore:
         message: str | None = self._redis.lpop(self.keys.step_inbox(worker))  # type: ignore[assignment]
         return message
 
+    def step_inbox_wait(self, worker: str, timeout_s: float) -> str | None:
+        """``step_inbox_pop``, waiting up to ``timeout_s`` for a message (``BLPOP``; below the socket timeout)."""
+        reply = self._redis.blpop([self.keys.step_inbox(worker)], timeout=timeout_s)
+        return None if reply is None else str(reply[1])
+
     def step_leave(self, worker: str, requests: int, ran: Sequence[str] = (), *, token: str | None = None) -> None:
         """``requests`` requests counted in the worker's set ended, or were sent to it and will not run in it: their
         room is free for joiners, so the scheduler is woken (a set that was full may take the next waiting ones);

@@ -41,11 +41,12 @@ def test_a_killed_step_mode_worker_loses_nothing(chaos_redis: RedisFactory, chao
 
     first.signal(signal.SIGSTOP)  # frozen: its heartbeat still counts for worker_ttl_s, so a join is sent to it
     waiting = fleet.submit(prompt="waits in its inbox", num_inference_steps=30)
-    wait_for(
-        lambda: fleet.redis.llen(fleet.keys.step_inbox(node)) == 1,
-        5,
-        f"a batch to be sent to the frozen worker's inbox ({fleet.logs_hint()})",
-    )
+
+    def sent_to_the_set() -> bool:  # step_join.lua: in its inbox, or already in the socket of its inbox read (BLPOP)
+        batch = fleet.redis.hget(fleet.keys.request(waiting), "batch_id")
+        return bool(batch) and fleet.redis.zscore(fleet.keys.storing, batch) is not None
+
+    wait_for(sent_to_the_set, 5, f"a batch to be sent to the frozen worker's inbox ({fleet.logs_hint()})")
     first.kill()
     killed_at = time.monotonic()
     fleet.add_worker("second")
