@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from celery.exceptions import SoftTimeLimitExceeded
-from pydantic import ValidationError
 
 from gpu_worker.bisection import Rows, bisect_on_failure, is_out_of_memory
 from gpu_worker.executor import BatchExecutor, BatchOutcome, decode_inputs
@@ -32,10 +31,11 @@ from gpu_worker.log_context import carry_context, ids
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.result_writer import ResultWriter, Statuses, error_info
 from gpu_worker.runner import InputImages, Runner, StepSet
+from gpu_worker.step_boundary import MARGIN_S, Arrival, Arrivals, Eviction, Joiner, Writes
 from gpu_worker.step_reporter import StepReporter
 from gpu_worker.store import Claimed, Locked, RowSignal, WorkerStore
 from shared.compat import StepKey, step_key
-from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus, StepEviction
+from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus
 from shared.retry import is_transient
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,7 @@ class StepLoop:
         # replaced after a kill has its worker name); later, one a run could not take down (Redis away)
         self.drop_pending = True
         self._running = False
+        self._current: _RunningSet | None = None
         self._guard = threading.Lock()  # between run() and repair() (the heartbeat's thread)
         if heartbeat is not None:
             heartbeat.after_beat(self.repair)
@@ -135,6 +136,14 @@ class StepLoop:
 
     def release_memory(self) -> None:
         self.runner.release_memory()
+
+    def settle(self) -> None:
+        """Wait until the running set has claimed every batch sent to it so far (they join at its next boundary)
+        and made every count-out and release it submitted: the state a boundary of the loop before its round trips
+        went to threads would show (for a test that looks at the set between steps; the loop itself never waits)."""
+        current = self._current
+        if current is not None:
+            current.settle()
 
     def run(self, batch: BatchMessage) -> SetOutcome | BatchOutcome | Locked:
         """Claim ``batch`` and run it as a new running set until the set closes; ``Locked`` when another run holds
@@ -176,7 +185,11 @@ class StepLoop:
                 raise
             log.info("batch %s runs request-level: %s: %s", batch.batch_id, type(exc).__name__, exc)
             return self.fallback.execute_claimed(batch, claim)
-        return _RunningSet(self, key, step_set).run(batch, claim)
+        self._current = _RunningSet(self, key, step_set)
+        try:
+            return self._current.run(batch, claim)
+        finally:
+            self._current = None
 
 
 class _RunningSet:
@@ -198,6 +211,11 @@ class _RunningSet:
         self.outcome = SetOutcome(batches=[], statuses={})
         self.opened = time.monotonic()
         self.sealed = False
+        self.bound_s = self.writer.outage_retry_s + MARGIN_S  # the longest a wait on the boundary threads takes
+        self.finishing: dict[_Held, list[StepReporter]] = {}  # reporters to close before storing, per batch
+        self.releasing: list[_Held] = []  # batches whose release (BATCH_DONE) was submitted
+        self.writes = Writes()
+        self.arrivals = Arrivals(self.writer, self.worker, self.digest, loop.heartbeat, on_skipped=self._leave)
 
     # --- the loop -------------------------------------------------------------------------------------------------
 
@@ -210,13 +228,13 @@ class _RunningSet:
             self._admit(first, claim)
             while True:
                 self._seal_when_due()
-                self._read_inbox()
+                self._take_arrivals()
                 self._collect()
                 if not self.owner:
                     if self.storing:  # nothing to step: wait for the stores (joiners still read each round)
                         self._collect(wait_s=STORE_POLL_S)
                         continue
-                    if self.writer.redis(lambda: self.store.step_close(self.worker), "closing the set"):
+                    if self._close():
                         break
                     continue
                 finished = self._step()
@@ -232,6 +250,9 @@ class _RunningSet:
             self._release_all()
             self.loop.drop_pending = True  # the heartbeat takes the set down (StepLoop.repair)
             raise
+        finally:
+            self.writes.abandon()  # flushed by the close or the cleanup; dropped when Redis is away
+            self._release_joiners()
         statuses = self.outcome.statuses
         log.info("set %s closed: %s", self.digest, {rid: str(status) for rid, status in statuses.items()})
         return self.outcome
@@ -242,40 +263,42 @@ class _RunningSet:
             self.sealed = True
             log.info("set %s sealed after %.0f s: no more joins", self.digest, time.monotonic() - self.opened)
 
-    def _read_inbox(self) -> None:
-        """Claim and join every batch the scheduler sent to the set since the last step."""
-        while True:
-            raw = self.writer.redis(lambda: self.store.step_inbox_pop(self.worker), "reading the inbox")
-            if raw is None:
-                return
-            try:
-                message = BatchMessage.model_validate_json(raw)
-            except ValidationError as exc:
-                try:
-                    eviction = StepEviction.model_validate_json(raw)
-                except ValidationError:
-                    log.error("unreadable batch message in the inbox, dropped (the reaper runs it again): %s", exc)
-                    continue
-                self._evict(eviction.evict)
+    def _take_arrivals(self, arrivals: Sequence[Arrival] | None = None) -> None:
+        """Join every batch the scheduler sent to the set that ``Arrivals`` claimed since the last boundary (or
+        ``arrivals``), and evict as asked, in inbox order; raise what stopped the boundary threads."""
+        self.writes.check()
+        for arrival in self.arrivals.take() if arrivals is None else arrivals:
+            if isinstance(arrival, Eviction):
+                self._evict(arrival.request_id)
                 continue
-            claim = self._claim(message)
-            if isinstance(claim, Locked):
-                log.info("batch %s sent to the set is held by another run: skipped", message.batch_id)
-                self._leave(len(message.request_ids))
-                continue
-            self._hold(message.batch_id, claim.token)
-            self._admit(message, claim, counted=len(message.request_ids))
+            self._hold(arrival.message.batch_id, arrival.claim.token, beat=False)  # Arrivals had it held
+            self._admit(arrival.message, arrival.claim, counted=len(arrival.message.request_ids), prepared=True)
 
-    def _claim(self, message: BatchMessage) -> Claimed | Locked:
-        token = uuid.uuid4().hex
-        return self.writer.redis(lambda: self.store.claim(message, token, self.worker), "claiming a batch")
+    def _close(self) -> bool:
+        """The set is empty: close it unless something arrived (then it goes on). Every batch popped from the inbox
+        is taken and every count-out made first, so ``step_close`` sees what the scheduler sees."""
+        arrivals = self.arrivals.drain(self.bound_s)
+        if arrivals:
+            self.arrivals.resume()
+            self._take_arrivals(arrivals)
+            return False
+        self.writes.flush(self.bound_s)
+        if self.writer.redis(lambda: self.store.step_close(self.worker), "closing the set"):
+            return True
+        self.arrivals.resume()
+        return False
+
+    def settle(self) -> None:
+        """``StepLoop.settle``."""
+        self.arrivals.settle(self.bound_s)
+        self.writes.flush(self.bound_s)
 
     # --- joining --------------------------------------------------------------------------------------------------
 
-    def _hold(self, batch_id: str, token: str) -> None:
+    def _hold(self, batch_id: str, token: str, *, beat: bool = True) -> None:
         self.held[batch_id] = _Held(batch_id, token)
         self.outcome.batches.append(batch_id)
-        if self.loop.heartbeat is not None:
+        if beat and self.loop.heartbeat is not None:
             self.loop.heartbeat.hold(batch_id, token)
 
     def _inputs(self, specs: Sequence[RequestSpec]) -> tuple[dict[str, InputImages], dict[str, ErrorInfo]]:
@@ -295,12 +318,16 @@ class _RunningSet:
                 errors[spec.id] = ErrorInfo(type="InvalidInput", message=str(exc))
         return inputs, errors
 
-    def _admit(self, message: BatchMessage, claim: Claimed, counted: int | None = None) -> None:
+    def _admit(
+        self, message: BatchMessage, claim: Claimed, counted: int | None = None, *, prepared: bool = False
+    ) -> None:
         """Join the claimed batch's running requests to the set. ``counted``: the requests ``P:step:rows`` counts
-        for the batch (None: exactly those the claim runs, as the set was opened with)."""
+        for the batch (None: exactly those the claim runs, as the set was opened with). ``prepared``: ``Arrivals``
+        marked it ``FORWARD_DONE`` and journaled its result keys already."""
         held = self.held[message.batch_id]
         self.outcome.statuses.update(claim.statuses)
-        self.writer.redis(lambda: self.store.forward_done(message.batch_id, held.token), "marking the batch")
+        if not prepared:
+            self.writer.redis(lambda: self.store.forward_done(message.batch_id, held.token), "marking the batch")
         specs = claim.specs
         if counted is not None:
             self._leave(counted - len(specs))
@@ -310,7 +337,8 @@ class _RunningSet:
             self._leave(len(specs))
             self._end_batch(held)
             return
-        self.writer.journal(specs, held.token)
+        if not prepared:
+            self.writer.journal(specs, held.token)
         inputs, unreadable = self._inputs(specs)
         if unreadable:
             self.outcome.statuses.update(self.writer.fail(unreadable, held.token))
@@ -338,7 +366,11 @@ class _RunningSet:
                 held.live.add(spec.id)
         levels = {spec.id: spec.priority for spec in specs if spec.id in held.live}
         if levels:
-            self.writer.redis(lambda: self.store.step_levels(self.worker, levels), "recording the requests' levels")
+            self.writes.submit(
+                lambda: self.writer.redis(
+                    lambda: self.store.step_levels(self.worker, levels), "recording the requests' levels"
+                )
+            )
         if refused:
             log.warning("batch %s: %d requests refused by the set: %s", message.batch_id, len(refused), refused)
             errors = {rid: ErrorInfo(type="InvalidRequest", message=why) for rid, why in refused.items()}
@@ -398,6 +430,7 @@ class _RunningSet:
             if all(rid in done for rid in live):
                 group.reporter.on_step(group.total, group.total)
                 closing.append(group)
+                self.finishing.setdefault(group.held, []).append(group.reporter)  # its store waits for the write
                 continue
             group.reporter.on_step(max((progress[rid][0] for rid in live if rid in progress), default=0), group.total)
             for rid, signal in zip(group.request_ids, group.reporter.signals, strict=True):
@@ -406,7 +439,7 @@ class _RunningSet:
                 self.set.abort(rid)
                 (aborted if signal is RowSignal.ABORTED else dropped).append(rid)
         for group in closing:
-            group.reporter.close()
+            group.reporter.close(wait=False)
             self.groups.remove(group)
         if aborted:
             log.info("aborted while running: %s", aborted)
@@ -438,12 +471,19 @@ class _RunningSet:
                 del self.owner[rid]
                 self.storing[rid] = held
             results = [outputs[rid] for rid in request_ids]
-            self.loop.finisher.submit(carry_context(partial(self._store, held, specs, results)))
+            reporters = self.finishing.pop(held, [])
+            self.loop.finisher.submit(carry_context(partial(self._store, held, specs, results, reporters)))
+        self.finishing.clear()
         self._count_out(finished)
 
-    def _store(self, held: _Held, specs: list[RequestSpec], results: list[object]) -> None:
-        """The finisher's job: store and finish these requests of one batch; the outcome goes back to the loop
-        (a Redis outage past the bound goes back as the error, for the loop to leave the set to the reaper)."""
+    def _store(
+        self, held: _Held, specs: list[RequestSpec], results: list[object], reporters: Sequence[StepReporter] = ()
+    ) -> None:
+        """The finisher's job: store and finish these requests of one batch, once their reporters wrote their final
+        step (so a finished request shows ``step == total``); the outcome goes back to the loop (a Redis outage past
+        the bound goes back as the error, for the loop to leave the set to the reaper)."""
+        for reporter in reporters:
+            reporter.close()
         outcome: Statuses | Exception
         try:
             outcome = self.writer.store_results(specs, results, held.token)
@@ -555,34 +595,58 @@ class _RunningSet:
     def _leave(self, count: int, ran: Sequence[str] = ()) -> None:
         if count:
             token = uuid.uuid4().hex  # one per count-out: a retry after a lost reply is counted once
-            self.writer.redis(
-                lambda: self.store.step_leave(self.worker, count, ran, token=token), "counting requests out"
+            ran = list(ran)
+            self.writes.submit(  # one thread, in order: one count-out in flight at a time (step_leave.lua)
+                lambda: self.writer.redis(
+                    lambda: self.store.step_leave(self.worker, count, ran, token=token), "counting requests out"
+                )
             )
 
     def _end_batch(self, held: _Held) -> None:
         for group in [group for group in self.groups if group.held is held]:
-            group.reporter.close()
+            group.reporter.close(wait=False)
             self.groups.remove(group)
-        self.writer.redis(lambda: self.store.batch_done(held.batch_id, held.token), "releasing the batch")
-        self._release(held)
+        self.held.pop(held.batch_id, None)
+        self.releasing.append(held)
+
+        def release() -> None:
+            self.writer.redis(lambda: self.store.batch_done(held.batch_id, held.token), "releasing the batch")
+            self._let_go(held)  # after BATCH_DONE: its lock is renewed until then
+
+        self.writes.submit(release)
 
     def _release(self, held: _Held) -> None:
         self.held.pop(held.batch_id, None)
+        self._let_go(held)
+
+    def _let_go(self, held: _Held) -> None:
+        """The heartbeat stops renewing the batch's lock (any thread; again is harmless)."""
         if self.loop.heartbeat is not None:
             self.loop.heartbeat.release(held.batch_id, held.token)
+
+    def _release_joiners(self) -> list[Joiner]:
+        """Stop ``Arrivals``; the batches it claimed that never joined are let go (their locks lapse: the reaper
+        runs them again), and returned."""
+        left = [arrival for arrival in self.arrivals.stop() if isinstance(arrival, Joiner)]
+        for joiner in left:
+            self._release(_Held(joiner.message.batch_id, joiner.claim.token))
+        return left
 
     def _fail_all(self, exc: Exception) -> None:
         """Something escaped the loop (a bug, the soft time limit): every live request fails with it, every held
         batch ends, and the set is taken down (batches left in the inbox go to the reaper)."""
         log.exception("set %s: %s escaped; failing its %d live requests", self.digest, exc, len(self.owner))
         try:
+            self.writes.close(self.bound_s)  # what was submitted is done first; later writes run on this thread
+            for joiner in self._release_joiners():  # claimed ahead of a boundary, never joined: they fail too
+                self._fail_joiner(joiner, error_info(exc))
             self._settle(SETTLE_S)
             for held, request_ids in self._by_batch(list(self.owner)).items():
                 errors = {rid: error_info(exc) for rid in request_ids}
                 self.outcome.statuses.update(self.writer.fail(errors, held.token))
             self.owner.clear()
             for group in self.groups:
-                group.reporter.close()
+                group.reporter.close(wait=False)
             self.groups.clear()
             for held in list(self.held.values()):
                 self._end_batch(held)
@@ -595,6 +659,8 @@ class _RunningSet:
         """Redis stayed away: let every held batch's lock lapse (the reaper runs them again) and try once to take
         the set down."""
         log.error("set %s left to the reaper: Redis unavailable (%s)", self.digest, exc)
+        self.writes.abandon()
+        self._release_joiners()
         self._release_all()
         try:
             self._drop()
@@ -604,10 +670,18 @@ class _RunningSet:
 
     def _release_all(self) -> None:
         for group in self.groups:
-            group.reporter.close()
+            group.reporter.close(wait=False)
         self.groups.clear()
-        for held in list(self.held.values()):
+        for held in [*self.held.values(), *self.releasing]:  # a release the writes did not make lapses too
             self._release(held)
+
+    def _fail_joiner(self, joiner: Joiner, error: ErrorInfo) -> None:
+        """End a batch claimed ahead of a boundary that never joined: its requests fail with ``error``."""
+        token = joiner.claim.token
+        self.outcome.batches.append(joiner.message.batch_id)
+        self.outcome.statuses.update(joiner.claim.statuses)
+        self.outcome.statuses.update(self.writer.fail({spec.id: error for spec in joiner.claim.specs}, token))
+        self.writer.redis(lambda: self.store.batch_done(joiner.message.batch_id, token), "releasing the batch")
 
     def _drop(self) -> None:
         self.loop.drop()

@@ -229,8 +229,10 @@ def test_a_batch_sent_to_the_inbox_joins_the_running_set(worker: Worker, hooked:
 
     def send() -> None:
         worker.send(worker.schedule("B2", [joiner]), step_key(joiner).digest)
+        worker.loop.settle()  # claimed ahead of the boundary, as a batch sent one step earlier would be
 
     def count() -> None:
+        worker.loop.settle()  # the count-outs made (off the loop)
         rows.append(worker.client.hget(worker.keys.step_rows, WORKER))
 
     hooked.hooks[3] = send  # during step 3: it joins at the next boundary and takes the long one's steps 4 and 5
@@ -357,6 +359,7 @@ def test_the_set_steps_on_while_a_finished_request_is_stored_behind_it(
 
     def while_quick_is_stored() -> None:  # before step 4: quick finished at step 2, its store is still blocked
         seen["quick"] = worker.request("quick")["status"]
+        worker.loop.settle()
         seen["rows"] = worker.client.hget(worker.keys.step_rows, WORKER)  # counted out at once: room for joiners
         seen["held"] = worker.heartbeat.held  # its batch stays held while it is stored
         gated.gate.set()
