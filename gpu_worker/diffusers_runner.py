@@ -309,7 +309,9 @@ class DiffusersRunner(Runner):
         return RequestSet(StepEngine.for_key(self.pipe, key, self.loras), self.device)
 
     def release_memory(self) -> None:
-        """Give cached accelerator memory back after an out-of-memory forward, before a smaller retry."""
+        """Give cached accelerator memory back after an out-of-memory forward, before a smaller retry (the prompt
+        cache's embeddings included: they are encoded again as needed)."""
+        self.prompt_cache.clear()
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
