@@ -28,10 +28,10 @@ def forward_by_steps(
     runner: Runner, specs: Sequence[RequestSpec], reporter: StepReporter
 ) -> list[list[Image.Image]] | None:
     """Run ``specs`` to their last step as a closed set when ``runner`` runs request-level batches by steps
-    (``fused_by_steps``) and they can share one set (one step key: one LoRA, no image task, a family and key the
-    step engine takes), dropping each request the reporter finds aborted: each request's images in order, ``[]``
-    for one that left. None when they cannot (the caller makes the pipeline call). Whatever a step raises is
-    raised, as a pipeline call's error would be."""
+    (``fused_by_steps``) and they can share one set (one step key, each row with its own LoRA; no image task; a
+    family and key the step engine takes), dropping each request the reporter finds aborted: each request's images
+    in order, ``[]`` for one that left. None when they cannot (the caller makes the pipeline call). Whatever a step
+    raises is raised, as a pipeline call's error would be."""
     if not runner.fused_by_steps:
         return None
     if specs[0].task.needs_image or len({step_key(spec) for spec in specs}) != 1:
