@@ -537,3 +537,13 @@ async def test_a_clip_past_the_decode_bound_is_refused_at_submit(tmp_path: Path)
         native = await api.http.post("/v1/requests", json={"prompt": "a fox", "width": 32, "height": 32})
         assert native.status_code == 422  # LTX's default 161 frames
         assert native.json()["detail"][0]["loc"][-1] == "num_frames", native.text
+
+
+async def test_a_job_past_the_batch_time_limit_reads_failed_and_says_so(video_api: Api) -> None:
+    """A forward that outlives the soft limit (0.9 x batch_time_limit_s) fails its requests SoftTimeLimitExceeded
+    (tests/unit/test_executor.py::test_time_limit_fails_what_is_unfinished); the job reads failed, not retried."""
+    job = await create(video_api)
+    await video_api.finish(job["id"], "failed", error=("SoftTimeLimitExceeded", "SoftTimeLimitExceeded()"))
+    video = (await video_api.http.get(f"{VIDEOS}/{job['id']}")).json()
+    assert (video["status"], video["error"]["code"]) == ("failed", "generation_failed")
+    assert video["error"]["message"].startswith("SoftTimeLimitExceeded") and video["expires_at"] is not None
