@@ -38,7 +38,7 @@ def forward_by_steps(
         return None
     try:
         step_set = runner.step_set(step_key(specs[0]))
-    except ValueError:  # video, true CFG, a guidance-distilled UNet: the pipeline call runs them
+    except ValueError:  # a task or frames its adapter does not take, a guidance-distilled UNet: the pipeline call
         return None
     if step_set.join(specs):
         for rid in step_set.requests:
