@@ -228,12 +228,13 @@ class SchedulerStore:
 
     def worker_models(self) -> dict[str, WorkerCapabilities]:
         """What each live worker (heartbeat newer than ``worker_ttl_s``, by Redis time) announces: the models it
-        serves and which it holds resident, by worker name (one round trip)."""
+        serves and which it holds resident, by worker name (two round trips: redis-py's cluster pipeline refuses
+        ``TIME``, a command without a key)."""
+        seconds, micros = self._redis.time()
         pipe = self._redis.pipeline(transaction=False)
-        pipe.time()
         pipe.zrange(self.keys.workers, 0, -1, withscores=True)
         pipe.hgetall(self.keys.capabilities)
-        (seconds, micros), workers, announced = pipe.execute()
+        workers, announced = pipe.execute()
         since_ms = int(seconds) * 1000 + int(micros) // 1000 - self._settings.worker_ttl_s * 1000
         out: dict[str, WorkerCapabilities] = {}
         for worker, beat_ms in workers:
