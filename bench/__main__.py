@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
@@ -164,25 +164,34 @@ def priority(
 def stepmode(
     loads: Annotated[str, typer.Option(help="Offered loads, fractions of the request-level capacity.")] = "0.5,0.8,1.1",
     seconds: Annotated[float, typer.Option(help="Poisson arrivals window of each load point.")] = STEP_SECONDS,
-    workloads: Annotated[str, typer.Option(help="homog, mixed or both, comma separated.")] = "homog,mixed",
+    workloads: Annotated[
+        str, typer.Option(help="homog, mixed, t2i_i2i (text/image-to-image, 4/28 steps), comma separated.")
+    ] = "homog,t2i_i2i",
+    cost: Annotated[
+        str, typer.Option(help="unet (SD 1.5 on an H200, fit) or dit (a Flux-size DiT, derived).")
+    ] = "unet",
     docs: Annotated[bool, typer.Option(help="Write the figures and the section into docs/benchmarks.*.")] = False,
     out_dir: Annotated[Path, typer.Option(help="Raw results and the Markdown tables.")] = Path("bench-results"),
     docs_dir: Annotated[Path, typer.Option(help="Where benchmarks.json, benchmarks.md and the plots are.")] = Path(
         "docs"
     ),
 ) -> None:
-    """Step mode against request-level (strict, grouped) on the SIMULATED GPU (about 7-8 minutes): p50/p99 and
-    throughput under Poisson load; step_p99_ratio_80 and step_mixed_tput with --docs."""
+    """Step mode against request-level (strict, grouped) on the SIMULATED GPU (about 1 minute per load point at the
+    default window): p50/p99 and throughput under Poisson load; step_p99_ratio_80, step_homog_tput_110 and
+    step_mixed_tput with --docs."""
     import signal
     import sys
 
-    from bench.stepmode import StepBenchConfig, markdown, run_stepmode
+    from bench.stepmode import COSTS, StepBenchConfig, StepWorkload, markdown, run_stepmode
 
+    if cost not in COSTS:
+        raise typer.BadParameter(f"cost must be one of {', '.join(COSTS)}")
     try:
         cfg = StepBenchConfig(
+            cost=COSTS[cost],
             loads=tuple(float(load) for load in loads.split(",")),
             seconds=seconds,
-            workloads=tuple(_workload(w.strip()) for w in workloads.split(",")),
+            workloads=tuple(cast(StepWorkload, w.strip()) for w in workloads.split(",")),  # checked there
             out_dir=out_dir,
         )
     except ValueError as exc:

@@ -7,13 +7,18 @@ Arrival patterns:
 
 Workloads: ``homog`` (every request 64 px) and ``mixed`` (64 px and 32 px interleaved 50/50); ``sides`` replaces
 those sizes (the GPU-shaped benchmark: 512 px, and 512/768 px interleaved); ``steps_choices`` and
-``guidance_choices`` likewise cycle step counts and guidance scales request by request (the step-mode benchmark).
+``guidance_choices`` likewise cycle step counts and guidance scales request by request (the step-mode benchmark),
+and ``strength_choices`` tasks: a strength makes the request image-to-image (a grey input image of its size, sent
+as a ``data:`` URL), ``None`` text-to-image.
 Each request is recorded (submit, server timestamps when the target reports them, finish, batch size, status).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import functools
+import io
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import aiohttp
+from PIL import Image
 
 from bench.targets import RequestRecord, Target
 
@@ -46,13 +52,14 @@ class LoadSpec:
     sides: tuple[int, ...] = ()  # image sides cycled request by request; () = the workload's SIZES
     steps_choices: tuple[int, ...] = ()  # step counts cycled request by request; () = steps
     guidance_choices: tuple[float, ...] = ()  # guidance scales cycled request by request; () = guidance_scale
+    strength_choices: tuple[float | None, ...] = ()  # image-to-image strengths cycled (None: text-to-image)
 
     def params(self, index: int) -> dict[str, Any]:
         sizes = self.sides or SIZES[self.workload]
         side = sizes[index % len(sizes)]
         steps = self.steps_choices or (self.steps,)
         guidance = self.guidance_choices or (self.guidance_scale,)
-        return {
+        params: dict[str, Any] = {
             "prompt": f"benchmark prompt {index}",
             "width": side,
             "height": side,
@@ -60,6 +67,18 @@ class LoadSpec:
             "guidance_scale": guidance[index % len(guidance)],
             "seed": 1000 + index,
         }
+        strength = self.strength_choices[index % len(self.strength_choices)] if self.strength_choices else None
+        if strength is not None:
+            params |= {"image": input_image(side), "strength": strength}
+        return params
+
+
+@functools.cache
+def input_image(side: int) -> str:
+    """A grey ``side`` x ``side`` PNG as a ``data:`` URL (an image-to-image request's input)."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (side, side), (128, 128, 128)).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 async def run_load(target: Target, spec: LoadSpec, timeout_s: float = 600.0) -> list[RequestRecord]:

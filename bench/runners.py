@@ -83,6 +83,9 @@ class NullRunner(Runner):
         return placeholder_images(specs)
 
 
+IMAGE_TASKS = frozenset({Task.TEXT_TO_IMAGE, Task.IMAGE_TO_IMAGE})
+
+
 class SimulatedGpuRunner(Runner):
     """Sleeps a + b*B milliseconds per forward (B = output images, each weighted by its area when
     ``FUSEFLEET_SIM_REF_SIDE`` is set; times S / ref_steps when ``FUSEFLEET_SIM_REF_STEPS`` is), reporting each
@@ -107,21 +110,34 @@ class SimulatedGpuRunner(Runner):
     ) -> list[list[Image.Image]]:
         started = time.time()
         images = sum(spec.n for spec in specs)
-        steps = specs[0].num_inference_steps  # one compatibility key: one step count
+        steps = denoising_steps(specs[0])  # one compatibility key: one step count (and strength)
         seconds = self.cost.forward_s(((spec.width, spec.height) for spec in specs for _ in range(spec.n)), steps)
         sleep_forward(seconds, steps, on_step)
         record_forward(self.trace, started, images)
         return placeholder_images(specs)
 
+    @property
+    def tasks(self) -> frozenset[Task]:
+        """Text-to-image and image-to-image (a mixed workload's; the input image is not looked at)."""
+        return IMAGE_TASKS
+
     def step_set(self, key: StepKey) -> SimulatedStepSet:
         """An empty running set for the requests of ``key``; ValueError naming the field for what the step engine
-        does not run either (``StepEngine.for_key``): image tasks, video, true CFG."""
-        if key.task is not Task.TEXT_TO_IMAGE:
-            raise ValueError(f"task: step mode runs text-to-image only, not {key.task}")
-        for name in ("num_frames", "true_cfg_scale", "strength"):
+        does not run either (``StepEngine.for_key``): video; image-to-image runs from its start step (strength)."""
+        if key.task not in self.tasks:
+            raise ValueError(f"task: the simulated GPU does not run {key.task}")
+        for name in ("num_frames", "true_cfg_scale"):
             if getattr(key, name) is not None:
                 raise ValueError(f"{name}: not taken in step mode")
         return SimulatedStepSet(self.cost, key, self.trace)
+
+
+def denoising_steps(spec: RequestSpec) -> int:
+    """The denoiser calls a request takes: its steps, times its strength for an image task (a diffusers
+    image-to-image pipeline starts ``int(steps * strength)`` steps before the end)."""
+    if spec.task is Task.TEXT_TO_IMAGE or spec.strength is None:
+        return spec.num_inference_steps
+    return max(1, min(int(spec.num_inference_steps * spec.strength), spec.num_inference_steps))
 
 
 @dataclass(slots=True, eq=False)
@@ -133,7 +149,7 @@ class _LiveRequest:
 
     @property
     def total(self) -> int:
-        return self.spec.num_inference_steps
+        return denoising_steps(self.spec)
 
     @property
     def sizes(self) -> list[tuple[int, int]]:

@@ -92,9 +92,12 @@ def test_the_runner_runs_step_mode_for_what_the_engine_takes() -> None:
     protocol: StepSet = running  # the worker's contract (mypy checks it)
     assert protocol.requests == ()
     with pytest.raises(ValueError, match="task"):
-        runner.step_set(step_key(_spec("i2i", 4, task=Task.IMAGE_TO_IMAGE, strength=0.5)))
-    with pytest.raises(ValueError, match="true_cfg_scale"):
-        runner.step_set(step_key(_spec("cfg", 4, true_cfg_scale=4.0)))
+        runner.step_set(step_key(_spec("inpaint", 4, task=Task.INPAINT, strength=0.5)))
+    image = runner.step_set(step_key(_spec("i2i", 4, task=Task.IMAGE_TO_IMAGE, strength=0.5)))
+    assert image.join([_spec("i2i", 4, task=Task.IMAGE_TO_IMAGE, strength=0.5)]) == {}
+    assert image.progress() == {"i2i": (0, 2)}  # image-to-image starts int(4 * 0.5) steps before the end
+    with pytest.raises(ValueError, match="num_frames"):
+        runner.step_set(step_key(_spec("video", 4, num_frames=9)))
 
 
 def test_each_request_takes_its_own_steps_and_leaves_when_done() -> None:

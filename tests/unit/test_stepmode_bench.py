@@ -57,7 +57,7 @@ def _results() -> dict[str, Any]:
             "points": _points(),
             "ratios": [ratios(_points(), index) for index in range(3)],
         }
-        for workload, steps, guidance in (("homog", [20], [7.5]), ("mixed", [10, 20], [5.0, 5.0, 7.5, 7.5]))
+        for workload, steps, guidance in (("homog", [20], [7.5]), ("t2i_i2i", [4, 28], [3.5]))
     }
     return {
         "simulated": True,
@@ -107,12 +107,13 @@ def test_ratios_and_figures() -> None:
     assert at_80["p99_vs_grouped"] == pytest.approx(1.8 / 3.6)
     assert at_80["tput_vs_strict"] == pytest.approx(4.7 / 4.6)
     assert at_80["p50_vs_grouped"] == pytest.approx(1.0)
-    workloads = {"homog": {"points": points}, "mixed": {"points": points}}
+    workloads = {"homog": {"points": points}, "t2i_i2i": {"points": points}}
     assert figures_of(workloads, LOADS) == {
         "step_p99_ratio_80": pytest.approx(0.45),
+        "step_homog_tput_110": pytest.approx(3.0),
         "step_mixed_tput": pytest.approx(3.0),
     }
-    assert figures_of({"homog": {"points": points}}, LOADS) == {"step_p99_ratio_80": pytest.approx(0.45)}
+    assert figures_of({"homog": {"points": points}}, [0.5, 0.8]) == {"step_p99_ratio_80": pytest.approx(0.45)}
     assert figures_of(workloads, [0.5]) == {}  # neither point ran
     points["strict"][1] = _summary(0.0, None, p50=None)  # nothing succeeded: no ratio
     assert ratios(points, 1)["p99_vs_strict"] is None
@@ -120,8 +121,9 @@ def test_ratios_and_figures() -> None:
 
 
 def test_verdicts_follow_the_goals() -> None:
-    assert verdict("step_p99_ratio_80", 0.6) == "met" and verdict("step_p99_ratio_80", 0.61) == "missed"
-    assert verdict("step_mixed_tput", 1.3) == "met" and verdict("step_mixed_tput", 1.29) == "missed"
+    assert verdict("step_p99_ratio_80", 0.75) == "met" and verdict("step_p99_ratio_80", 0.76) == "missed"
+    assert verdict("step_mixed_tput", 2.0) == "met" and verdict("step_mixed_tput", 1.99) == "missed"
+    assert verdict("step_homog_tput_110", 1.0) == "met" and verdict("step_homog_tput_110", 0.99) == "missed"
 
 
 def test_markdown_tables_say_simulated() -> None:
@@ -131,8 +133,8 @@ def test_markdown_tables_say_simulated() -> None:
     assert "| 80% | 4.71 | 4.70 · 0.50 s · 1.80 s | 4.60 · 0.50 s · 4.00 s | 4.70 · 0.50 s · 3.60 s | 40% |" in text
     assert "(2 failed)" in text
     assert "| 80% | 0.450 | 0.500 | 1.022 | 1.000 |" in text
-    assert "| `step_p99_ratio_80` | <= 0.6 | **0.450** | met |" in text
-    assert "| `step_mixed_tput` | >= 1.3 | **3.000** | met |" in text
+    assert "| `step_p99_ratio_80` | <= 0.75 | **0.450** | met |" in text
+    assert "| `step_mixed_tput` | >= 2.0 | **3.000** | met |" in text
 
 
 def test_the_docs_section_is_replaced_in_place_or_appended() -> None:
@@ -160,7 +162,7 @@ def test_write_docs_keeps_other_figures(tmp_path: Path) -> None:
     assert stepmode["simulated"] is True and stepmode["loads"] == LOADS
     assert stepmode["points"]["homog"]["strict"][1] == {"load": 0.8, "rps": 4.6, "p50_s": 0.5, "p99_s": 4.0}
     assert SECTION in (tmp_path / "benchmarks.md").read_text()
-    assert (tmp_path / "bench" / "stepmode_mixed.png").stat().st_size > 0
+    assert (tmp_path / "bench" / "stepmode_t2i_i2i.png").stat().st_size > 0
 
 
 def test_trace_stats_read_steps_and_forwards() -> None:
