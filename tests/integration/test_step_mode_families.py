@@ -1,9 +1,9 @@
 """Step mode end to end for the families with adapters beyond SD 1.x/2.x and SD3 (SDXL, PixArt-Sigma, Flux, Sana,
-Qwen-Image): real api, scheduler and worker processes (``FUSEFLEET_STEP_MODE=1``, ``FUSEFLEET_DEMO_FAMILY``) on each
-family's tiny demo pipeline, black-box. Requests with other step counts and guidance scales (and, where the family
-takes them, negative prompts; with a true CFG scale of their own where the family has true CFG) join a long
-request's running set at a step boundary and leave it when done, each image equal to its solo run within 1/255; the
-long request, aborted, leaves the set.
+Qwen-Image, LTX-Video at 9 frames): real api, scheduler and worker processes (``FUSEFLEET_STEP_MODE=1``,
+``FUSEFLEET_DEMO_FAMILY``) on each family's tiny demo pipeline, black-box. Requests with other step counts and
+guidance scales (and, where the family takes them, negative prompts; with a true CFG scale of their own where the
+family has true CFG) join a long request's running set at a step boundary and leave it when done, each image (each
+video's every frame) equal to its solo run within 1/255; the long request, aborted, leaves the set.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from tests.support.solo import png_array, solo_image
 
 pytestmark = pytest.mark.timeout(600)
 
-STEP_FAMILIES = ["stable-diffusion-xl", "pixart", "flux", "sana", "qwen-image"]
+STEP_FAMILIES = ["stable-diffusion-xl", "pixart", "flux", "sana", "qwen-image", "ltx-video"]
+FRAMES = 9  # a video family's requests (one step key: every request of the set has these frames)
 SIDE = 32
 LONG_STEPS = 900  # runs while the others join and leave, aborted at the end (DDIM takes at most 1000 steps)
 
@@ -71,9 +72,10 @@ def test_mixed_requests_join_a_running_set_and_equal_their_solo_runs(
     family_fleet: tuple[str, Fleet], model_cache: Path, lora_dir: Path
 ) -> None:
     family, fleet = family_fleet
-    long = fleet.submit(prompt="the long one", num_inference_steps=LONG_STEPS, width=SIDE, height=SIDE)
+    shape = {"width": SIDE, "height": SIDE} | ({"num_frames": FRAMES} if FAMILIES[family].traits.video else {})
+    long = fleet.submit(prompt="the long one", num_inference_steps=LONG_STEPS, **shape)
     fleet.wait_running(long, min_step=2, timeout=120)
-    joiners = [fleet.submit(width=SIDE, height=SIDE, **body) for body in joiner_bodies(family)]
+    joiners = [fleet.submit(**shape, **body) for body in joiner_bodies(family)]
     states = fleet.wait_done(joiners, timeout=180)
     assert {s["status"] for s in states.values()} == {"succeeded"}, states
     assert fleet.get(long)["status"] == "running", "the joiners waited for the long request instead of joining it"
@@ -92,5 +94,6 @@ def test_mixed_requests_join_a_running_set_and_equal_their_solo_runs(
     for rid, state in states.items():
         total = state["params"]["num_inference_steps"]
         assert state["progress"] == {"step": total, "total": total}, state["progress"]
-        difference = np.abs(png_array(fleet.image(rid)) - solo_image(solo_runner, state)).max()
+        stored = np.stack([png_array(fleet.image(rid, i)) for i in range(len(state["images"]))])  # a video's frames
+        difference = np.abs(stored - solo_image(solo_runner, state)).max()
         assert difference <= 1, f"{family}: {rid} differs from its solo run by {difference}/255"

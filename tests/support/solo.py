@@ -26,9 +26,17 @@ def no_stop(step: int, total: int) -> bool:
     return False
 
 
+def array_of(output: Any) -> np.ndarray:
+    """An image as an int16 array; a video (``gpu_worker.runner.Video``) as its frames', stacked."""
+    frames = getattr(output, "frames", None)
+    if frames is None:
+        return np.asarray(output, dtype=np.int16)
+    return np.stack([np.asarray(frame, dtype=np.int16) for frame in frames])
+
+
 def arrays_of(runner: DiffusersRunner, specs: Sequence[RequestSpec]) -> list[list[np.ndarray]]:
-    """Each request's images from one ``runner.run`` of ``specs``, as int16 arrays."""
-    return [[np.asarray(image, dtype=np.int16) for image in images] for images in runner.run(specs, no_stop)]
+    """Each request's images (or videos) from one ``runner.run`` of ``specs``, as int16 arrays."""
+    return [[array_of(output) for output in outputs] for outputs in runner.run(specs, no_stop)]
 
 
 def solo_arrays(runner: DiffusersRunner, spec: RequestSpec) -> list[np.ndarray]:
@@ -50,6 +58,8 @@ def solo_image(runner: DiffusersRunner, state: dict[str, Any], lora: LoraRef | N
         num_inference_steps=params["num_inference_steps"],
         guidance_scale=params["guidance_scale"],
         true_cfg_scale=params.get("true_cfg_scale"),
+        num_frames=params.get("num_frames"),
+        fps=params.get("fps"),
         n=1,
         lora=lora,
         created_at=0.0,
