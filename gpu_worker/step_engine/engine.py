@@ -15,6 +15,7 @@ step a subset (``only``) to isolate a culprit, or abort the rows.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -24,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gpu_worker.families import family_of
-from gpu_worker.step_engine.adapter import Canvas, FamilyAdapter, Prompt
+from gpu_worker.lora import LoraMixingError
+from gpu_worker.step_engine.adapter import Canvas, Conditioning, FamilyAdapter, Prompt
 from gpu_worker.step_engine.flux import FluxAdapter
 from gpu_worker.step_engine.image_task import Inpainting
 from gpu_worker.step_engine.ltx_video import LtxVideoAdapter
@@ -40,6 +42,8 @@ from shared.contracts import LoraRef
 
 if TYPE_CHECKING:
     from gpu_worker.lora import LoraActivator
+
+log = logging.getLogger(__name__)
 
 ADAPTERS: Mapping[str, type[FamilyAdapter]] = {
     adapter.family: adapter
@@ -134,6 +138,9 @@ class StepEngine:
         self.adapter: FamilyAdapter = ADAPTERS[family](pipe, canvas)
         self.loras = loras
         """Applies each row's LoRA adapter (None: rows take none; ``join`` refuses a row with one)."""
+        self.mixes_loras = ADAPTERS[family].mixes_lora
+        """Whether one denoiser call mixes adapters (the family's trait; False once the pipeline raised
+        ``LoraMixingError``: a step then calls the denoiser once per adapter)."""
         self._live: dict[str, _LiveRow] = {}
         self._lock = threading.Lock()
 
@@ -198,8 +205,7 @@ class StepEngine:
         adapter = self.adapter
         schedulers = [adapter.scheduler_for(row.steps) for row in rows]
         begins = [adapter.begin(row, scheduler) for row, scheduler in zip(rows, schedulers, strict=True)]
-        with self._adapters([row.lora for row in rows]):
-            prompts = adapter.encode(rows)
+        prompts = self._encode(rows)
         dtype = prompts[0].cond["encoder_hidden_states"].dtype
         text = [i for i, row in enumerate(rows) if not row.task.needs_image]
         starts: dict[int, tuple[torch.Tensor, Inpainting | None]] = {}
@@ -245,12 +251,13 @@ class StepEngine:
         guided = list(unconds)
         scaled = [live.scale_model_input() for live in batch]
         order = [*guided, *range(len(batch))]
-        sample = torch.cat([scaled[i] for i in order])
-        timesteps = torch.stack([batch[i].timestep for i in order])
         halves = [*unconds.values(), *(live.prompt.cond for live in batch)]
-        conditioning = adapter.collate(halves)
-        with self._adapters([batch[i].row.lora for i in order]):
-            prediction = adapter.denoise(sample, timesteps, conditioning)
+        prediction = self._predict(
+            [scaled[i] for i in order],
+            [batch[i].timestep for i in order],
+            halves,
+            [batch[i].row.lora for i in order],
+        )
         unconditional, conditional = prediction[: len(guided)], prediction[len(guided) :]
         where_guided = {i: g for g, i in enumerate(guided)}
         for i, live in enumerate(batch):
@@ -270,6 +277,60 @@ class StepEngine:
                     del self._live[live.row.id]
                     finished.append(Finished(live.row, live.latents))
         return finished
+
+    def _encode(self, rows: Sequence[Row]) -> list[Prompt]:
+        """The rows' encoded prompts: one encoder call, each row with its own adapter; where the pipeline cannot
+        mix them (``LoraMixingError``, remembered), one call per adapter."""
+        groups: dict[LoraRef | None, list[int]] = {}
+        for i, row in enumerate(rows):
+            groups.setdefault(row.lora, []).append(i)
+        if len(groups) == 1 or self.mixes_loras:
+            try:
+                with self._adapters([row.lora for row in rows]):
+                    return self.adapter.encode(rows)
+            except LoraMixingError as exc:
+                log.warning("%s cannot mix LoRA adapters (%s): one call per adapter", type(self.adapter).__name__, exc)
+                self.mixes_loras = False
+        prompts: dict[int, Prompt] = {}
+        for lora, members in groups.items():
+            with self._adapters([lora]):
+                prompts.update(zip(members, self.adapter.encode([rows[i] for i in members]), strict=True))
+        return [prompts[i] for i in range(len(rows))]
+
+    def _predict(
+        self,
+        inputs: Sequence[torch.Tensor],
+        timesteps: Sequence[torch.Tensor],
+        halves: Sequence[Conditioning],
+        loras: Sequence[LoraRef | None],
+    ) -> torch.Tensor:
+        """The denoiser's prediction for a step's batch rows (inputs, timesteps, conditioning halves and adapters in
+        batch order): one call, each row with its own adapter; where the pipeline's LoRA layers cannot mix them
+        (``LoraMixingError``, remembered), one call per adapter, the predictions put back in batch order."""
+        adapter = self.adapter
+        groups: dict[LoraRef | None, list[int]] = {}
+        for i, lora in enumerate(loras):
+            groups.setdefault(lora, []).append(i)
+        if len(groups) == 1 or self.mixes_loras:
+            try:
+                with self._adapters(loras):
+                    sample, steps = torch.cat(list(inputs)), torch.stack(list(timesteps))
+                    return adapter.denoise(sample, steps, adapter.collate(halves))
+            except LoraMixingError as exc:
+                name = type(adapter).__name__
+                log.warning("%s cannot mix LoRA adapters in a step (%s): one call per adapter", name, exc)
+                self.mixes_loras = False
+        out: list[torch.Tensor | None] = [None] * len(inputs)
+        for lora, members in groups.items():
+            with self._adapters([lora]):
+                part = adapter.denoise(
+                    torch.cat([inputs[i] for i in members]),
+                    torch.stack([timesteps[i] for i in members]),
+                    adapter.collate([halves[i] for i in members]),
+                )
+            for k, i in enumerate(members):
+                out[i] = part[k : k + 1]
+        return torch.cat([tensor for tensor in out if tensor is not None])
 
     @torch.no_grad()
     def decode(self, finished: Sequence[Finished], output_type: str = "pil") -> list[Any]:

@@ -12,6 +12,8 @@ Stable Diffusion 1.x and SDXL demo pipelines (float32, CPU; an inpainting 9-chan
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,7 @@ diffusers = pytest.importorskip("diffusers")
 from demo_models import ensure_demo_model, stable_diffusion  # noqa: E402
 from demo_models.components import seeded, sizes  # noqa: E402
 from gpu_worker.diffusers_runner import DERIVED_PIPELINES, absent_components  # noqa: E402
-from gpu_worker.lora import LoraActivator  # noqa: E402
+from gpu_worker.lora import LoraActivator, LoraMixingError  # noqa: E402
 from gpu_worker.step_engine import Row, StepEngine  # noqa: E402
 from gpu_worker.step_engine.image_task import first_step  # noqa: E402
 from shared.contracts import LoraRef, Task  # noqa: E402
@@ -234,6 +236,35 @@ def test_rows_of_two_adapters_and_none_share_a_set(lora_pipe: tuple[Any, LoraAct
     inked = reference(pipe, side, replace(cases["n"], lora=ink))
     loras.activate(None)
     assert not torch.equal(inked.latents, solos["n"].latents), "the adapter changes the row: the test can fail"
+
+
+def test_a_pipeline_that_cannot_mix_adapters_steps_once_per_adapter(
+    lora_pipe: tuple[Any, LoraActivator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the LoRA layers cannot take one adapter per batch row (``LoraMixingError``), a join encodes the
+    prompts once per adapter and each step calls the denoiser once per adapter; every row still equals its solo
+    run."""
+    pipe, loras = lora_pipe
+    side = SIZES["stable-diffusion"]
+
+    @contextmanager
+    def cannot_mix(names: Sequence[LoraRef | None]) -> Iterator[None]:
+        raise LoraMixingError("this pipeline's layers take one adapter per call")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(loras, "mixed", cannot_mix)
+    ink = LoraRef(name="ink")
+    cases = {"i": replace(TEXT, lora=ink), "n": replace(TEXT, prompt="a mill", seed=27), "o": replace(I2I, lora=ink)}
+    engine = StepEngine(pipe, side, side, loras=loras)
+    with denoiser_calls(engine) as sizes_seen:
+        finished, _ = run(engine, {0: [cases[k].row(k, side) for k in "in"], 1: [cases["o"].row("o", side)]})
+    assert not engine.mixes_loras
+    assert sizes_seen[:2] == [2, 2], "step 0: one call per adapter (i; n)"
+    assert sizes_seen[2:4] == [4, 2], "step 1: i and o together (one adapter); n"
+    for name, case in cases.items():
+        loras.activate(case.lora)
+        assert_matches(engine, finished[f"{name}/0"], reference(pipe, side, case))
+    loras.activate(None)
 
 
 def test_what_the_engine_refuses(pipes: dict[str, Any], lora_pipe: tuple[Any, LoraActivator]) -> None:
