@@ -29,7 +29,9 @@ STEP_FAMILIES = [
     "flux",
     "sana",
     pytest.param("qwen-image", marks=pytest.mark.soak),  # ~220 s on the 2-core VM (its 150-step opener): -m soak
+    pytest.param("ltx-video", marks=pytest.mark.soak),  # 9-frame videos, ~45 s: soak to keep the family runs ~5 min
 ]
+FRAMES = 9
 SIDE = 32
 
 
@@ -51,15 +53,14 @@ def test_a_killed_step_mode_worker_of_each_family_loses_nothing(
     )
     first = fleet.workers[0]
     node = first.env["FUSEFLEET_WORKER_NAME"]
-    opener = fleet.submit(prompt="opens the set", num_inference_steps=150, width=SIDE, height=SIDE, seed=1)
+    shape = {"width": SIDE, "height": SIDE} | ({"num_frames": FRAMES} if FAMILIES[family].traits.video else {})
+    opener = fleet.submit(prompt="opens the set", num_inference_steps=150, seed=1, **shape)
     fleet.wait_running(opener, min_step=2, timeout=120)
     traits = FAMILIES[family].traits
     negative = {"negative_prompt": "blurry"} if traits.negative_prompt else {}
     if traits.true_cfg_scale:  # guided by its negative prompt with its own scale
         negative = {"negative_prompt": "blurry", "true_cfg_scale": 2.5}
-    joiner = fleet.submit(
-        prompt="joins it", num_inference_steps=120, guidance_scale=3.0, width=SIDE, height=SIDE, seed=2, **negative
-    )
+    joiner = fleet.submit(prompt="joins it", num_inference_steps=120, guidance_scale=3.0, seed=2, **shape, **negative)
     fleet.wait_running(joiner, min_step=2, timeout=60)
     assert fleet.redis.hget(fleet.keys.request(joiner), "batch_id") != fleet.redis.hget(
         fleet.keys.request(opener), "batch_id"
@@ -78,6 +79,7 @@ def test_a_killed_step_mode_worker_of_each_family_loses_nothing(
         assert fleet.redis.hget(fleet.keys.request(rid), "worker") != node
         events = [fields["event"] for _, fields in fleet.redis.xrange(fleet.keys.request_events(rid))]
         assert events.count("succeeded") == 1 and events[-1] == "succeeded", events
-        difference = np.abs(png_array(fleet.image(rid)) - solo_image(solo_runner, states[rid])).max()
+        stored = np.stack([png_array(fleet.image(rid, i)) for i in range(len(states[rid]["images"]))])
+        difference = np.abs(stored - solo_image(solo_runner, states[rid])).max()
         assert difference <= 1, f"{family}: {rid} differs from its solo run by {difference}/255"
     wait_for(lambda: not fleet.redis.zcard(fleet.keys.inflight), 10, "every batch to leave flight")

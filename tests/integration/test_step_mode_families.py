@@ -25,7 +25,15 @@ from tests.support.solo import png_array, solo_image
 
 pytestmark = pytest.mark.timeout(600)
 
-STEP_FAMILIES = ["stable-diffusion-xl", "pixart", "flux", "sana", "qwen-image", "ltx-video"]
+STEP_FAMILIES = [
+    "stable-diffusion-xl",
+    "pixart",
+    "flux",
+    "sana",
+    # ~40-65 s each here: soak, so the family fleet and kill runs stay ~5 min by default (-m soak runs them)
+    pytest.param("qwen-image", marks=pytest.mark.soak),
+    pytest.param("ltx-video", marks=pytest.mark.soak),
+]
 FRAMES = 9  # a video family's requests (one step key: every request of the set has these frames)
 SIDE = 32
 LONG_STEPS = 900  # runs while the others join and leave, aborted at the end (DDIM takes at most 1000 steps)
