@@ -60,13 +60,22 @@ class BrokerTransport:
         return []
 
 
+def broker_key_prefix(settings: Settings) -> str:
+    """What every key kombu writes in a Redis broker starts with: the fleet's key prefix (``<key_prefix>:``), so two
+    fleets on one Redis share none of them (their queues, the unacknowledged messages' hash and index, the exchange
+    bindings, the remote-control fanout a worker's ``consume`` broadcasts on)."""
+    return f"{settings.key_prefix}:"
+
+
 @dataclass(frozen=True)
 class RedisTransport(BrokerTransport):
     """Kombu's Redis transport: messages in a list named after the queue, unacknowledged ones in a hash until
-    acknowledged or restored after the visibility timeout."""
+    acknowledged or restored after the visibility timeout; every key after the fleet's prefix
+    (``broker_key_prefix``)."""
 
     def conf(self, settings: Settings) -> dict[str, Any]:
         transport = {
+            "global_keyprefix": broker_key_prefix(settings),
             "visibility_timeout": settings.visibility_timeout_s,
             # no socket timeouts by default: a Redis that stops answering without closing TCP would block a publish
             # (the scheduler's dispatch, lease renewal and reaper) forever.
@@ -131,10 +140,11 @@ def broker_transport(settings: Settings) -> BrokerTransport:
 
 def queue_in_fleet_redis(settings: Settings) -> str | None:
     """The key of the fleet's batch queue in its own Redis when that Redis is the broker (kombu's Redis transport
-    keeps a queue's waiting messages in a list named after it), else None: on any other broker the scheduler's
-    reaper cannot see whether a batch's message still waits, and publishes an unclaimed batch again after
-    ``batch_claim_timeout_s`` (a copy still waiting then finds it claimed or done)."""
-    return settings.queue_name if settings.celery_broker_url == settings.redis_url else None
+    keeps a queue's waiting messages in a list named after it, ``broker_key_prefix`` first), else None: on any other
+    broker the scheduler's reaper cannot see whether a batch's message still waits, and publishes an unclaimed batch
+    again after ``batch_claim_timeout_s`` (a copy still waiting then finds it claimed or done)."""
+    same = settings.celery_broker_url == settings.redis_url
+    return broker_key_prefix(settings) + settings.queue_name if same else None
 
 
 def publish_options(settings: Settings) -> dict[str, Any]:

@@ -1,8 +1,10 @@
 """Two fleets on one Redis, told apart by their key prefix only (docs/configuration.md, FUSEFLEET_KEY_PREFIX).
 
 Neither sets FUSEFLEET_QUEUE_NAME: the Celery queue follows the prefix, so each fleet's worker takes its own
-fleet's batches only. (With one queue for both, a worker of one fleet swallowed the other's batches: it found
-nothing of them under its own prefix and dropped them, and their requests waited for the reaper.)
+fleet's batches only; and every key kombu writes in the broker follows it too (``broker_key_prefix``: the queue
+list, the unacknowledged messages, the bindings and the remote-control fanout), so the fleets share none. (With
+one queue for both, a worker of one fleet swallowed the other's batches: it found nothing of them under its own
+prefix and dropped them, and their requests waited for the reaper.)
 """
 
 from __future__ import annotations
@@ -46,4 +48,7 @@ def test_fleets_with_distinct_prefixes_share_one_redis(redis_server: RedisServer
             (worker,) = fleet.workers
             assert {state["status"] for state in states.values()} == {"succeeded"}, fleet.logs_hint()
             assert {state["worker"] for state in states.values()} == {worker.env["FUSEFLEET_WORKER_NAME"]}
-            assert fleet.redis.exists(f"{fleet.prefix}.batches") == 0  # its queue, drained
+            assert fleet.redis.exists(f"{fleet.prefix}:{fleet.prefix}.batches") == 0  # its queue, drained
+            assert fleet.redis.keys(f"{fleet.prefix}:_kombu.binding.*")  # its own exchange bindings
+        # nothing of the broker is shared: no unprefixed queue, unacknowledged-message hash or binding
+        assert fleets[0].redis.keys("unacked*") == [] and fleets[0].redis.keys("_kombu.*") == []

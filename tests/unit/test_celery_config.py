@@ -68,6 +68,7 @@ def test_redis_has_socket_timeouts_and_a_visibility_timeout_above_the_hard_limit
     settings = Settings(redis_url=REDIS, redis_socket_timeout_s=3, visibility_timeout_s=1000, batch_time_limit_s=900)
     options = make_celery(settings).conf.broker_transport_options
     assert options["visibility_timeout"] == 1000 > settings.batch_time_limit_s
+    assert options["global_keyprefix"] == "fusefleet:"  # every kombu key after the fleet's prefix
     assert options["socket_timeout"] == 3 and options["socket_connect_timeout"] > 0 and options["socket_keepalive"]
     assert "confirm_publish" not in options
     assert publish_options(settings) == {}  # a Redis publish is bounded by its socket timeout
@@ -100,8 +101,8 @@ def test_rabbitmq_warns_of_batches_longer_than_its_consumer_timeout() -> None:
 
 
 def test_the_reaper_reads_the_queue_in_the_fleets_redis_only_when_that_redis_is_the_broker() -> None:
-    assert queue_in_fleet_redis(Settings(redis_url=REDIS, key_prefix="blue")) == "blue.batches"
-    assert queue_in_fleet_redis(Settings(redis_url=REDIS, broker_url=REDIS, key_prefix="blue")) == "blue.batches"
+    assert queue_in_fleet_redis(Settings(redis_url=REDIS, key_prefix="blue")) == "blue:blue.batches"
+    assert queue_in_fleet_redis(Settings(redis_url=REDIS, broker_url=REDIS, key_prefix="blue")) == "blue:blue.batches"
     for other in ("redis://broker:6379/0", RABBITMQ):
         assert queue_in_fleet_redis(Settings(redis_url=REDIS, broker_url=other)) is None
 
