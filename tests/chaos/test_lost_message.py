@@ -32,7 +32,7 @@ def test_lost_batch_message_is_published_again(chaos_redis: RedisFactory, chaos_
     fleet = chaos_fleet(
         server, workers=0, FUSEFLEET_BATCH_CLAIM_TIMEOUT_S="2", FUSEFLEET_RUNNER="bench.runners:NullRunner"
     )
-    queue = fleet.env["FUSEFLEET_QUEUE_NAME"]
+    queue = f"{fleet.prefix}:{fleet.env['FUSEFLEET_QUEUE_NAME']}"  # its list in the broker (broker_key_prefix)
 
     with FinishedWatcher(server.url, fleet.keys) as watcher:
         ghost = FakeWorkerHeartbeat(fleet.redis, fleet.keys, f"ghost@{fleet.prefix}").start()

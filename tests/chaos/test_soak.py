@@ -197,7 +197,7 @@ def test_soak_every_request_ends_once_and_nothing_leaks(
 
     wait_no_leftovers(fleet, "the soak")
     assert fleet.redis.xlen(fleet.keys.requests) == 0
-    assert fleet.redis.llen(fleet.env["FUSEFLEET_QUEUE_NAME"]) == 0
+    assert fleet.redis.llen(f"{fleet.prefix}:{fleet.env['FUSEFLEET_QUEUE_NAME']}") == 0  # broker_key_prefix
     settled: list[int] = []
 
     def back_to_baseline() -> bool:

@@ -84,7 +84,7 @@ def test_requests_finish_in_batches_that_run_once_through_the_broker(fleet: Flee
     assert max(s["batch_size"] for s in states.values()) > 1  # fused
     assert {attempts(fleet, s["batch_id"]) for s in states.values()} == {1}
     # the messages went through the broker, not the fleet's Redis
-    assert not fleet.redis.exists(queue) and not fleet.redis.keys(f"_kombu.binding.{queue}")
+    assert not fleet.redis.exists(f"{fleet.prefix}:{queue}") and not fleet.redis.keys(f"*_kombu.binding.{queue}")
     state = queue_state(broker_url, queue)
     assert state.waiting == 0
     assert state.consumers in (None, len(fleet.workers))  # RabbitMQ counts the consumers: both workers
