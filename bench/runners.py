@@ -126,7 +126,7 @@ class SimulatedGpuRunner(Runner):
         does not run either (``StepEngine.for_key``): video; image-to-image runs from its start step (strength)."""
         if key.task not in self.tasks:
             raise ValueError(f"task: the simulated GPU does not run {key.task}")
-        for name in ("num_frames", "true_cfg_scale"):
+        for name in ("num_frames",):
             if getattr(key, name) is not None:
                 raise ValueError(f"{name}: not taken in step mode")
         return SimulatedStepSet(self.cost, key, self.trace)
