@@ -64,14 +64,17 @@ def test_environment_overrides_the_file_and_arguments_override_both(
     monkeypatch.setenv("FUSEFLEET_MODEL_BATCHING", '{"sd": {"max_num_seqs": 3}}')
     settings = Settings()
     assert settings.max_num_seqs == 2 and settings.key_prefix == "studio"
-    assert settings.batching_for("sd").max_num_seqs == 3  # a model's own arg, overridden by its variable
-    assert settings.batching_for("px").request_batch_max_wait_ms == 50.0  # the file's, merged under the variable
+    assert settings.batching_for("sd").max_num_seqs == 3  # the variable replaces every model's own args of the file
+    assert settings.batching_for("px").request_batch_max_wait_ms == 20.0  # so px batches by the fleet-wide ones
     assert Settings(max_num_seqs=6).max_num_seqs == 6
 
 
-def test_no_file_no_change(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_file_no_change_and_empty_is_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(CONFIG_VARIABLE, raising=False)
     assert Settings().model_batching == {} and Settings().key_prefix == "fusefleet"
+    monkeypatch.setenv(CONFIG_VARIABLE, "")  # as .env.example and compose write an unset one
+    monkeypatch.setenv("FUSEFLEET_MODEL_BATCHING", "")
+    assert Settings().model_batching == {}
 
 
 def test_the_short_form_names_sources_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
