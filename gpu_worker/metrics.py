@@ -3,8 +3,10 @@ size, step time, images produced, out-of-memory splits.
 
 ``WorkerMetrics`` is best effort and never in the forward's way: ``forward()`` and ``oom_split()`` only add to
 an in-memory tally (microseconds, never raise); a daemon thread writes the tally with one ``metrics_add.lua`` call
-as soon as there is something. A write that fails (Redis away or stalled: within the client's bound, its socket
-timeout per attempt times its retries) is logged and its increments are dropped, not retried, so nothing is ever
+as soon as there is something, then at most once per ``WRITE_EVERY_S`` (what a busy worker records meanwhile goes in
+the next call: one Redis call a second however many forwards; ``flush`` and ``close`` write at once). A write
+that fails (Redis away or stalled: within the client's bound, its socket timeout per attempt times its retries) is
+logged and its increments are dropped, not retried, so nothing is ever
 counted twice; the tally meanwhile keeps one entry per field, so memory stays bounded however long Redis is away.
 
 The worker creates one per pool process and calls ``forward`` after each forward that returned its outputs,
@@ -31,6 +33,7 @@ from shared.metrics import (
 )
 
 log = logging.getLogger(__name__)
+WRITE_EVERY_S = 1.0  # at most one metrics write this often (the fleet's metrics lag by at most this)
 
 
 class WorkerMetrics:
@@ -48,6 +51,7 @@ class WorkerMetrics:
         self._pending: Counter[str] = Counter()  # field -> increment not written yet
         self._images = 0  # for the throughput ring, not written yet
         self._writing = False
+        self._hurry = 0  # flush or close calls waiting: write now, not at the next interval
         self._closed = False
         self._thread: threading.Thread | None = None
 
@@ -76,7 +80,12 @@ class WorkerMetrics:
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until what was recorded so far is written (or dropped); False if that took over ``timeout_s``."""
         with self._changed:
-            return self._changed.wait_for(lambda: not (self._pending or self._images or self._writing), timeout_s)
+            self._hurry += 1
+            self._changed.notify_all()
+            try:
+                return self._changed.wait_for(lambda: not (self._pending or self._images or self._writing), timeout_s)
+            finally:
+                self._hurry -= 1
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Write what is left (within ``timeout_s``) and stop the thread."""
@@ -115,6 +124,7 @@ class WorkerMetrics:
                 with self._changed:
                     self._writing = False
                     self._changed.notify_all()
+                    self._changed.wait_for(lambda: self._hurry > 0 or self._closed, WRITE_EVERY_S)
 
     def _write(self, pending: Counter[str], images: int) -> None:
         args: list[str | int] = [images, RECENT_SLOTS]

@@ -17,6 +17,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from api.metrics import fleet_metrics
+from gpu_worker import metrics as worker_metrics
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.store import WorkerStore
 from scheduler.lease import Lease
@@ -272,6 +273,31 @@ def test_worker_metrics_in_a_thread_that_is_not_the_first(client: fakeredis.Fake
     assert metrics.flush(5)
     assert parse_counters(client.hgetall(keys.metrics)).images == 200
     metrics.close()
+
+
+def test_a_busy_worker_writes_its_metrics_at_most_once_an_interval(
+    client: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first forward is written at once; those of the next ``WRITE_EVERY_S`` wait in the tally and go in one
+    call (here the interval is long, so only ``flush`` ends it): one Redis call a second, not one a forward."""
+    monkeypatch.setattr(worker_metrics, "WRITE_EVERY_S", 60.0)
+    keys = k.RedisKeys("m")
+    metrics = WorkerMetrics(client, keys)
+    add, writes = metrics._add, []
+    monkeypatch.setattr(metrics, "_add", lambda **kw: (writes.append(kw), add(**kw)))
+    metrics.forward(batch_size=1, images=1, steps=1, seconds=0.01)
+    deadline = time.monotonic() + 5
+    while parse_counters(client.hgetall(keys.metrics)).images != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for _ in range(10):
+        metrics.forward(batch_size=1, images=1, steps=1, seconds=0.01)
+    time.sleep(0.2)  # an unthrottled thread writes these within microseconds
+    assert parse_counters(client.hgetall(keys.metrics)).images == 1 and len(writes) == 1
+    assert metrics.flush(5)  # flush does not wait out the interval
+    assert parse_counters(client.hgetall(keys.metrics)).images == 11 and len(writes) == 2
+    metrics.forward(batch_size=1, images=1, steps=1, seconds=0.01)
+    metrics.close(5)  # nor does close
+    assert parse_counters(client.hgetall(keys.metrics)).images == 12 and len(writes) == 3
 
 
 async def test_slots_busy_leave_out_batches_storing(client: fakeredis.FakeRedis, server: fakeredis.FakeServer) -> None:
