@@ -11,7 +11,7 @@ import redis
 
 from scheduler.deadlines import NOT_STARTED, RAN_PAST, InFlightRequest
 from shared import keys as k
-from shared.celery_config import queue_in_fleet_redis
+from shared.celery_config import queues_in_fleet_redis
 from shared.contracts import TIMEOUT_ERROR, RequestSpec, RequestStatus, StepEviction, WorkerCapabilities
 from shared.fleet_state import parse_capabilities
 from shared.settings import Settings
@@ -389,9 +389,13 @@ class SchedulerStore:
         unheld = [(b, m) for b, held, m in zip(batch_ids, read[::2], read[1::2], strict=True) if not held]
         if not unheld:
             return Reaped(republish=[], removed=0, request_ids={})
-        broker_queue = queue_in_fleet_redis(self._settings) or self.keys.inflight  # reap.lua: KEYS[1] = none here
-        keys = [self.keys.inflight, broker_queue, self.keys.storing]
-        args: list[str | int] = [int(self._settings.batch_claim_timeout_s * 1000), self._settings.result_ttl_s]
+        queues = queues_in_fleet_redis(self._settings, self.worker_models)  # live workers read only if several models
+        keys = [self.keys.inflight, self.keys.storing, *queues]
+        args: list[str | int] = [
+            int(self._settings.batch_claim_timeout_s * 1000),
+            self._settings.result_ttl_s,
+            len(queues),
+        ]
         for batch_id, members in unheld:
             request_ids = str(members or "").split()
             keys += [self.keys.batch(batch_id), self.keys.batch_lock(batch_id), *self.keys.request_strides(request_ids)]

@@ -22,6 +22,7 @@ What differs between the two is one ``BrokerTransport`` each, chosen by the URL'
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,6 +30,7 @@ from urllib.parse import urlsplit
 from celery import Celery
 
 from shared.redis_conn import CONNECT_TIMEOUT_S
+from shared.routing import model_queue, worker_queue
 from shared.settings import Settings
 
 RUN_BATCH_TASK = "fusefleet.run_batch"
@@ -138,13 +140,19 @@ def broker_transport(settings: Settings) -> BrokerTransport:
     return transport
 
 
-def queue_in_fleet_redis(settings: Settings) -> str | None:
-    """The key of the fleet's batch queue in its own Redis when that Redis is the broker (kombu's Redis transport
-    keeps a queue's waiting messages in a list named after it, ``broker_key_prefix`` first), else None: on any other
-    broker the scheduler's reaper cannot see whether a batch's message still waits, and publishes an unclaimed batch
-    again after ``batch_claim_timeout_s`` (a copy still waiting then finds it claimed or done)."""
-    same = settings.celery_broker_url == settings.redis_url
-    return broker_key_prefix(settings) + settings.queue_name if same else None
+def queues_in_fleet_redis(settings: Settings, workers: Callable[[], Iterable[str]] = tuple) -> tuple[str, ...]:
+    """The keys of every queue a batch may wait in, in the fleet's own Redis when that Redis is the broker (kombu's
+    Redis transport keeps a queue's waiting messages in a list named after it, ``broker_key_prefix`` first): each
+    model's queue, then, in a fleet of several models, the own queue of each worker ``workers()`` names (called only
+    then; the live ones: a batch placed on a gone worker is published again, ``shared.routing``). Empty on any other
+    broker: the scheduler's reaper cannot see there whether a batch's message still waits, and publishes an
+    unclaimed batch again after ``batch_claim_timeout_s`` (a copy still waiting then finds it claimed or done)."""
+    if settings.celery_broker_url != settings.redis_url:
+        return ()
+    names = [model_queue(settings, model) for model in settings.catalog]
+    if len(settings.catalog) > 1:
+        names += [worker_queue(settings, worker) for worker in workers()]
+    return tuple(broker_key_prefix(settings) + name for name in names)
 
 
 def publish_options(settings: Settings) -> dict[str, Any]:

@@ -4,7 +4,7 @@
 --     -> its run ended without finishing it (worker died, lost Redis, or hit an error it could not report):
 --     publish it again now;
 --   * it was published and not claimed since, for longer than the claim timeout, and no copy of its message
---     waits in the broker queue -> the message was lost: publish it again.
+--     waits in any broker queue it may wait in -> the message was lost: publish it again.
 -- Each decision to publish stamps published_seq and published_ms, so a batch is republished once per claim or
 -- per timeout. Times are Redis server time (ms), so the clocks of scheduler and worker hosts do not matter.
 -- A batch no run holds stores behind no forward: it leaves the storing zset (its worker died while storing), but for
@@ -13,17 +13,18 @@
 -- The caller names the batches (those it read in flight, in score order) and their requests (each batch's ``ids``,
 -- written once by schedule.lua); a batch no longer in flight is passed over, a request of a batch it did not name
 -- counts as unfinished.
--- KEYS[1] inflight zset, KEYS[2] broker queue (list of Celery messages; KEYS[1] again when the broker is not this
--- Redis: nothing here to read, so a batch unclaimed past the claim timeout is published again, and a copy still
--- waiting in that broker finds it claimed or done), KEYS[3] storing zset; then per batch: its hash, its lock, and
--- one stride per request of it (``request_keys``).
--- ARGV[1] claim timeout (ms), ARGV[2] ttl of a finished batch hash (s); then per batch: its id, its number of
--- requests, their ids (KEYS order).
+-- KEYS[1] inflight zset, KEYS[2] storing zset, then the broker queues a batch may wait in (lists of Celery messages:
+-- every model's queue and each live worker's own, ``queues_in_fleet_redis``; none when the broker is not this Redis:
+-- nothing here to read, so a batch unclaimed past the claim timeout is published again, and a copy still waiting in
+-- that broker finds it claimed or done); then per batch: its hash, its lock, and one stride per request of it
+-- (``request_keys``).
+-- ARGV[1] claim timeout (ms), ARGV[2] ttl of a finished batch hash (s), ARGV[3] number of broker queues; then per
+-- batch: its id, its number of requests, their ids (KEYS order).
 -- Returns {{batch id, its request ids (space separated), ...} to publish again, number taken out of flight}.
-local inflight, broker_queue, storing = KEYS[1], KEYS[2], KEYS[3]
-local claim_timeout_ms, ttl = tonumber(ARGV[1]), ARGV[2]
+local inflight, storing = KEYS[1], KEYS[2]
+local claim_timeout_ms, ttl, queue_count = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local batches = {}  -- {id, hash, lock, requests = {request id -> its keys}}, in the caller's order
-local key_at, arg_at = 4, 3
+local key_at, arg_at = 3 + queue_count, 4
 while arg_at <= #ARGV do
   local b = {id = ARGV[arg_at], hash = KEYS[key_at], lock = KEYS[key_at + 1], requests = {}}
   local count = tonumber(ARGV[arg_at + 1])
@@ -64,7 +65,9 @@ for _, b in ipairs(batches) do
 end
 if #overdue > 0 then
   local queued = {}
-  if broker_queue ~= inflight then queued = redis.call('LRANGE', broker_queue, 0, -1) end
+  for q = 3, 2 + queue_count do
+    for _, message in ipairs(redis.call('LRANGE', KEYS[q], 0, -1)) do table.insert(queued, message) end
+  end
   for _, b in ipairs(overdue) do
     local waiting = false
     for _, message in ipairs(queued) do

@@ -19,7 +19,7 @@ from shared.celery_config import (
     broker_transport,
     make_celery,
     publish_options,
-    queue_in_fleet_redis,
+    queues_in_fleet_redis,
 )
 from shared.settings import Settings
 from tests.unit.test_executor import scheduled_batch
@@ -100,11 +100,21 @@ def test_rabbitmq_warns_of_batches_longer_than_its_consumer_timeout() -> None:
     assert broker_transport(redis_long).warnings(redis_long) == []
 
 
-def test_the_reaper_reads_the_queue_in_the_fleets_redis_only_when_that_redis_is_the_broker() -> None:
-    assert queue_in_fleet_redis(Settings(redis_url=REDIS, key_prefix="blue")) == "blue:blue.batches"
-    assert queue_in_fleet_redis(Settings(redis_url=REDIS, broker_url=REDIS, key_prefix="blue")) == "blue:blue.batches"
+def test_the_reaper_reads_the_queues_in_the_fleets_redis_only_when_that_redis_is_the_broker() -> None:
+    def unasked() -> list[str]:
+        raise AssertionError("a fleet of one model has no worker queues: its live workers are not read")
+
+    def workers() -> list[str]:
+        return ["w1"]
+
+    assert queues_in_fleet_redis(Settings(redis_url=REDIS, key_prefix="blue"), unasked) == ("blue:blue.batches",)
+    same = Settings(redis_url=REDIS, broker_url=REDIS, key_prefix="blue")
+    assert queues_in_fleet_redis(same, unasked) == ("blue:blue.batches",)
+    several = Settings(redis_url=REDIS, key_prefix="blue", models="sd=demo:stable-diffusion,px=demo:pixart")
+    expected = ("blue:blue.batches", "blue:blue.batches.px", "blue:blue.batches@w1")  # every model's, each worker's
+    assert queues_in_fleet_redis(several, workers) == expected
     for other in ("redis://broker:6379/0", RABBITMQ):
-        assert queue_in_fleet_redis(Settings(redis_url=REDIS, broker_url=other)) is None
+        assert queues_in_fleet_redis(several.model_copy(update={"broker_url": other}), workers) == ()
 
 
 @pytest.mark.parametrize("broker", ["redis://broker:6379/0", RABBITMQ])

@@ -23,6 +23,7 @@ from gpu_worker.runner import Runner, StepCallback
 from gpu_worker.store import Claimed, Locked, WorkerStore
 from scheduler.lease import Lease
 from scheduler.store import SchedulerStore
+from shared.celery_config import queues_in_fleet_redis
 from shared.compat import compat_key
 from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus, Task, WorkerCapabilities
 from shared.results import ResultStoreError
@@ -299,17 +300,19 @@ def test_deliveries_that_run_nothing_count_no_attempt(client: fakeredis.FakeRedi
 
 
 def test_a_lost_message_is_published_again_after_the_claim_timeout(client: fakeredis.FakeRedis) -> None:
-    settings = Settings(key_prefix="t", batch_claim_timeout_s=1.0, queue_name="q")
+    settings = Settings(key_prefix="t", batch_claim_timeout_s=30.0, queue_name="q")
     scheduled_batch(client, settings, ["a"])
     reaper = SchedulerStore(client, settings)
     assert reaper.reap().republish == []  # just published
-    client.lpush("q", '{"headers": {"id": "B1", "task": "fusefleet.run_batch"}}')  # its message waits in the queue
-    time.sleep(1.2)
+    (queue,) = queues_in_fleet_redis(settings)  # "t:q": the broker's keys follow the fleet's prefix
+    client.lpush(queue, '{"headers": {"id": "B1", "task": "fusefleet.run_batch"}}')  # its message waits in the queue
+    published_long_ago = 0  # the epoch: past any claim timeout, with no clock waited on
+    client.hset(reaper.keys.batch("B1"), "published_ms", published_long_ago)
     assert reaper.reap().republish == []  # overdue, but its message is still queued: a worker will take it
-    client.delete("q")  # the message is lost
+    client.delete(queue)  # the message is lost
     assert reaper.reap().republish == ["B1"]
     assert reaper.reap().republish == []  # stamped: not again before another timeout
-    time.sleep(1.2)
+    client.hset(reaper.keys.batch("B1"), "published_ms", published_long_ago)
     assert reaper.reap().republish == ["B1"]
 
 
