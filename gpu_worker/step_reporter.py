@@ -31,7 +31,7 @@ from shared.retry import TRANSIENT_ERRORS
 log = logging.getLogger(__name__)
 
 PAUSE_S = 1.0  # after a failed write, skip writes this long (Redis is away)
-WRITE_EVERY_S = 0.1  # at most one progress write per forward this often: events are throttled to 250 ms anyway
+WRITE_EVERY_S = 0.25  # at most one progress write per forward this often: SSE events are throttled to it anyway
 CLOSE_TIMEOUT_S = 2.0  # the longest close waits for the final write
 
 

@@ -18,6 +18,7 @@ from api.events import (
     unique_ids,
 )
 from api.store import RequestStore
+from gpu_worker.step_reporter import WRITE_EVERY_S
 from gpu_worker.store import Claimed, WorkerStore
 from scheduler.lease import Lease
 from scheduler.store import SchedulerStore
@@ -27,7 +28,7 @@ from shared.results import build_result_store
 from shared.settings import Settings
 
 pytestmark = pytest.mark.anyio
-THROTTLE_S = 0.25  # EVENT_EVERY_MS of progress.lua
+THROTTLE_S = 0.2  # EVENT_EVERY_MS of progress.lua
 
 
 class Fleet:
@@ -135,6 +136,23 @@ async def test_progress_events_are_throttled_deduplicated_and_capped(fleet: Flee
     assert fleet.redis.xlen(key) == 64
     fleet.worker.finish_many({"z": []}, {}, "c2")
     assert fleet.names("z")[-2:] == ["progress", "succeeded"]  # the terminal event is never trimmed
+
+
+async def test_each_progress_write_of_the_reporter_carries_its_event_even_a_little_early(fleet: Fleet) -> None:
+    """The step reporter writes at most every ``WRITE_EVERY_S``; a write that Redis's clock sees up to 50 ms early
+    (jitter between the worker's clock and Redis's) still sends its event, so a client sees one every 250 ms, not
+    every other write."""
+    await fleet.submit("a", steps=8)
+    fleet.schedule("B1", "a")
+    fleet.claim("B1", "a")
+    hash_key = fleet.keys.request("a")
+    for step in (1, 2, 3):
+        seconds, micros = fleet.redis.time()
+        early_ms = seconds * 1000 + micros // 1000 - int(WRITE_EVERY_S * 1000) + 40  # the last event 40 ms late
+        fleet.redis.hset(hash_key, "event_ms", early_ms)
+        fleet.worker.progress(["a"], step, 8, "c1")
+    steps = [fields["step"] for fields in fleet.events("a") if fields["event"] == "progress"]
+    assert steps == ["1", "2", "3"]
 
 
 async def test_aborts_failures_and_lost_workers_end_with_their_event(fleet: Fleet) -> None:

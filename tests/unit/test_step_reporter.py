@@ -161,7 +161,7 @@ def test_writes_are_at_most_one_per_interval_the_first_one_interval_in_and_the_l
     assert WRITE_EVERY_S * 0.95 <= store.started[0] - began < WRITE_EVERY_S * 1.5
     for step in range(2, 40):
         reporter.on_step(step, 40)
-        time.sleep(0.01)  # 40 steps of 10 ms: 0.4 s, about four intervals
+        time.sleep(WRITE_EVERY_S / 10)  # 40 steps: about four intervals
     reporter.on_step(40, 40)
     closing = time.monotonic()
     reporter.close()
