@@ -36,7 +36,7 @@ from bench.peers.simulated_gpu import (
 )
 from gpu_worker.runner import InputImages, Runner, StepCallback
 from shared.compat import StepKey, step_key
-from shared.contracts import RequestSpec, Task
+from shared.contracts import ModelTraits, RequestSpec, Task
 from shared.settings import ENV_PREFIX, Settings
 
 
@@ -121,15 +121,21 @@ class SimulatedGpuRunner(Runner):
         """Text-to-image and image-to-image (a mixed workload's; the input image is not looked at)."""
         return IMAGE_TASKS
 
+    @property
+    def traits(self) -> ModelTraits:
+        """The default traits; its step rows carry their task and strength, as Stable Diffusion's do
+        (``ModelTraits.step_tasks``): both tasks share one step key."""
+        return super().traits.model_copy(update={"step_tasks": tuple(task for task in Task if task in self.tasks)})
+
     def step_set(self, key: StepKey) -> SimulatedStepSet:
         """An empty running set for the requests of ``key``; ValueError naming the field for what the step engine
         does not run either (``StepEngine.for_key``): video; image-to-image runs from its start step (strength)."""
-        if key.task not in self.tasks:
+        if key.task is not None and key.task not in self.tasks:  # None: each row's own
             raise ValueError(f"task: the simulated GPU does not run {key.task}")
         for name in ("num_frames",):
             if getattr(key, name) is not None:
                 raise ValueError(f"{name}: not taken in step mode")
-        return SimulatedStepSet(self.cost, key, self.trace)
+        return SimulatedStepSet(self.cost, key, self.trace, step_tasks=self.traits.step_tasks)
 
 
 def denoising_steps(spec: RequestSpec) -> int:
@@ -176,9 +182,11 @@ class SimulatedStepSet:
         key: StepKey,
         trace: str | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        step_tasks: Collection[Task] = (),
     ) -> None:
         self.cost = cost
         self.key = key
+        self.step_tasks = step_tasks  # the tasks its rows carry (``shared.compat.step_key``)
         self._trace = trace
         self._sleep = sleep
         self._lock = threading.Lock()
@@ -204,7 +212,7 @@ class SimulatedStepSet:
     def _refusal(self, spec: RequestSpec) -> str | None:
         if spec.id in self._live or spec.id in self._finished:
             return f"request {spec.id} is already in the running set"
-        if step_key(spec) != self.key:
+        if step_key(spec, self.step_tasks) != self.key:
             return "step key: the request does not belong to this running set"
         if spec.num_inference_steps < 1:
             return f"num_inference_steps must be >= 1, got {spec.num_inference_steps}"

@@ -39,7 +39,7 @@ from gpu_worker.families import family_of
 from gpu_worker.lora import LoraActivator, LoraMixingError
 from gpu_worker.prompt_cache import PromptCache, install
 from gpu_worker.runner import InputImages, Runner, StepCallback, StepSet, Video
-from gpu_worker.step_engine import StepEngine, supports
+from gpu_worker.step_engine import StepEngine, step_tasks, supports
 from gpu_worker.step_engine.request_set import RequestSet
 from gpu_worker.torch_env import make_generators, resolve_device, resolve_dtype
 from shared.compat import StepKey, compat_key, pixel_cost
@@ -135,7 +135,11 @@ class DiffusersRunner(Runner):
             self.pipe.vae.enable_slicing()
         fused = settings.fused if settings.fused is not None else self.family.traits.fused
         self._traits: ModelTraits = self.family.traits.model_copy(
-            update={"fused": fused, "lora": hasattr(self.pipe, "load_lora_weights")}
+            update={
+                "fused": fused,
+                "lora": hasattr(self.pipe, "load_lora_weights"),
+                "step_tasks": step_tasks(self.pipe),  # say once: its step-engine adapter's tasks
+            }
         )
         if not self.traits.fused:
             log.warning(

@@ -34,10 +34,11 @@ def forward_by_steps(
     raises is raised, as a pipeline call's error would be."""
     if not runner.fused_by_steps:
         return None
-    if specs[0].task.needs_image or len({step_key(spec) for spec in specs}) != 1:
+    carried = runner.traits.step_tasks
+    if specs[0].task.needs_image or len({step_key(spec, carried) for spec in specs}) != 1:
         return None
     try:
-        step_set = runner.step_set(step_key(specs[0]))
+        step_set = runner.step_set(step_key(specs[0], carried))
     except ValueError:  # a task or frames its adapter does not take, a guidance-distilled UNet: the pipeline call
         return None
     if step_set.join(specs):

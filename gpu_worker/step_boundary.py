@@ -27,7 +27,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -36,7 +36,7 @@ from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.result_writer import ResultWriter
 from gpu_worker.store import Claimed, Locked
 from shared.compat import step_key
-from shared.contracts import BatchMessage, StepEviction
+from shared.contracts import BatchMessage, StepEviction, Task
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +80,13 @@ class Arrivals:
         digest: str,
         heartbeat: Heartbeat | None,
         on_skipped: Callable[[int], None],
+        step_tasks: Collection[Task] = (),
     ) -> None:
         self._writer = writer
         self._store = writer.store
         self._worker = worker
         self._digest = digest
+        self._step_tasks = step_tasks  # the tasks the set's rows carry (``shared.compat.step_key``)
         self._heartbeat = heartbeat
         self._on_skipped = on_skipped
         self._state = threading.Condition()
@@ -198,7 +200,8 @@ class Arrivals:
         if self._heartbeat is not None:
             self._heartbeat.hold(message.batch_id, token)
         self._writer.redis(lambda: self._store.forward_done(message.batch_id, token), "marking the batch")
-        if all(step_key(spec).digest == self._digest for spec in claim.specs):  # else the loop hands it back
+        # else the loop hands it back
+        if all(step_key(spec, self._step_tasks).digest == self._digest for spec in claim.specs):
             self._writer.journal(claim.specs, token)
         return Joiner(message, claim)
 

@@ -166,7 +166,7 @@ class StepLoop:
             return claim
         if self.heartbeat is not None:  # held while the set is made (a LoRA may load): its lock must not lapse
             self.heartbeat.hold(batch.batch_id, token)
-        keys = {step_key(spec) for spec in claim.specs}
+        keys = {step_key(spec, self.runner.traits.step_tasks) for spec in claim.specs}
         if len(keys) != 1:
             if claim.specs:
                 log.info("batch %s mixes %d step keys: running it request-level", batch.batch_id, len(keys))
@@ -201,6 +201,7 @@ class _RunningSet:
         self.writer = loop.writer
         self.worker = loop.worker
         self.digest = key.digest
+        self.step_tasks = loop.runner.traits.step_tasks  # which tasks leave its requests' step keys
         self.set = step_set
         self.held: dict[str, _Held] = {}  # batch id -> its claim
         self.owner: dict[str, _Held] = {}  # live request id -> its batch's claim
@@ -215,7 +216,9 @@ class _RunningSet:
         self.finishing: dict[_Held, list[StepReporter]] = {}  # reporters to close before storing, per batch
         self.releasing: list[_Held] = []  # batches whose release (BATCH_DONE) was submitted
         self.writes = Writes()
-        self.arrivals = Arrivals(self.writer, self.worker, self.digest, loop.heartbeat, on_skipped=self._leave)
+        self.arrivals = Arrivals(
+            self.writer, self.worker, self.digest, loop.heartbeat, on_skipped=self._leave, step_tasks=self.step_tasks
+        )
 
     # --- the loop -------------------------------------------------------------------------------------------------
 
@@ -331,7 +334,7 @@ class _RunningSet:
         specs = claim.specs
         if counted is not None:
             self._leave(counted - len(specs))
-        foreign = [spec.id for spec in specs if step_key(spec).digest != self.digest]
+        foreign = [spec.id for spec in specs if step_key(spec, self.step_tasks).digest != self.digest]
         if foreign:  # not sent by step_join (a stale inbox entry): hand the batch back, the reaper republishes it
             log.warning("batch %s has requests of another step key (%s): handed back", message.batch_id, foreign)
             self._leave(len(specs))

@@ -1,7 +1,8 @@
 """The batching service in step mode (``docs/step_mode.md``): ``SchedulerService`` with running sets to join.
 
-Requests are bucketed by their step key (``shared.compat.step_key``), and before a new batch is decided the head's
-batch may join a worker's open running set of its key with room (``scheduler.policy.place``, over the sets read
+Requests are bucketed by their step key (``shared.compat.step_key``: without task and strength for a task their
+model's live workers announce its step rows carry, ``scheduler.row_tasks``), and before a new batch is decided the
+head's batch may join a worker's open running set of its key with room (``scheduler.policy.place``, over the sets read
 from Redis and cached like the free-slot count): the batch is scheduled as any other and sent to the worker's inbox
 (``step_join.lua``); when the set closed, was sealed or filled meanwhile, it is published to Celery as a normal
 batch instead (it starts a set on a free worker). With the ``priority`` scheduling policy, a head that can neither
@@ -22,7 +23,9 @@ from collections.abc import Hashable, Sequence
 from functools import lru_cache
 from typing import Any
 
+from scheduler.knees import KNEES_TTL_S
 from scheduler.policy import Member, OpenSet, WaitingRequest, place, preempt
+from scheduler.row_tasks import RowTasks
 from scheduler.service import CAPACITY_TTL_S, SchedulerService
 from scheduler.store import RunningSet
 from shared.compat import StepKey, step_key
@@ -56,6 +59,8 @@ class StepSchedulerService(SchedulerService):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._evicting: dict[str, str] = {}  # worker -> the request we asked its set to evict, until it is gone
+        self._row_tasks = RowTasks()  # which tasks each model's step rows carry (read with the announcements)
+        self._row_tasks_at: float | None = None
 
     # --- the hooks ----------------------------------------------------------------------------------------------
     def _new_lead(self) -> None:
@@ -63,7 +68,10 @@ class StepSchedulerService(SchedulerService):
         self._evicting.clear()
 
     def _key(self, spec: RequestSpec) -> Hashable:
-        return step_key(spec)
+        now = self._clock()
+        if self._row_tasks_at is None or now - self._row_tasks_at >= KNEES_TTL_S:
+            self._row_tasks, self._row_tasks_at = RowTasks.of(self._store.worker_models()), now
+        return step_key(spec, self._row_tasks.of_model(spec.model))
 
     def _forget_capacity(self) -> None:
         super()._forget_capacity()

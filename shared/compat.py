@@ -9,7 +9,9 @@ and may differ inside a batch (the api resizes every input image to the request'
 batch have one size). The worker applies each row's own adapter in the one fused forward (``gpu_worker.lora``:
 peft's per-row ``adapter_names``); a pipeline that cannot mix adapters runs the batch's rows grouped by adapter
 inside the worker. The step key leaves it out too: a step-engine row carries its own adapter, applied per row in
-the prompt encoders and the denoiser (``gpu_worker.step_engine``).
+the prompt encoders and the denoiser (``gpu_worker.step_engine``). It leaves out task and strength too for a request
+whose task the model's step rows carry themselves (``ModelTraits.step_tasks``, from its step-engine adapter; none
+announced: they stay in, the safe default).
 
 Both keys are derived: their fields are the ``RequestSpec`` fields marked ``BatchKey`` (``shared.contracts``), in
 field order, so a new batch-wide parameter is one marked field there and nothing here.
@@ -18,11 +20,11 @@ field order, so a new batch-wide parameter is one marked field there and nothing
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import Field, dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from shared.contracts import BatchKey, RequestSpec
+from shared.contracts import BatchKey, RequestSpec, Task
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,7 @@ class KeyField:
     field: str
     presence: bool = False
     part: str | None = None
+    row_task: bool = False  # left out of the step key (None) where the model's step rows carry the request's task
 
     def value(self, spec: RequestSpec) -> Any:
         value = getattr(spec, self.field)
@@ -46,10 +49,10 @@ class KeyField:
 
 def _key_fields(marker: BatchKey, field: str) -> list[KeyField]:
     if marker.presence:
-        return [KeyField(f"has_{field}", field, presence=True)]
+        return [KeyField(f"has_{field}", field, presence=True, row_task=marker.row_task)]
     if marker.parts:
-        return [KeyField(f"{field}_{part}", field, part=part) for part in marker.parts]
-    return [KeyField(field, field)]
+        return [KeyField(f"{field}_{part}", field, part=part, row_task=marker.row_task) for part in marker.parts]
+    return [KeyField(field, field, row_task=marker.row_task)]
 
 
 def _marked(keep: Callable[[BatchKey], bool]) -> tuple[KeyField, ...]:
@@ -135,8 +138,8 @@ carries its LoRA adapter itself. :class:`StepKey`'s fields are exactly the :clas
 @_key_class(STEP_FIELDS)
 class StepKey(_Key):
     """Step-mode bucket of a request: what one running set's fused denoiser calls cannot mix (size, frames, prompt
-    sequence length, task and strength, the model). Requests with equal step keys may share one running set
-    (``docs/step_mode.md``)."""
+    sequence length, the model; task and strength unless the model's rows carry them: None then). Requests with
+    equal step keys may share one running set (``docs/step_mode.md``)."""
 
     @property
     def digest(self) -> str:
@@ -145,6 +148,9 @@ class StepKey(_Key):
         return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:16]
 
 
-def step_key(spec: RequestSpec) -> StepKey:
-    """The step-mode bucket of ``spec``: its compatibility key without the per-row fields."""
-    return StepKey(*(key_field.value(spec) for key_field in STEP_FIELDS))
+def step_key(spec: RequestSpec, step_tasks: Collection[Task] = ()) -> StepKey:
+    """The step-mode bucket of ``spec``: its compatibility key without the per-row fields, and without its task and
+    strength (``BatchKey(row_task=True)``: None) when ``step_tasks`` (its model's ``ModelTraits.step_tasks``; empty:
+    unknown) holds its task."""
+    carried = spec.task in step_tasks
+    return StepKey(*(None if carried and f.row_task else f.value(spec) for f in STEP_FIELDS))

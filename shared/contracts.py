@@ -97,13 +97,15 @@ class BatchKey:
     ``forward``: in the compatibility key (one value for a whole fused pipeline call); ``step``: in the step key
     (one value for a whole running set; a step-engine row carries its steps, guidance and outputs itself).
     ``presence``: the keys hold only whether it is set (``has_<name>``); ``parts``: they hold these attributes of
-    its value (``<name>_<part>``, None when unset) instead of the value.
+    its value (``<name>_<part>``, None when unset) instead of the value. ``row_task``: it leaves the step key (None
+    there) for a request whose task its model's step rows carry themselves (``ModelTraits.step_tasks``).
     """
 
     forward: bool = True
     step: bool = True
     presence: bool = False
     parts: tuple[str, ...] = ()
+    row_task: bool = False
 
 
 def _integral(value: Any) -> Any:
@@ -194,8 +196,8 @@ class RunParams(SamplingParams, ServedModel):
 
     seed: Seed = Field(description="The seed it runs with: the request's, or the one the server picked.")
     priority: Priority = Field(0, description="The scheduling priority it waits at (the fleet's default when unset).")
-    task: Annotated[Task, BatchKey()] = Task.TEXT_TO_IMAGE
-    strength: Annotated[Strength | None, BatchKey()] = Field(
+    task: Annotated[Task, BatchKey(row_task=True)] = Task.TEXT_TO_IMAGE
+    strength: Annotated[Strength | None, BatchKey(row_task=True)] = Field(
         None, description="Image tasks: how much of the input image is replaced (0 < strength <= 1)."
     )
 
@@ -234,6 +236,11 @@ class ModelTraits(Frozen):
     frames_multiple: int = Field(1, ge=1, description="Video: num_frames must be a multiple of this, plus one.")
     default_frames: int | None = Field(None, description="Video: frames when a request sets none.")
     default_fps: int | None = Field(None, description="Video: fps when a request sets none.")
+    step_tasks: tuple[Task, ...] = Field(
+        (),
+        description="The tasks a step-mode row of this model carries itself, with its strength (its step-engine "
+        "adapter's): requests of these tasks share a running set; empty: task and strength stay in the step key.",
+    )
 
 
 class BatchKnee(Frozen):

@@ -5,7 +5,7 @@ denoiser call per ``step()``; rows join and leave at step boundaries. ``step_key
 running set. Stable Diffusion 1.x/2.x and Stable Diffusion 3 have adapters; every other family stays request-level.
 """
 
-from gpu_worker.step_engine.engine import ADAPTERS, StepEngine, UnsupportedPipeline, supports
+from gpu_worker.step_engine.engine import ADAPTERS, StepEngine, UnsupportedPipeline, step_tasks, supports
 from gpu_worker.step_engine.rows import Finished, Row, RowProgress, rows_of
 from shared.compat import PER_ROW, StepKey, step_key
 
@@ -20,5 +20,6 @@ __all__ = [
     "UnsupportedPipeline",
     "rows_of",
     "step_key",
+    "step_tasks",
     "supports",
 ]

@@ -38,7 +38,7 @@ from gpu_worker.step_engine.stable_diffusion import StableDiffusionAdapter
 from gpu_worker.step_engine.stable_diffusion_3 import StableDiffusion3Adapter
 from gpu_worker.step_engine.stable_diffusion_xl import StableDiffusionXLAdapter
 from shared.compat import StepKey
-from shared.contracts import LoraRef
+from shared.contracts import LoraRef, Task
 
 if TYPE_CHECKING:
     from gpu_worker.lora import LoraActivator
@@ -68,6 +68,13 @@ class UnsupportedPipeline(ValueError):
 def supports(pipe: Any) -> bool:
     """Whether ``pipe``'s family can run in step mode."""
     return family_of(pipe).name in ADAPTERS
+
+
+def step_tasks(pipe: Any) -> tuple[Task, ...]:
+    """The tasks a step row of ``pipe``'s family carries itself (its adapter's ``tasks``, in ``Task`` order; none
+    without step mode): what the worker announces as ``ModelTraits.step_tasks``."""
+    tasks = ADAPTERS[family_of(pipe).name].tasks if supports(pipe) else frozenset()
+    return tuple(task for task in Task if task in tasks)
 
 
 @dataclass(slots=True, eq=False)
@@ -147,8 +154,8 @@ class StepEngine:
     @classmethod
     def for_key(cls, pipe: Any, key: StepKey, loras: LoraActivator | None = None) -> StepEngine:
         """An engine for the requests of ``key``; ValueError naming the field the step engine cannot run."""
-        tasks = ADAPTERS[family_of(pipe).name].tasks if supports(pipe) else frozenset()
-        if tasks and key.task not in tasks:
+        tasks = step_tasks(pipe)
+        if tasks and key.task is not None and key.task not in tasks:  # None: each row's own (``join`` checks it)
             names = ", ".join(sorted(tasks))
             raise ValueError(f"task: step mode runs {names} on {type(pipe).__name__}, not {key.task}")
         return cls(pipe, key.width, key.height, key.max_sequence_length, key.num_frames, key.fps, loras)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from shared.compat import CompatKey, compat_key, step_key
-from shared.contracts import LoraRef, RequestSpec
+from shared.contracts import LoraRef, RequestSpec, Task
 
 BASE: dict[str, Any] = {
     "id": "req-1",
@@ -179,3 +179,29 @@ def test_step_key_digests_are_stable() -> None:
         true_cfg_scale=4.0,
     )
     assert step_key(every_field).digest == "9dcc8a18d297fa92"
+
+
+IMAGE_ROWS = (Task.TEXT_TO_IMAGE, Task.IMAGE_TO_IMAGE)  # what a model's step rows carry (ModelTraits.step_tasks)
+
+
+def test_tasks_the_rows_carry_leave_the_step_key() -> None:
+    """Text-to-image and image-to-image requests at two strengths share one step key where the model's step rows
+    carry both tasks; a task they do not carry (inpainting) keeps task and strength in its key, and with nothing
+    announced every task keeps them (the safe default)."""
+    t2i = spec()
+    i2i = [spec(task="image-to-image", strength=strength) for strength in (0.4, 0.8)]
+    inpainting = spec(task="inpaint", strength=0.8)
+    carried = {step_key(s, IMAGE_ROWS) for s in (t2i, *i2i)}
+    assert len(carried) == 1
+    (key,) = carried
+    assert key.task is None and key.strength is None
+    assert step_key(inpainting, IMAGE_ROWS) not in carried
+    assert step_key(inpainting, IMAGE_ROWS) == step_key(inpainting)
+    assert len({step_key(s) for s in (t2i, *i2i)}) == 3
+    assert step_key(spec(width=1024), IMAGE_ROWS) != key  # the canvas still splits a set
+
+
+def test_a_carried_step_keys_digest_is_stable() -> None:
+    """Every process keys a carried request alike: the scheduler's digest names the set the worker opened."""
+    assert step_key(spec(task="image-to-image", strength=0.8), IMAGE_ROWS).digest == step_key(spec(), IMAGE_ROWS).digest
+    assert step_key(spec(), IMAGE_ROWS).digest != step_key(spec()).digest

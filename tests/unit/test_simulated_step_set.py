@@ -93,9 +93,19 @@ def test_the_runner_runs_step_mode_for_what_the_engine_takes() -> None:
     assert protocol.requests == ()
     with pytest.raises(ValueError, match="task"):
         runner.step_set(step_key(_spec("inpaint", 4, task=Task.INPAINT, strength=0.5)))
-    image = runner.step_set(step_key(_spec("i2i", 4, task=Task.IMAGE_TO_IMAGE, strength=0.5)))
-    assert image.join([_spec("i2i", 4, task=Task.IMAGE_TO_IMAGE, strength=0.5)]) == {}
-    assert image.progress() == {"i2i": (0, 2)}  # image-to-image starts int(4 * 0.5) steps before the end
+    carried = runner.traits.step_tasks  # its rows carry task and strength, as Stable Diffusion's do
+    assert set(carried) == {Task.TEXT_TO_IMAGE, Task.IMAGE_TO_IMAGE}
+    image = runner.step_set(step_key(_spec("i2i", 4, task=Task.IMAGE_TO_IMAGE, strength=0.5), carried))
+    mixed = [
+        _spec("i2i", 4, task=Task.IMAGE_TO_IMAGE, strength=0.5),
+        _spec("i2i-b", 4, task=Task.IMAGE_TO_IMAGE, strength=0.75),
+        _spec("t2i", 4),
+    ]
+    assert image.join(mixed) == {}  # one set: the worker keys them as the runner announces
+    # image-to-image starts int(4 * strength) steps before the end
+    assert image.progress() == {"i2i": (0, 2), "i2i-b": (0, 3), "t2i": (0, 4)}
+    refused = image.join([_spec("inpaint", 4, task=Task.INPAINT, strength=0.5)])
+    assert list(refused) == ["inpaint"]  # a task its rows do not carry keeps its own key
     with pytest.raises(ValueError, match="num_frames"):
         runner.step_set(step_key(_spec("video", 4, num_frames=9)))
 

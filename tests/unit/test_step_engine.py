@@ -38,6 +38,7 @@ from gpu_worker.step_engine import (  # noqa: E402
     UnsupportedPipeline,
     rows_of,
     step_key,
+    step_tasks,
     supports,
 )
 from gpu_worker.torch_env import make_generators  # noqa: E402
@@ -444,6 +445,21 @@ def test_what_the_engine_refuses(pipes: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="already"):
         engine.join([UNGUIDED.row("two"), GUIDED.row("one")])
     assert engine.live == ("one/0",), "a refused join adds no row"
+
+
+def test_the_announced_step_tasks_are_the_adapters(pipes: dict[str, Any]) -> None:
+    """``ModelTraits.step_tasks`` says once what the adapter takes: SD's rows carry every image task, SD3's only
+    text-to-image; no step mode, none. An engine for a key whose task the rows carry (None) refuses no task it
+    takes, and still refuses one it does not."""
+    image_tasks = (Task.TEXT_TO_IMAGE, Task.IMAGE_TO_IMAGE, Task.INPAINT)
+    assert step_tasks(pipes["stable-diffusion"]) == image_tasks
+    assert step_tasks(pipes["stable-diffusion-3"]) == (Task.TEXT_TO_IMAGE,)
+    assert step_tasks(object()) == ()
+    key = step_key(spec(task=Task.IMAGE_TO_IMAGE, strength=0.5), image_tasks)
+    assert key.task is None and key == step_key(spec(), image_tasks)
+    StepEngine.for_key(pipes["stable-diffusion"], key)
+    with pytest.raises(ValueError, match="task"):
+        StepEngine.for_key(pipes["stable-diffusion-3"], step_key(spec(task=Task.IMAGE_TO_IMAGE, strength=0.5), ()))
 
 
 def test_the_bench_measures_fused_and_serial_steps(pipes: dict[str, Any]) -> None:
