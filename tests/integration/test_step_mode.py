@@ -92,33 +92,35 @@ def test_requests_of_other_lora_adapters_join_one_running_set(step_fleet: Fleet,
     assert fleet.wait_done([long], timeout=30)[long]["status"] == "aborted"
 
 
-def test_image_to_image_requests_join_a_running_set_at_their_strength(
+def test_text_and_image_requests_of_two_strengths_join_one_running_set(
     step_fleet: Fleet, solo_runner: DiffusersRunner
 ) -> None:
-    """Image-to-image requests of other steps, guidance and LoRA (one strength: it is in the step key) join a set
-    opened by a long one; each starts at its strength's step from its own input image and equals the pipeline's
-    own image-to-image call (request-level, solo) within 1/255."""
+    """The demo model's step rows carry their task and strength (``ModelTraits.step_tasks``, announced): a
+    text-to-image request and image-to-image requests of other steps, guidance, LoRA and strengths (0.6, 0.4) join
+    one set opened by a long text-to-image one; each image-to-image row starts at its strength's step from its own
+    input image, and each request equals its own solo run (the pipeline's call, request-level) within 1/255."""
     fleet = step_fleet
-    image = {"strength": 0.6}
-    long = fleet.submit(
-        prompt="the long one", num_inference_steps=LONG_STEPS, seed=40, image=encoded(picture(40)), **image
-    )
+    long = fleet.submit(prompt="the long one", num_inference_steps=LONG_STEPS, seed=40)
     fleet.wait_running(long, min_step=2)
+    text = fleet.submit(prompt="a lighthouse", num_inference_steps=4, guidance_scale=6.0, seed=43)
     lora = LoraRef(name=LORA_NAME, scale=0.8)
     bodies = [
-        {"prompt": "a harbour", "num_inference_steps": 5, "guidance_scale": 1.0, "seed": 41},
-        {"prompt": "a forest", "num_inference_steps": 8, "guidance_scale": 6.0, "seed": 42, "lora": lora.model_dump()},
-    ]
-    joiners = [fleet.submit(**body, image=encoded(picture(41 + k)), **image) for k, body in enumerate(bodies)]
+        {"prompt": "a harbour", "num_inference_steps": 5, "guidance_scale": 1.0, "seed": 41, "strength": 0.6},
+        {"prompt": "a forest", "num_inference_steps": 8, "guidance_scale": 6.0, "seed": 42, "strength": 0.4,
+         "lora": lora.model_dump()},
+    ]  # fmt: skip
+    images = [fleet.submit(**body, image=encoded(picture(41 + k))) for k, body in enumerate(bodies)]
+    joiners = [text, *images]
     states = fleet.wait_done(joiners, timeout=60)
     assert {s["status"] for s in states.values()} == {"succeeded"}, states
     assert fleet.get(long)["status"] == "running", "the joiners waited for the long request instead of joining it"
     workers = {fleet.redis.hget(fleet.keys.request(rid), "worker") for rid in [long, *joiners]}  # (binary inputs)
     assert len(workers) == 1, workers
-    for k, rid in enumerate(joiners):
-        params = states[rid]["params"]
-        assert params["task"] == Task.IMAGE_TO_IMAGE
-        assert states[rid]["progress"]["total"] == int(params["num_inference_steps"] * 0.6), "its strength's steps"
+    assert np.abs(png_array(fleet.image(text)) - solo_image(solo_runner, states[text])).max() <= 1, "text differs"
+    for k, (rid, body) in enumerate(zip(images, bodies, strict=True)):
+        params, strength = states[rid]["params"], float(str(body["strength"]))
+        assert params["task"] == Task.IMAGE_TO_IMAGE and params["strength"] == strength
+        assert states[rid]["progress"]["total"] == int(params["num_inference_steps"] * strength), "strength's steps"
         spec = RequestSpec(
             id="solo",
             model="demo",
@@ -127,7 +129,7 @@ def test_image_to_image_requests_join_a_running_set_at_their_strength(
             num_inference_steps=params["num_inference_steps"],
             guidance_scale=params["guidance_scale"],
             task=Task.IMAGE_TO_IMAGE,
-            strength=0.6,
+            strength=strength,
             lora=lora if k == 1 else None,
             created_at=0.0,
         )
