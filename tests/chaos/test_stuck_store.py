@@ -42,7 +42,9 @@ def test_a_worker_whose_store_hangs_is_replaced_and_its_batch_runs_elsewhere(
         stuck = fleet.add_worker("stuck", FUSEFLEET_S3_ENDPOINT_URL=hanging.url)
         with FinishedWatcher(server.url, fleet.keys) as watcher:
             ids = [fleet.submit(prompt="stored into a hang", n=2)]
-            fleet.wait_running(ids[0], min_step=1)
+            # running: the forward began (a forward shorter than the progress interval reports its last step only
+            # with its ending, which the hung store holds back)
+            wait_for(lambda: fleet.get(ids[0])["status"] == "running", 60, f"request {ids[0]} to run")
             running_at = time.monotonic()
             wait_for(lambda: "is stuck" in stuck.log(), 60, f"the worker to give up ({stuck.log_path})")
             stuck_after_s = time.monotonic() - running_at
