@@ -27,6 +27,12 @@ from shared.settings.concern import ENV_PREFIX, field_adapter
 
 CONFIG_VARIABLE = f"{ENV_PREFIX}CONFIG"
 """The environment variable naming the fleet config file (unset: none is read)."""
+CONFIG_DESCRIPTION = (
+    "Path of the fleet config file (TOML: fleet-wide settings by name, [models.<name>] tables with each model's "
+    "source and engine args), read by every service below these variables, which override it; also --config. "
+    "Unset: none is read (docs/configuration.md)."
+)
+"""What ``CONFIG_VARIABLE`` means, as .env.example and docs/configuration.md say it."""
 MODELS_TABLE = "models"
 SOURCE_KEY = "source"
 _HEADER = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]\s*(#.*)?$")

@@ -85,7 +85,7 @@ def test_requests_finish_in_batches_that_run_once_through_the_broker(fleet: Flee
     assert {attempts(fleet, s["batch_id"]) for s in states.values()} == {1}
     # the messages went through the broker, not the fleet's Redis
     assert not fleet.redis.exists(f"{fleet.prefix}:{queue}") and not fleet.redis.keys(f"*_kombu.binding.{queue}")
-    state = queue_state(broker_url, queue)
+    state = queue_state(broker_url, queue, fleet.prefix)
     assert state.waiting == 0
     assert state.consumers in (None, len(fleet.workers))  # RabbitMQ counts the consumers: both workers
 
@@ -149,8 +149,8 @@ def test_a_lost_message_is_published_again(
                 ghost = FakeWorkerHeartbeat(fleet.redis, fleet.keys, f"ghost@{fleet.prefix}").start()
                 try:
                     ids = fleet.submit_batch([body(f"lost {i}") for i in range(3)])
-                    wait_for(lambda: queue_state(url, queue).waiting >= 1, 20, f"the message in {queue}")
-                    assert purge_queue(url, queue) == 1
+                    wait_for(lambda: queue_state(url, queue, fleet.prefix).waiting >= 1, 20, f"the message in {queue}")
+                    assert purge_queue(url, queue, fleet.prefix) == 1
                     assert statuses(fleet, ids) == {"scheduled": 3}
                 finally:
                     ghost.stop()

@@ -169,7 +169,8 @@ def test_ensure_demo_model_idempotent(model_dir: Path, cache_dir: Path, tmp_path
     start = time.perf_counter()
     assert ensure_demo_model(cache_dir) == model_dir
     assert time.perf_counter() - start < 0.5
-    assert not [p for p in cache_dir.iterdir() if p.name != model_dir.name]  # no temp dirs left behind
+    # no temp dirs left behind (beside the runners' own state there: their batch-knee tables and compile cache)
+    assert not [p for p in cache_dir.iterdir() if p.name not in {model_dir.name, "batch-knees", "inductor"}]
 
     one, two = ensure_demo_model(tmp_path / "one"), ensure_demo_model(tmp_path / "two")
     files = sorted(p.relative_to(one) for p in one.rglob("*") if p.is_file())

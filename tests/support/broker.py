@@ -37,12 +37,19 @@ class QueueState:
     consumers: int | None
 
 
-def queue_state(broker_url: str, queue: str) -> QueueState:
-    """What the broker holds in ``queue`` now (a queue that does not exist: nothing waiting, no consumer)."""
+def redis_queue_key(key_prefix: str, queue: str) -> str:
+    """The list holding ``queue``'s waiting messages in a Redis broker: every kombu key follows the fleet's key
+    prefix (``shared.celery_config.broker_key_prefix``)."""
+    return f"{key_prefix}:{queue}"
+
+
+def queue_state(broker_url: str, queue: str, key_prefix: str) -> QueueState:
+    """What the broker holds in ``queue`` (of the fleet of ``key_prefix``) now (a queue that does not exist: nothing
+    waiting, no consumer)."""
     if broker_url.startswith("redis"):
         client = redis.Redis.from_url(broker_url, socket_timeout=5)
         try:
-            return QueueState(int(client.llen(queue)), None)
+            return QueueState(int(client.llen(redis_queue_key(key_prefix, queue))), None)
         finally:
             client.close()
     with Connection(broker_url, connect_timeout=5) as connection:
@@ -64,13 +71,15 @@ def drop_queue(broker_url: str, queue: str) -> None:
         channel.exchange_delete(exchange=queue)
 
 
-def purge_queue(broker_url: str, queue: str) -> int:
-    """Delete every message waiting in ``queue`` (a lost message, as far as the fleet can tell); how many."""
+def purge_queue(broker_url: str, queue: str, key_prefix: str) -> int:
+    """Delete every message waiting in ``queue`` (of the fleet of ``key_prefix``): a lost message, as far as the
+    fleet can tell; how many."""
     if broker_url.startswith("redis"):
         client = redis.Redis.from_url(broker_url, socket_timeout=5)
+        key = redis_queue_key(key_prefix, queue)
         try:
-            waiting = int(client.llen(queue))
-            client.delete(queue)
+            waiting = int(client.llen(key))
+            client.delete(key)
             return waiting
         finally:
             client.close()
