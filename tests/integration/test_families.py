@@ -15,6 +15,7 @@ from bench.families import family_inputs, family_runner, family_specs, pixels
 from demo_models import DEMO_FAMILIES, ensure_demo_model
 from gpu_worker.diffusers_runner import DiffusersRunner, check_batch
 from gpu_worker.families import FAMILIES
+from gpu_worker.step_engine import step_tasks, supports
 from shared.contracts import LoraRef, RequestSpec
 from shared.settings import Settings
 from tests.support.lora import make_family_lora
@@ -56,7 +57,11 @@ def test_every_family_has_a_demo_and_a_test() -> None:
 def test_fused_equals_solo(family: str, cache_dir: Path) -> None:
     runner = family_runner(family, cache_dir)
     assert runner.pipeline_name == PIPELINES[family]
-    assert runner.traits == FAMILIES[family].traits.model_copy(update={"lora": family != "pixart"}) and runner.fused
+    # the family's traits, with what the loaded pipeline tells: LoRA loads, and its step-engine adapter's row tasks
+    tasks = step_tasks(runner.pipe)
+    assert bool(tasks) == supports(runner.pipe)  # a family with a step-mode adapter says what its rows carry
+    expected = FAMILIES[family].traits.model_copy(update={"lora": family != "pixart", "step_tasks": tasks})
+    assert runner.traits == expected and runner.fused
     specs = specs_for(family, ["a red fox", "a blue whale in the sea", "a lighthouse"], side=32)
     inputs = family_inputs(specs)  # an image-to-video model's requests each bring their first frame
     fused = runner.run(specs, lambda step, total: False, inputs)
