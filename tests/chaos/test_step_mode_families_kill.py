@@ -33,6 +33,10 @@ STEP_FAMILIES = [
 ]
 FRAMES = 9
 SIDE = 32
+# (opener, joiner) steps: both must still run when the worker is killed, after the joiner's step 2 shows (progress
+# is written every 250 ms); tiny Sana takes ~1.3 ms a step alone on the 2-core VM: 150 steps could end in 0.2 s
+STEPS = {"sana": (1500, 1200)}
+DEFAULT_STEPS = (150, 120)
 
 
 @pytest.mark.parametrize("family", STEP_FAMILIES)
@@ -49,25 +53,30 @@ def test_a_killed_step_mode_worker_of_each_family_loses_nothing(
         FUSEFLEET_STEP_MODE="1",
         FUSEFLEET_REQUEST_BATCH_MAX_WAIT_MS="0",
         FUSEFLEET_TORCH_THREADS="2",
-        FUSEFLEET_MAX_INFERENCE_STEPS="1000",
+        FUSEFLEET_MAX_INFERENCE_STEPS="2000",
     )
     first = fleet.workers[0]
     node = first.env["FUSEFLEET_WORKER_NAME"]
     shape = {"width": SIDE, "height": SIDE} | ({"num_frames": FRAMES} if FAMILIES[family].traits.video else {})
-    opener = fleet.submit(prompt="opens the set", num_inference_steps=150, seed=1, **shape)
+    opener_steps, joiner_steps = STEPS.get(family, DEFAULT_STEPS)
+    opener = fleet.submit(prompt="opens the set", num_inference_steps=opener_steps, seed=1, **shape)
     fleet.wait_running(opener, min_step=2, timeout=120)
     traits = FAMILIES[family].traits
     negative = {"negative_prompt": "blurry"} if traits.negative_prompt else {}
     if traits.true_cfg_scale:  # guided by its negative prompt with its own scale
         negative = {"negative_prompt": "blurry", "true_cfg_scale": 2.5}
-    joiner = fleet.submit(prompt="joins it", num_inference_steps=120, guidance_scale=3.0, seed=2, **shape, **negative)
+    joiner = fleet.submit(
+        prompt="joins it", num_inference_steps=joiner_steps, guidance_scale=3.0, seed=2, **shape, **negative
+    )
     fleet.wait_running(joiner, min_step=2, timeout=60)
     assert fleet.redis.hget(fleet.keys.request(joiner), "batch_id") != fleet.redis.hget(
         fleet.keys.request(opener), "batch_id"
     )
     assert fleet.redis.hget(fleet.keys.request(joiner), "worker") == node
 
+    statuses = {rid: fleet.redis.hget(fleet.keys.request(rid), "status") for rid in (opener, joiner)}
     first.kill()
+    assert statuses == dict.fromkeys((opener, joiner), "running"), f"{family}: ended before the kill: {statuses}"
     killed_at = time.monotonic()
     fleet.add_worker("second")
     ids = [opener, joiner]

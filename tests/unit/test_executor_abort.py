@@ -212,6 +212,8 @@ def test_a_family_with_a_step_adapter_drops_the_aborted_rows_at_the_next_step(
         unet_batches.append(int(args[0].shape[0]))
         if len(unet_batches) == 2:
             abort(client, store, "victim")
+        if len(unet_batches) == 3:  # the reporter writes every 250 ms: the tiny forward waits for it to see the abort
+            wait_for(lambda: status(client, store, "victim") == "aborted", 10, "the reporter to end the victim")
 
     handle = runner.pipe.unet.register_forward_pre_hook(count)
     try:
