@@ -1,8 +1,8 @@
 """``fusefleet``: the console entry point of every long-running service.
 
 Each service is configured by ``shared.settings.Settings``: the fleet config file (``--config`` /
-``FUSEFLEET_CONFIG``), ``FUSEFLEET_*`` environment variables over it, and on ``up``, ``scheduler`` and ``worker`` a
-flag per setting over both (``fusefleet.settings_flags``).
+``FUSEFLEET_CONFIG``), ``FUSEFLEET_*`` environment variables over it, and on ``api``, ``up``, ``scheduler`` and
+``worker`` a flag per setting over both (``fusefleet.settings_flags``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ cli = typer.Typer(help="fusefleet: a request-batching diffusion serving fleet.",
 LogLevel = Annotated[str, typer.Option(help="Log level.")]
 UP_OWN = ("api_host", "api_port", "worker_name")
 """Settings ``up`` sets itself (--host, --port; each worker its own name): not flags of ``up``."""
+API_OWN = ("api_host", "api_port")
+"""The api's bind address and port: its --host and --port, not flags of their own."""
 ApiUrl = Annotated[
     str | None, typer.Option("--url", envvar="FUSEFLEET_URL", help="The api (default http://127.0.0.1:8000).")
 ]
@@ -34,8 +36,16 @@ def _logging(level: str, settings: Settings, service: str) -> None:
     configure_logging(level, settings.log_format, service=service)
 
 
+def _settings(settings_env: dict[str, str]) -> Settings:
+    """The settings of this process: its flags become its variables (and those of what it starts), then read."""
+    os.environ.update(settings_env)
+    return Settings()
+
+
 @cli.command()
+@settings_flags(exclude=API_OWN)
 def api(
+    settings_env: dict[str, str],
     host: Annotated[str | None, typer.Option(help="Bind address (default FUSEFLEET_API_HOST).")] = None,
     port: Annotated[int | None, typer.Option(help="Bind port (default FUSEFLEET_API_PORT).")] = None,
     log_level: LogLevel = "info",
@@ -45,7 +55,7 @@ def api(
 
     from api.app import create_app
 
-    settings = Settings()
+    settings = _settings(settings_env)
     _logging(log_level, settings, "api")
     uvicorn.run(
         create_app(settings),
@@ -55,12 +65,6 @@ def api(
         log_config=None,  # uvicorn's loggers go through fusefleet's handler (_logging)
         access_log=False,
     )
-
-
-def _settings(settings_env: dict[str, str]) -> Settings:
-    """The settings of this process: its flags become its variables (and those of what it starts), then read."""
-    os.environ.update(settings_env)
-    return Settings()
 
 
 @cli.command()

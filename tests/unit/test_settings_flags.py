@@ -75,6 +75,22 @@ def test_the_scheduler_reads_its_flags_over_its_config_file(monkeypatch: pytest.
     assert (settings.key_prefix, settings.max_num_seqs) == ("filed", 6)
 
 
+def test_the_api_reads_its_flags_and_binds_to_its_host_and_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("FUSEFLEET_MAX_PROMPT_CHARS", "FUSEFLEET_KEY_PREFIX"):  # set by the command in this process
+        monkeypatch.setenv(name, "x")
+        monkeypatch.delenv(name)
+    served: list[tuple[Settings, str, int]] = []
+    monkeypatch.setattr("api.app.create_app", lambda settings: settings)
+    monkeypatch.setattr("uvicorn.run", lambda app, host, port, **_: served.append((app, host, port)))
+    args = ["api", "--key-prefix", "flagged", "--max-prompt-chars", "77", "--host", "0.0.0.0", "--port", "8123"]
+    result = runner.invoke(fusefleet_cli.cli, args)
+    assert result.exit_code == 0, result.output
+    ((settings, host, port),) = served
+    assert (settings.key_prefix, settings.max_prompt_chars, host, port) == ("flagged", 77, "0.0.0.0", 8123)
+    shown = runner.invoke(fusefleet_cli.cli, ["api", "--help"], env={"COLUMNS": "200"}).output
+    assert "--max-num-seqs" in shown and "--api-port" not in shown  # --host and --port stand for those two
+
+
 def test_up_hands_its_flags_to_every_service(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[Any, ...]] = []
     monkeypatch.setattr("fusefleet.up.run_up", lambda *args: calls.append(args) or 0)
