@@ -45,8 +45,8 @@ class WorkerSettings(SettingsConcern):
     lost this many times alone. Deliveries that run nothing do not count."""
 
     batch_claim_timeout_s: float = Field(30.0, gt=0)
-    """A published batch that no worker claimed for this long, and whose message is no longer in the broker queue
-    (lost), is published again by the scheduler's reaper."""
+    """A published batch that no worker claimed for this long, and whose message is in none of the fleet's broker
+    queues (lost: the shared queue and each worker's own), is published again by the scheduler's reaper."""
 
     worker_start_timeout_s: float = Field(900.0, gt=0)
     """How long a worker pool process may take to start (model load included) before Celery gives up on it (Celery's
