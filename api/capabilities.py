@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from api.limits import ErrorDict, Loc
+from api.limits import ErrorDict, Loc, request_model
 from shared.contracts import ModelCapabilities, ModelTraits, WorkerCapabilities
 from shared.settings import Settings
 from shared.wire import GenerateRequest
@@ -119,14 +119,7 @@ def served_models(fleet: Sequence[WorkerCapabilities]) -> dict[str, list[ModelCa
 
 def video_models(fleet: Sequence[WorkerCapabilities]) -> frozenset[str]:
     """The models of ``fleet`` that make videos: their image task is image-to-video, which takes no strength."""
-    return frozenset(
-        model for model, served in served_models(fleet).items() if any(one.traits.video for one in served)
-    )
-
-
-def request_model(request: GenerateRequest, settings: Settings) -> str:
-    """The model ``request`` is for: the one it names, or the fleet's default."""
-    return request.model or settings.model_id
+    return frozenset(model for model, served in served_models(fleet).items() if any(one.traits.video for one in served))
 
 
 def capability_errors(

@@ -38,6 +38,11 @@ def _exceeded(loc: Loc, value: str | float, setting: str, limit: float) -> Error
     return {"type": kind, "loc": loc, "msg": f"{msg} (this server's {setting})", "input": value, "ctx": {ctx: limit}}
 
 
+def request_model(request: GenerateRequest, settings: Settings) -> str:
+    """The model ``request`` is for: the one it names, or the fleet's default."""
+    return request.model or settings.model_id
+
+
 def limit_errors(request: GenerateRequest, settings: Settings, loc: Loc = ("body",)) -> list[ErrorDict]:
     """Every way ``request`` exceeds the limits of ``settings``; empty when it is acceptable."""
     errors: list[ErrorDict] = []
@@ -71,12 +76,13 @@ def limit_errors(request: GenerateRequest, settings: Settings, loc: Loc = ("body
 
 
 def _pixel_budget_errors(request: GenerateRequest, settings: Settings, loc: Loc) -> list[ErrorDict]:
-    """The request alone exceeds the per-batch pixel budget: no batch could ever run it.
+    """The request alone exceeds the per-batch pixel budget of its model (its own ``max_batch_pixels`` where the
+    config file gives it one, else the fleet's): no batch could ever run it.
 
     Named at ``width`` for a single image, at ``n`` otherwise (fewer images is then the likely fix).
     """
     pixels = output_pixels(request.n, request.width, request.height, request.num_frames)
-    limit = settings.max_batch_pixels
+    limit = settings.batching_for(request_model(request, settings)).max_batch_pixels
     if pixels <= limit:
         return []
     field = "width" if request.n == 1 else "n"

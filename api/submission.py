@@ -21,11 +21,11 @@ from fastapi import HTTPException, status
 from fastapi.exceptions import RequestValidationError
 
 from api.auth import KeyRefused
-from api.capabilities import capability_errors, request_model, video_models
+from api.capabilities import capability_errors, video_models
 from api.input_budget import budget_full, too_large
 from api.input_images import StoredInputs, prepare_inputs
 from api.key_limits import batch_errors, max_queued_reached, take_tokens
-from api.limits import ErrorDict, Loc, limit_errors
+from api.limits import ErrorDict, Loc, limit_errors, request_model
 from api.outage import retry_after_headers
 from api.request_ids import new_request_id
 from api.store import RefusalReason, RequestStore, Submitter, Webhook
