@@ -5,14 +5,24 @@ reach a terminal status: a message is one or more request ids, space-separated, 
 resolves the futures of the requests waited on. A missed message (reconnect)
 costs nothing but latency: every wait is bounded and the route reads the state again afterwards. While Redis is
 down the listener keeps resubscribing; long polls then simply last ``wait_s``.
+
+Requests this process accepted while subscribed (``epoch``, ``accepted``): each subscription confirmed by the server
+opens an epoch, and a request submitted during one (its submit script ran after the confirmation) has its ending
+published on this connection after it. So while that epoch lasts and no ending of it came, the request has not
+finished: ``unfinished_here`` says so, and the long poll skips its first read (one ``HMGET`` a request). An epoch
+ends when the subscription is lost or confirmed anew (redis-py may resubscribe by itself: anything may have been
+missed in between), and every request noted in it then counts as unknown again: its waits are woken with False
+(``register``'s future: True for an ending) so that the route reads it and waits on. The notes are bounded
+(``MAX_NOTED``, oldest dropped first: a dropped one is read first, nothing more).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -22,6 +32,7 @@ RECONNECT_DELAY_S = 0.5
 START_TIMEOUT_S = 5.0
 SUBSCRIBE_TIMEOUT_S = 5.0  # a stalled Redis must not hold the subscription attempt forever
 STOP_TIMEOUT_S = 2.0  # redis-py can swallow a cancellation while it waits on a stalled socket: never wait longer
+MAX_NOTED = 100_000  # requests accepted here and not seen ending, and endings seen of ids not (yet) noted
 
 
 class CompletionWaiter:
@@ -30,9 +41,37 @@ class CompletionWaiter:
     def __init__(self, redis: aioredis.Redis, channel: str) -> None:
         self._redis = redis
         self._channel = channel
-        self._waiters: dict[str, list[asyncio.Future[None]]] = defaultdict(list)
+        self._waiters: dict[str, list[asyncio.Future[bool]]] = defaultdict(list)
         self._task: asyncio.Task[None] | None = None
         self._attempted = asyncio.Event()
+        self._epochs = itertools.count(1)
+        self._epoch: int | None = None  # the subscription's, while confirmed and not lost
+        self._accepted: OrderedDict[str, tuple[int, str | None]] = OrderedDict()  # id -> (epoch, owner)
+        self._ended: OrderedDict[str, None] = OrderedDict()  # ids whose ending came (this epoch or before)
+
+    @property
+    def epoch(self) -> int | None:
+        """The current subscription's epoch; None while not subscribed. Read it BEFORE submitting requests and pass
+        it to ``accepted``: only a submission after the subscription's confirmation is sure to have its ending
+        published to it."""
+        return self._epoch
+
+    def accepted(self, request_ids: list[str], epoch: int | None, owner: str | None) -> None:
+        """Note requests this process submitted (their submit scripts returned) with the ``epoch`` read before."""
+        if epoch is None or epoch != self._epoch:
+            return
+        for request_id in request_ids:
+            if request_id in self._ended:  # it ended before we noted it (the listener ran first)
+                continue
+            self._accepted[request_id] = (epoch, owner)
+            if len(self._accepted) > MAX_NOTED:
+                self._accepted.popitem(last=False)
+
+    def unfinished_here(self, request_id: str, owner: str | None) -> bool:
+        """True only when ``request_id`` was accepted here under ``owner`` in the current epoch and its ending has not
+        come: it has certainly not finished (and exists, unless deleted, which only a finished request can be)."""
+        noted = self._accepted.get(request_id)
+        return noted is not None and self._epoch is not None and noted == (self._epoch, owner)
 
     async def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Start listening; returns once the first subscription attempt succeeded or failed (at most
@@ -49,13 +88,14 @@ class CompletionWaiter:
             if not done:
                 log.warning("completion listener did not stop within %.1f s; leaving it behind", STOP_TIMEOUT_S)
 
-    def register(self, request_id: str) -> asyncio.Future[None]:
-        """A future resolved when ``request_id`` finishes; register before reading the state (no lost wake-up)."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    def register(self, request_id: str) -> asyncio.Future[bool]:
+        """A future resolved when ``request_id`` finishes (True) or, noted by ``accepted``, its note no longer holds
+        (False: read it now); register before reading the state (no lost wake-up)."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiters[request_id].append(future)
         return future
 
-    def discard(self, request_id: str, future: asyncio.Future[None]) -> None:
+    def discard(self, request_id: str, future: asyncio.Future[bool]) -> None:
         waiters = self._waiters.get(request_id)
         if waiters is not None:
             if future in waiters:
@@ -66,7 +106,7 @@ class CompletionWaiter:
     async def _listen(self) -> None:
         lost = False  # warn once per outage, not at every retry
         while True:
-            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=False)
             try:
                 try:
                     await asyncio.wait_for(pubsub.subscribe(self._channel), timeout=SUBSCRIBE_TIMEOUT_S)
@@ -76,10 +116,15 @@ class CompletionWaiter:
                     log.info("completion channel subscribed again")
                     lost = False
                 async for message in pubsub.listen():
-                    if message.get("type") == "message":
+                    kind = message.get("type")
+                    if kind == "message":
                         for request_id in str(message["data"]).split():
                             self._wake(request_id)
+                    elif kind == "subscribe":  # the server's confirmation: endings published from now on reach us
+                        self._lost()  # a resubscription redis-py made by itself may have missed some
+                        self._epoch = next(self._epochs)
             except (RedisError, OSError, TimeoutError) as exc:
+                self._lost()
                 if not lost:
                     log.warning(
                         "completion channel lost (%s); resubscribing every %.1f s, long polls last wait_s meanwhile",
@@ -89,10 +134,26 @@ class CompletionWaiter:
                     lost = True
                 await asyncio.sleep(RECONNECT_DELAY_S)
             finally:
+                self._lost()
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(pubsub.aclose(), timeout=STOP_TIMEOUT_S)  # type: ignore[no-untyped-call]
 
+    def _lost(self) -> None:
+        """The subscription is gone (or going): endings may be missed from now on, so no note holds any longer; the
+        waits that trusted one are woken (False) to read the state."""
+        self._epoch = None
+        noted, self._accepted = self._accepted, OrderedDict()
+        self._ended.clear()
+        for request_id in noted:
+            for future in self._waiters.get(request_id, []):
+                if not future.done():
+                    future.set_result(False)
+
     def _wake(self, request_id: str) -> None:
+        self._accepted.pop(request_id, None)
+        self._ended[request_id] = None
+        if len(self._ended) > MAX_NOTED:
+            self._ended.popitem(last=False)
         for future in self._waiters.pop(request_id, []):
             if not future.done():
-                future.set_result(None)
+                future.set_result(True)

@@ -140,9 +140,8 @@ async def _ended(
                 left_s = deadline - loop.time()
                 if left_s <= 0:
                     raise WaitExpired
-                await asyncio.wait(
-                    {finished, gone}, timeout=min(left_s, RECHECK_S), return_when=asyncio.FIRST_COMPLETED
-                )
+                either: set[asyncio.Future[object]] = {finished, gone}  # type: ignore[arg-type]
+                await asyncio.wait(either, timeout=min(left_s, RECHECK_S), return_when=asyncio.FIRST_COMPLETED)
                 if gone.done():
                     raise ClientGone
             finally:

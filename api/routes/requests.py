@@ -45,20 +45,29 @@ def _unknown(request_id: str) -> HTTPException:
 @router.post(
     "", status_code=status.HTTP_202_ACCEPTED, responses={**BAD_BODY, **KEY_LIMITED, **QUEUE_FULL_OR_UNAVAILABLE}
 )
-async def submit_request(body: GenerateRequest, settings: SettingsDep, store: StoreDep, caller: CallerDep) -> Accepted:
+async def submit_request(
+    body: GenerateRequest, settings: SettingsDep, store: StoreDep, waiter: WaiterDep, caller: CallerDep
+) -> Accepted:
     """Queue one request; its id is polled with ``GET /v1/requests/{id}``."""
+    epoch = waiter.epoch  # before submitting: see CompletionWaiter.accepted
     (spec,) = await accept([body], settings, store, [("body",)], caller)
+    waiter.accepted([spec.id], epoch, caller.name if caller is not None else None)
     return Accepted(id=spec.id)
 
 
 @router.post(
     "/batch", status_code=status.HTTP_202_ACCEPTED, responses={**BAD_BODY, **KEY_LIMITED, **QUEUE_FULL_OR_UNAVAILABLE}
 )
-async def submit_batch(body: BatchRequest, settings: SettingsDep, store: StoreDep, caller: CallerDep) -> BatchAccepted:
+async def submit_batch(
+    body: BatchRequest, settings: SettingsDep, store: StoreDep, waiter: WaiterDep, caller: CallerDep
+) -> BatchAccepted:
     """Queue several independent requests at once (all or none); ids in submission order."""
     locs = [("body", "requests", i) for i in range(len(body.requests))]
+    epoch = waiter.epoch  # before submitting: see CompletionWaiter.accepted
     specs = await accept(body.requests, settings, store, locs, caller)
-    return BatchAccepted(ids=[spec.id for spec in specs])
+    ids = [spec.id for spec in specs]
+    waiter.accepted(ids, epoch, caller.name if caller is not None else None)
+    return BatchAccepted(ids=ids)
 
 
 @router.get("/{request_id}", responses={**NOT_FOUND, **UNAVAILABLE})
@@ -76,7 +85,9 @@ async def get_request(
     With ``wait_s`` the answer is held until the request reaches a terminal status or ``wait_s`` passes,
     whichever comes first (no busy polling needed). The wait counts from the call, the first read included, and
     each read is bounded by the store: the answer (503 when Redis fails) comes within ``wait_s`` +
-    ``redis_socket_timeout_s`` even when the completion channel is down.
+    ``redis_socket_timeout_s`` even when the completion channel is down. A request this api process accepted
+    while subscribed to the completion channel, whose ending has not come, is not read before the wait (it has
+    not finished: ``CompletionWaiter.unfinished_here``).
     """
     if wait_s <= 0:
         state = await store.get(request_id, owner)
@@ -84,12 +95,19 @@ async def get_request(
         wait_until = asyncio.get_running_loop().time() + wait_s
         finished = waiter.register(request_id)  # before reading: a finish in between still wakes us
         try:
-            state = await store.get(request_id, owner)
-            left_s = wait_until - asyncio.get_running_loop().time()
-            if state is not None and not state.status.terminal and left_s > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(finished, timeout=left_s)
-                state = await store.get(request_id, owner)
+            skipped = waiter.unfinished_here(request_id, owner)
+            state = None if skipped else await store.get(request_id, owner)
+            while skipped or (state is not None and not state.status.terminal):
+                left_s = wait_until - asyncio.get_running_loop().time()
+                ended = True  # the ending came or the time is up: read once more and answer
+                if left_s > 0:
+                    with contextlib.suppress(TimeoutError):
+                        ended = await asyncio.wait_for(finished, timeout=left_s)
+                waiter.discard(request_id, finished)  # False: the note lapsed (subscription lost): read, wait on
+                finished = waiter.register(request_id)
+                state, skipped = await store.get(request_id, owner), False
+                if ended:
+                    break
         finally:
             waiter.discard(request_id, finished)
     if state is None:

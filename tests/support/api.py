@@ -29,6 +29,7 @@ class Api:
     keys: RedisKeys
     settings: Settings
     results: ResultStore
+    app: Any = None  # the FastAPI app (its ``state``: the waiter...)
 
     async def finish(
         self,
@@ -81,7 +82,7 @@ async def api_harness(settings: Settings) -> AsyncIterator[Api]:
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
-            yield Api(http, server, redis, binary, RedisKeys(settings.key_prefix), settings, results)
+            yield Api(http, server, redis, binary, RedisKeys(settings.key_prefix), settings, results, app)
     await redis.aclose()
     await binary.aclose()
 

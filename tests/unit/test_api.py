@@ -3,6 +3,7 @@ delete, backpressure."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from typing import Any, cast
@@ -484,3 +485,27 @@ async def test_long_poll_answers_when_the_request_finishes(api: Api) -> None:
     assert answer.json()["status"] == "failed"
     assert 0.15 < elapsed < 5, elapsed  # woken by the finish, not by the 10 s bound
     assert (await api.http.get(f"/v1/requests/{rid}", params={"wait_s": 61})).status_code == 422
+
+
+async def test_long_poll_of_a_request_accepted_here_skips_the_first_read_and_still_answers_its_ending(api: Api) -> None:
+    """Accepted by this api while subscribed and its ending not published: it has not finished, so the long poll
+    waits without reading first (one HMGET less a request). Here the hash turns terminal behind the api's back (no
+    publish), which only the read after the wait can see."""
+    for _ in range(200):  # the subscription is confirmed shortly after the app starts
+        if api.app.state.waiter.epoch is not None:
+            break
+        await asyncio.sleep(0.01)
+    rid = await _submit(api)
+    assert api.app.state.waiter.unfinished_here(rid, None)
+    await api.redis.hset(api.keys.request(rid), mapping={"status": "failed", "error_type": "E", "error_message": "x"})
+    started = asyncio.get_running_loop().time()
+    answer = await api.http.get(f"/v1/requests/{rid}", params={"wait_s": 0.3})
+    assert answer.json()["status"] == "failed"
+    assert asyncio.get_running_loop().time() - started >= 0.3  # it did not read before the wait
+    other = await _submit(api)
+    await api.redis.publish(api.keys.finished, other)  # its ending came: read first, as any request
+    for _ in range(200):
+        if not api.app.state.waiter.unfinished_here(other, None):
+            break
+        await asyncio.sleep(0.01)
+    assert not api.app.state.waiter.unfinished_here(other, None)
