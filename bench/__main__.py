@@ -315,6 +315,8 @@ def redis(
     null: Annotated[bool, typer.Option(help="Also measure the null runner (no progress).")] = True,
     docs: Annotated[bool, typer.Option(help="Write redis_cmds_per_request, redis_us_per_request (+ _null).")] = False,
     docs_dir: Annotated[Path, typer.Option(help="Where benchmarks.json is.")] = Path("docs"),
+    idle_s: Annotated[float, typer.Option(help="Then the fleet's idle Redis CPU rate over this long (0: not).")] = 5.0,
+    by_script: Annotated[bool, typer.Option(help="SLOWLOG every command: execution time by script.")] = False,
 ) -> None:
     """Redis commands and Redis CPU per request, by command (SIMULATED GPU runner, 20 steps; and the null runner):
     a private Valkey, CONFIG RESETSTAT after a warm-up, INFO commandstats and cpu after the requests."""
@@ -323,7 +325,16 @@ def redis(
     from bench.report import merge_figures
 
     runners = ("simulated", "null") if null else ("simulated",)
-    results = run(runners, requests=requests, concurrency=concurrency, steps=steps, seqs=seqs, log_dir=LOGS / "redis")
+    results = run(
+        runners,
+        requests=requests,
+        concurrency=concurrency,
+        steps=steps,
+        seqs=seqs,
+        log_dir=LOGS / "redis",
+        idle_s=idle_s,
+        by_script=by_script,
+    )
     typer.echo(report(results))
     if docs:
         merge_figures(docs_dir / "benchmarks.json", redis_figures(results))

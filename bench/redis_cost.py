@@ -13,6 +13,12 @@ The figures (the pure part: ``command_costs``, ``RedisCost``):
 - **Redis CPU per request**: the server process's CPU time (``used_cpu_user + used_cpu_sys``) over the window, per
   request: what bounds one Redis core's requests/s. The by-command table gives each command's ``usec`` (a
   script's includes the commands it calls, so the rows overlap and their sum, also printed, exceeds the CPU time).
+- **the fleet's idle rate**: after the window the fleet runs on without requests for ``idle_s``; the server's CPU
+  per second then (heartbeats, leases, the scheduler's and workers' blocking reads timing out, the server's own
+  cron) times the window's length is the part of the CPU per request that is time, not requests (``idle_share``).
+- **by script** (``--by-script``, a run of its own: the log costs CPU too): ``SLOWLOG`` with a threshold of 0 logs
+  every top-level command with its execution time (not the network's part); ``EVALSHA`` entries are named by
+  their SHA1 (``shared.keys``' scripts) and summed per script (``ScriptCost``).
 ``--docs`` writes ``redis_cmds_per_request`` and ``redis_us_per_request`` (simulated runner) and their ``_null``
 twins into docs/benchmarks.json (``bench.report.merge_figures``).
 """
@@ -20,7 +26,10 @@ twins into docs/benchmarks.json (``bench.report.merge_figures``).
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import statistics
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +76,9 @@ class RedisCost:
     requests: int
     commands: tuple[CommandCost, ...]
     cpu_s: float
+    window_s: float = 0.0  # the window's wall time
+    idle_cpu_rate: float = 0.0  # the server's CPU seconds per second with the fleet up and no requests
+    scripts: tuple[ScriptCost, ...] = ()  # by script (``--by-script`` runs only)
 
     def __post_init__(self) -> None:
         if self.requests < 1:
@@ -86,6 +98,11 @@ class RedisCost:
     def command_us_per_request(self) -> float:
         """commandstats ``usec`` summed over the requests (scripts and the commands they call both counted)."""
         return sum(row.usec for row in self.commands) / self.requests
+
+    @property
+    def idle_share_us(self) -> float:
+        """The part of ``us_per_request`` the fleet would have spent idle over the window (time, not requests)."""
+        return self.idle_cpu_rate * self.window_s * 1e6 / self.requests
 
     def by_cost(self) -> list[CommandCost]:
         """The commands, most costly (``usec``) first; ties by calls, then name."""
@@ -108,7 +125,67 @@ class RedisCost:
             "cmds_per_request": self.cmds_per_request,
             "us_per_request": self.us_per_request,
             "command_us_per_request": self.command_us_per_request,
+            "window_s": self.window_s,
+            "idle_share_us": self.idle_share_us,
         }
+
+    def script_table(self) -> str:
+        """A Markdown table of the scripts (``--by-script``): per request, calls, µs and µs per call (median too)."""
+        lines = [
+            "| script | calls / request | µs / request | µs / call (mean) | µs / call (median) |",
+            "|---|---|---|---|---|",
+        ]
+        for row in sorted(self.scripts, key=lambda row: (-row.usec, row.name)):
+            lines.append(
+                f"| {row.name} | {row.calls / self.requests:.2f} | {row.usec / self.requests:.1f} "
+                f"| {row.usec / row.calls:.1f} | {row.median_us:.1f} |"
+            )
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ScriptCost:
+    """One script's (or one plain command's) top-level calls in the window and their execution microseconds."""
+
+    name: str
+    calls: int
+    usec: int
+    median_us: float
+
+
+def script_names() -> dict[str, str]:
+    """The SHA1 of each of ``shared.keys``' scripts (as ``EVALSHA`` names it) -> the script's name (``FINISH``)."""
+    from shared import keys
+
+    return {
+        hashlib.sha1(value.encode()).hexdigest(): name
+        for name, value in vars(keys).items()
+        if name.isupper() and isinstance(value, str) and "redis.call" in value
+    }
+
+
+def script_costs(entries: Sequence[Mapping[str, Any]], names: Mapping[str, str]) -> list[ScriptCost]:
+    """``SLOWLOG GET`` entries (redis-py's: ``command`` the space-joined arguments, ``duration`` µs) summed by
+    script: an ``EVALSHA`` by the name of its SHA1 (``names``; unknown ones as ``evalsha:<sha>``), any other
+    command by its name in lower case."""
+    durations: dict[str, list[int]] = {}
+    for entry in entries:
+        command = entry["command"]
+        words = (command.decode(errors="replace") if isinstance(command, bytes) else str(command)).split()
+        if not words:
+            continue
+        head = words[0].lower()
+        if head == "evalsha" and len(words) > 1:
+            name = names.get(words[1].lower(), f"evalsha:{words[1][:8]}")
+        else:
+            name = head
+        if head in ("slowlog", "info", "config"):  # the benchmark's own
+            continue
+        durations.setdefault(name, []).append(int(entry["duration"]))
+    return [
+        ScriptCost(name, len(values), sum(values), float(statistics.median(values)))
+        for name, values in durations.items()
+    ]
 
 
 def _cpu_s(client: redis.Redis) -> float:
@@ -116,9 +193,20 @@ def _cpu_s(client: redis.Redis) -> float:
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
-def measure(runner: str, *, requests: int, concurrency: int, steps: int, seqs: int, log_dir: Path) -> RedisCost:
+def measure(
+    runner: str,
+    *,
+    requests: int,
+    concurrency: int,
+    steps: int,
+    seqs: int,
+    log_dir: Path,
+    idle_s: float = 0.0,
+    by_script: bool = False,
+) -> RedisCost:
     """One fleet of ``runner`` (a key of ``RUNNERS``) on a private Valkey: warm up, reset the stats, run the
-    requests closed-loop, read the stats (see the module docstring)."""
+    requests closed-loop, read the stats; then, for ``idle_s`` > 0, the idle rate (see the module docstring).
+    ``by_script``: log every command's execution time (SLOWLOG) over the window and sum it by script."""
     with tempfile.TemporaryDirectory(prefix="fusefleet-redis-cost-") as folder:
         server = EmbeddedValkey(Path(folder)).start()
         try:
@@ -132,10 +220,25 @@ def measure(runner: str, *, requests: int, concurrency: int, steps: int, seqs: i
                 target = FusefleetTarget(base, wait_s=60)
                 load = LoadSpec(pattern="closed", count=WARM_UP, concurrency=concurrency, steps=steps)
                 _run(target, load)
+                if by_script:
+                    client.config_set("slowlog-max-len", 1_000_000)
+                    client.config_set("slowlog-log-slower-than", 0)
+                    client.slowlog_reset()
                 client.config_resetstat()
-                before = _cpu_s(client)
+                before, started = _cpu_s(client), time.monotonic()
                 _run(target, LoadSpec(pattern="closed", count=requests, concurrency=concurrency, steps=steps))
-                cost = RedisCost(requests, tuple(command_costs(client.info("commandstats"))), _cpu_s(client) - before)
+                cpu_s, window_s = _cpu_s(client) - before, time.monotonic() - started
+                commands = tuple(command_costs(client.info("commandstats")))
+                scripts: tuple[ScriptCost, ...] = ()
+                if by_script:
+                    client.config_set("slowlog-log-slower-than", -1)
+                    scripts = tuple(script_costs(client.slowlog_get(-1), script_names()))
+                idle_rate = 0.0
+                if idle_s > 0:
+                    idle_before = _cpu_s(client)
+                    time.sleep(idle_s)
+                    idle_rate = (_cpu_s(client) - idle_before) / idle_s
+                cost = RedisCost(requests, commands, cpu_s, window_s, idle_rate, scripts)
         finally:
             server.stop()
     return cost
@@ -166,11 +269,16 @@ def report(results: Mapping[str, RedisCost], top: int | None = 15) -> str:
             f"### {runner} runner: {cost.requests} requests",
             "",
             f"{cost.cmds_per_request:.1f} commands and {cost.us_per_request:.0f} µs of Redis CPU per request "
-            f"(commandstats usec summed: {cost.command_us_per_request:.0f} µs, scripts counted with what they call)",
+            f"(commandstats usec summed: {cost.command_us_per_request:.0f} µs, scripts counted with what they call); "
+            f"window {cost.window_s:.1f} s, of which the fleet's idle rate ({cost.idle_cpu_rate * 1e3:.2f} ms/s) "
+            f"makes {cost.idle_share_us:.0f} µs a request",
             "",
             cost.table(top),
             "",
         ]
+        if cost.scripts:
+            title = "By script (SLOWLOG: execution only, the network's part not counted):"
+            parts += [title, "", cost.script_table(), ""]
     return "\n".join(parts)
 
 

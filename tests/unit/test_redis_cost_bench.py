@@ -50,3 +50,33 @@ def test_figures_name_the_null_runner_apart() -> None:
 def test_no_requests_is_refused() -> None:
     with pytest.raises(ValueError, match="requests"):
         RedisCost(0, (), 0.0)
+
+
+def test_slowlog_entries_are_summed_by_script_name_and_the_benchmarks_own_left_out() -> None:
+    from bench.redis_cost import ScriptCost, script_costs, script_names
+    from shared import keys
+
+    names = script_names()
+    finish = next(sha for sha, name in names.items() if name == "FINISH")
+    assert names[finish] == "FINISH" and len(names) > 20
+    entries = [
+        {"command": f"EVALSHA {finish} 7 a b".encode(), "duration": 100},
+        {"command": f"EVALSHA {finish} 7 a b".encode(), "duration": 300},
+        {"command": b"EVALSHA 0123456789abcdef 1 x", "duration": 7},
+        {"command": b"HMGET t:r:1 status", "duration": 3},
+        {"command": b"SLOWLOG RESET", "duration": 1},
+        {"command": b"CONFIG SET slowlog-log-slower-than 0", "duration": 9},
+    ]
+    rows = sorted(script_costs(entries, names), key=lambda row: row.name)
+    assert rows == [
+        ScriptCost("FINISH", 2, 400, 200.0),
+        ScriptCost("evalsha:01234567", 1, 7, 7.0),
+        ScriptCost("hmget", 1, 3, 3.0),
+    ]
+    assert keys.FINISH  # the names come from shared.keys' scripts
+
+
+def test_the_idle_share_is_the_idle_rate_over_the_window_per_request() -> None:
+    cost = RedisCost(10, (CommandCost("hget", 50, 10),), cpu_s=0.01, window_s=2.0, idle_cpu_rate=0.002)
+    assert cost.idle_share_us == pytest.approx(400.0)  # 2 ms/s x 2 s over 10 requests
+    assert cost.summary()["idle_share_us"] == pytest.approx(400.0)
