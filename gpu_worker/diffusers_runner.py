@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from gpu_worker import approximations
 from gpu_worker.accelerations import attention, bucket, compile_denoiser, use_channels_last
 from gpu_worker.batch_knee import KneeTable, measured_sizes
 from gpu_worker.families import family_of
@@ -126,6 +127,10 @@ class DiffusersRunner(Runner):
             pipe.safety_checker = None
         pipe.set_progress_bar_config(disable=True)
         self.pipe: Any = pipe.to(self.device)
+        self.approximations = approximations.apply(
+            self.pipe, settings.step_cache, settings.weight_quantization, self.device
+        )
+        """The approximate accelerations applied (``gpu_worker.approximations``; none by default)."""
         self.buckets = self._accelerate()
         """The batch buckets a forward's rows are padded to (a compiled denoiser); empty: no padding."""
         self.family = family_of(self.pipe)
@@ -297,8 +302,9 @@ class DiffusersRunner(Runner):
 
     @property
     def step_mode(self) -> bool:
-        """Whether the loaded pipeline's family has a step-mode adapter (``gpu_worker.step_engine``)."""
-        return supports(self.pipe)
+        """Whether the loaded pipeline's family has a step-mode adapter (``gpu_worker.step_engine``) and no step
+        cache, which follows one call's steps, not a set's (``gpu_worker.approximations``)."""
+        return supports(self.pipe) and self.approximations.step_cache is None
 
     @property
     def fused_by_steps(self) -> bool:
@@ -415,7 +421,7 @@ class DiffusersRunner(Runner):
             kwargs.update(callback=legacy_step, callback_steps=1)
         padding = self._pad(kwargs, len(rows))
         started = time.perf_counter()
-        with attention(self.settings.sdpa_backend):
+        with attention(self.settings.sdpa_backend), self.approximations.call():
             result = pipe(**kwargs)
         elapsed = time.perf_counter() - started
         if "callback_on_step_end" not in accepts and "callback" not in accepts:

@@ -1,15 +1,61 @@
-"""Per-GPU speed that keeps outputs exact: the prompt-embedding cache (``gpu_worker.prompt_cache``), batches capped
-where batching stops paying (``gpu_worker.batch_knee``)."""
+"""Per-GPU speed: what keeps outputs exact (the prompt-embedding cache, ``gpu_worker.prompt_cache``; batches capped
+where batching stops paying, ``gpu_worker.batch_knee``; channels-last, the attention backend, a compiled denoiser,
+``gpu_worker.accelerations``) and the approximate accelerations, opt-in (step caching and weight quantization,
+``gpu_worker.approximations``)."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
 from shared.settings.concern import OptionalUserPath, SettingsConcern
+
+STEP_CACHES = ("deepcache", "taylorseer", "first_block")
+"""The step caches ``step_cache`` names: DeepCache (UNets), TaylorSeer and first-block cache (transformers)."""
+
+QUANTIZATIONS = ("off", "int8_weight", "fp8_weight", "fp8")
+"""The ``weight_quantization`` values."""
+
+WeightQuantization = Literal["off", "int8_weight", "fp8_weight", "fp8"]
+
+_CHOICE = re.compile(r"([a-z_]+):([0-9]*\.?[0-9]+)")
+
+
+@dataclass(frozen=True)
+class StepCacheChoice:
+    """One step cache of ``step_cache``: its method and its parameter (an interval in steps, or a threshold)."""
+
+    method: str
+    value: float
+
+    def __str__(self) -> str:
+        return f"{self.method}:{self.value:g}"
+
+
+def parse_step_cache(value: str) -> tuple[StepCacheChoice, ...]:
+    """``step_cache``'s choices in order (empty: ``off``); ValueError naming the setting for a bad one."""
+    text = value.strip()
+    if text in ("", "off"):
+        return ()
+    choices = []
+    for part in (p.strip() for p in text.split(",")):
+        match = _CHOICE.fullmatch(part)
+        if match is None or match.group(1) not in STEP_CACHES:
+            raise ValueError(
+                f"step_cache: {part!r} is not one of off, deepcache:<interval>, taylorseer:<interval>, "
+                "first_block:<threshold> (comma-separated for several)"
+            )
+        method, number = match.group(1), float(match.group(2))
+        if method in ("deepcache", "taylorseer") and (number != int(number) or number < 2):
+            raise ValueError(f"step_cache: {part!r}: the interval of {method} is a whole number of steps, at least 2")
+        if method == "first_block" and not 0 < number < 1:
+            raise ValueError(f"step_cache: {part!r}: the threshold of first_block is between 0 and 1 (e.g. 0.05)")
+        choices.append(StepCacheChoice(method, number))
+    return tuple(choices)
 
 
 class AccelerationSettings(SettingsConcern):
@@ -55,6 +101,27 @@ class AccelerationSettings(SettingsConcern):
 
     compile_cache_dir: OptionalUserPath = None
     """Where torch's inductor keeps compiled artifacts across restarts; unset = <model_cache_dir>/inductor."""
+
+    step_cache: str = "off"
+    """APPROXIMATE, opt-in: denoising steps that reuse an earlier step's work (gpu_worker/approximations.py). off;
+    deepcache:<N> (UNet families, SD 1.x/2.x and SDXL: every N-th step in full, the others recompute only the
+    outermost blocks; rows stay independent of their peers); taylorseer:<N> (transformer families: every N-th step in
+    full, the others predicted; rows independent); first_block:<T> (transformer families: a step skips all blocks
+    but the first when its residual changed by less than T; decided over the whole batch, so a row's output may
+    depend on its peers). Comma-separated for several: each model takes the first that fits it, none = exact. A model
+    with a step cache runs request-level, not step mode. Measured deviations: docs/models.md, Accelerations."""
+
+    weight_quantization: WeightQuantization = "off"
+    """APPROXIMATE, opt-in: the denoiser's linear weights quantized through torchao (installed with the worker
+    extra). off; int8_weight (int8 weights); fp8_weight (fp8 weights computed in the pipeline's dtype: memory, not
+    speed); fp8 (fp8 weights and activations, fp8 matmuls: a CUDA GPU of compute capability 8.9 or newer only, an
+    error elsewhere). Measured deviations: docs/models.md, Accelerations."""
+
+    @field_validator("step_cache")
+    @classmethod
+    def _step_cache(cls, value: str) -> str:
+        parse_step_cache(value)
+        return value
 
     @field_validator("batch_knee_warmup", mode="before")
     @classmethod
