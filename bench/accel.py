@@ -1,10 +1,13 @@
 """Per-GPU speed side by side (``bench/gpu.sh accel`` or ``python -m bench accel``): the worker's own runner at
 each batch size, once per variant, on the same device in one run.
 
-Variants (``VARIANTS``): ``stock`` (diffusers as loaded: no prompt cache, no channels-last, eager) and ``exact``
+Variants (``VARIANTS``): ``stock`` (diffusers as loaded: no prompt cache, no channels-last, eager), ``exact``
 (the exact accelerations, ``gpu_worker.accelerations``: the prompt cache, channels-last on CUDA, the denoiser's
-repeated blocks compiled with batch buckets; ``--no-compile`` leaves compilation out, for a CPU). The approximate
-ones (first-block cache, FP8) are not built yet: the run lists them under ``not_built``.
+repeated blocks compiled with batch buckets; ``--no-compile`` leaves compilation out, for a CPU), and the
+approximate ones over ``exact`` (``gpu_worker.approximations``): ``cached`` (``STEP_CACHE``: DeepCache every 3rd
+step for a UNet, TaylorSeer every 3rd for a transformer that takes it) and ``approx`` (that step cache and
+``QUANTIZATION``'s weights: fp8 matmuls on CUDA, int8 weights on a CPU). Each model's point says what was applied
+(``applied``): a model that no step cache fits runs that variant without one.
 
 Models: ``sd15`` (Stable Diffusion 1.5's architecture with random fp16 weights, ``bench.gpu``; ``--tiny``: the
 tiny demo) at ``--size`` (512), and ``dit`` at ``--dit-size`` (1024): ``--dit-model`` (a diffusers folder, e.g. a
@@ -13,7 +16,8 @@ DiT family saved with random weights); ``--tiny``: the tiny Stable Diffusion 3 d
 Per point: images/s over at least two calls and ``--seconds`` (after one warm-up call that also compiles its
 bucket), and each variant's largest pixel deviation from ``stock`` on the same requests (/255). Figures:
 ``P6_exact_speedup_sd15_b8`` and ``P6_exact_speedup_dit_b4`` (exact / stock images/s), ``P6_approx_speedup_sd15_b8``
-(null until an approximate variant exists); ``--docs`` merges the non-null ones into docs/benchmarks.json.
+(approx / stock, with ``P6_approx_deviation_sd15_b8``: its deviation /255); ``--docs`` merges the non-null ones
+into docs/benchmarks.json.
 tests/integration/test_bench_accel.py runs the CPU tiny path.
 """
 
@@ -30,14 +34,21 @@ import numpy as np
 
 from bench.report import merge_figures, write_json
 
+STEP_CACHE = "deepcache:3,taylorseer:3"
+"""The approximate variants' step cache: the first that fits each model (``step_cache``)."""
+
+QUANTIZATION = {True: "fp8", False: "int8_weight"}
+"""The ``approx`` variant's weight quantization on CUDA (fp8 matmuls: a GPU of compute capability 8.9 or newer) and
+elsewhere."""
+
 VARIANTS: dict[str, dict[str, Any]] = {
     "stock": {"prompt_cache_entries": 0, "channels_last": False, "compile_denoiser": False},
     "exact": {"compile_denoiser": True},
+    "cached": {"compile_denoiser": True, "step_cache": STEP_CACHE},
+    "approx": {"compile_denoiser": True, "step_cache": STEP_CACHE, "weight_quantization": QUANTIZATION},
 }
-"""Each variant's settings over the run's own (the defaults are the exact accelerations' own choices)."""
-
-NOT_BUILT = ("first-block cache (diffusers cache hooks)", "FP8 weights (torchao)")
-"""Approximate accelerations the issue names that this run does not measure yet."""
+"""Each variant's settings over the run's own (the defaults are the exact accelerations' own choices); a dict value
+is chosen by whether the run is on CUDA."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +130,6 @@ def run_accel(cfg: AccelConfig, docs_dir: Path | None = None, log: Callable[[str
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
         "device_name": torch.cuda.get_device_name() if cfg.cuda else "cpu",
         "models": {},
-        "not_built": list(NOT_BUILT),
     }
     for name, model in _models(cfg).items():
         if isinstance(model, str):
@@ -130,6 +140,7 @@ def run_accel(cfg: AccelConfig, docs_dir: Path | None = None, log: Callable[[str
         points: dict[str, dict[str, Any]] = {}
         reference: dict[int, np.ndarray] = {}
         for variant, overrides in VARIANTS.items():
+            overrides = {k: (v[cfg.cuda] if isinstance(v, dict) else v) for k, v in overrides.items()}
             overrides = {**overrides, "compile_denoiser": overrides.get("compile_denoiser", False) and cfg.compile}
             settings = Settings(
                 **chosen,
@@ -143,7 +154,8 @@ def run_accel(cfg: AccelConfig, docs_dir: Path | None = None, log: Callable[[str
             started = time.perf_counter()
             runner = DiffusersRunner(settings)
             family = runner.family.name
-            log(f"{name} {variant}: {runner.pipeline_name} loaded in {time.perf_counter() - started:.1f} s")
+            applied = runner.approximations.describe()
+            log(f"{name} {variant}: {runner.pipeline_name} loaded in {time.perf_counter() - started:.1f} s ({applied})")
             by_batch: dict[str, Any] = {}
             for batch in cfg.batches:
                 point = _measure(runner, _specs(family, batch, side, cfg.steps), cfg.seconds, sync)
@@ -153,7 +165,7 @@ def run_accel(cfg: AccelConfig, docs_dir: Path | None = None, log: Callable[[str
                 point["deviation_255"] = int(np.abs(image - reference[batch]).max()) if batch in reference else None
                 by_batch[str(batch)] = point
                 log(f"  batch {batch}: {point['images_per_s']:.3f} images/s, deviation {point['deviation_255']}")
-            points[variant] = {"family": family, "side": side, "batches": by_batch}
+            points[variant] = {"family": family, "side": side, "applied": applied, "batches": by_batch}
             del runner
             gc.collect()
             if cfg.cuda:
@@ -176,29 +188,40 @@ def _speedup(results: dict[str, Any], model: str, variant: str, batch: int) -> f
     return float(fast / stock)
 
 
+def _deviation(results: dict[str, Any], model: str, variant: str, batch: int) -> float | None:
+    try:
+        return float(results["models"][model][variant]["batches"][str(batch)]["deviation_255"])
+    except (KeyError, TypeError):
+        return None
+
+
 def figures(results: dict[str, Any]) -> dict[str, float | None]:
     """The P6 figures (None where the point was not run)."""
     return {
         "P6_exact_speedup_sd15_b8": _speedup(results, "sd15", "exact", 8),
         "P6_exact_speedup_dit_b4": _speedup(results, "dit", "exact", 4),
-        "P6_approx_speedup_sd15_b8": None,  # no approximate variant built yet (NOT_BUILT)
+        "P6_approx_speedup_sd15_b8": _speedup(results, "sd15", "approx", 8),
+        "P6_approx_deviation_sd15_b8": _deviation(results, "sd15", "approx", 8),
     }
 
 
 def markdown(results: dict[str, Any]) -> str:
     """Images/s by model, variant and batch, with the speed-up over stock and the deviation."""
-    lines = ["| model | variant | batch | images/s | x stock | deviation /255 |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| model | variant | applied | batch | images/s | x stock | deviation /255 |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for model, points in results["models"].items():
         if "skipped" in points:
-            lines.append(f"| {model} | - | - | skipped: {points['skipped']} | | |")
+            lines.append(f"| {model} | - | - | - | skipped: {points['skipped']} | | |")
             continue
         for variant, run in points.items():
             for batch, point in run["batches"].items():
                 gain = _speedup(results, model, variant, int(batch))
+                where = f"{model} ({run['family']}, {run['side']} px)"
                 lines.append(
-                    f"| {model} ({run['family']}, {run['side']} px) | {variant} | {batch} | "
+                    f"| {where} | {variant} | {run.get('applied', '-')} | {batch} | "
                     f"{point['images_per_s']:.3f} | {'-' if gain is None else f'{gain:.2f}'} | "
                     f"{'-' if point['deviation_255'] is None else point['deviation_255']} |"
                 )
-    lines.append(f"\nnot built: {', '.join(results['not_built'])}")
     return "\n".join(lines)
