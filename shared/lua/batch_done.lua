@@ -1,6 +1,9 @@
 -- A run of a batch is over: drop its lock (if still ours) and, once no request of the batch is left unfinished
 -- and no other run holds it, take the batch out of flight (its hash then expires) and wake the scheduler.
 -- A batch with unfinished requests stays in flight: the reaper publishes it again.
+-- The scheduler is woken (``batch_done`` on the events stream) only when the batch held a worker's slot until now:
+-- one in the storing zset held none (its slot was freed, and announced, by forward_done.lua), so its leaving
+-- flight changes no free-slot count (free_slots.lua) nor any model's busy count, and wakes nobody.
 -- Unless another run holds the batch, it no longer stores behind a forward (forward_done.lua): it leaves the storing
 -- zset, whether this run's lock was still there or had lapsed (a run that lost its lock must not leave a member that
 -- frees a slot for no run), but for a batch published again since its last claim (it may wait in a step-mode set's
@@ -20,10 +23,15 @@ local given, ended, n = {}, {}, request_count(FIXED)
 for j = 1, n do given[ARGV[4 + j]] = request_at(FIXED, j) end
 for i = 5 + n, #ARGV do ended[ARGV[i]] = true end
 
-if redis.call('GET', lock) == token then redis.call('DEL', lock) end
-if redis.call('EXISTS', lock) == 1 then return 0 end
+local holder = redis.call('GET', lock)
+if holder == token then
+  redis.call('DEL', lock)
+elseif holder then
+  return 0  -- another run holds it
+end
 local st = redis.call('HMGET', batch, 'ids', 'claimed_seq', 'published_seq')
-if tonumber(st[2] or '0') >= tonumber(st[3] or '0') then redis.call('ZREM', storing, batch_id) end
+local unstored = tonumber(st[2] or '0') >= tonumber(st[3] or '0')
+local was_storing = unstored and redis.call('ZREM', storing, batch_id) == 1
 for id in string.gmatch(st[1] or '', '%S+') do
   local request = given[id]
   if not request then return 0 end
@@ -33,7 +41,9 @@ for id in string.gmatch(st[1] or '', '%S+') do
   end
 end
 redis.call('ZREM', inflight, batch_id)
-redis.call('ZREM', storing, batch_id)
+if not unstored then was_storing = redis.call('ZREM', storing, batch_id) == 1 end
 redis.call('EXPIRE', batch, ttl)
-redis.call('XADD', wake_ups, 'MAXLEN', '~', events_maxlen, '*', 'type', 'batch_done', 'batch_id', batch_id)
+if not was_storing then
+  redis.call('XADD', wake_ups, 'MAXLEN', '~', events_maxlen, '*', 'type', 'batch_done', 'batch_id', batch_id)
+end
 return 1

@@ -28,11 +28,11 @@ local max_attempts, ttl, channel = tonumber(ARGV[6]), ARGV[7], ARGV[8]
 local n = request_count(FIXED)
 local function request_id(j) return ARGV[8 + j] end
 
-local replay = redis.call('GET', lock) == token
-if replay then
+local replay = false
+if not redis.call('SET', lock, token, 'NX', 'PX', lock_ttl_ms) then  -- held: by this token (a replay) or another
+  replay = redis.call('GET', lock) == token
+  if not replay then return {-1, redis.call('PTTL', lock)} end
   redis.call('PEXPIRE', lock, lock_ttl_ms)
-elseif not redis.call('SET', lock, token, 'NX', 'PX', lock_ttl_ms) then
-  return {-1, redis.call('PTTL', lock)}
 end
 local function finish(j, status)  -- only a request flagged while running reaches a claim aborted
   end_request(request_at(FIXED, j), ending, request_id(j), status, STATUS.running, now, ttl, channel)
@@ -56,13 +56,16 @@ for j = 1, n do
   end
   statuses[j] = status
 end
--- the batch's counts, one HMGET for the batch: attempts, ran, then each candidate row's lost and lost_alone
+-- the batch's counts, one HMGET for the batch: attempts, ran, then each candidate row's lost and lost_alone, then
+-- seq (the claim's own counters are then written in one HSET, not incremented one by one)
 local fields = {'attempts', 'ran'}
 for _, j in ipairs(rows_of) do
   table.insert(fields, 'lost:' .. request_id(j))
   table.insert(fields, 'lost_alone:' .. request_id(j))
 end
+table.insert(fields, 'seq')
 local counts = redis.call('HMGET', batch, unpack(fields))
+local seq = tonumber(counts[#fields] or '0')
 for r, row in ipairs(rows) do
   row.count, row.alone = tonumber(counts[1 + 2 * r] or '0'), tonumber(counts[2 + 2 * r] or '0')
 end
@@ -83,8 +86,8 @@ if not replay then
     finish(j, STATUS.failed)
   end
   if #plan.run > 0 then
-    attempts = redis.call('HINCRBY', batch, 'attempts', 1)
-    redis.call('HSET', batch, 'claimed_seq', redis.call('HINCRBY', batch, 'seq', 1), 'ran', #plan.run)
+    attempts = attempts + 1
+    redis.call('HSET', batch, 'attempts', attempts, 'seq', seq + 1, 'claimed_seq', seq + 1, 'ran', #plan.run)
   end
   for _, r in ipairs(plan.run) do
     local j = rows_of[r]

@@ -11,7 +11,9 @@ local workers, inflight, capabilities, storing, step_sets, step_rows = KEYS[1], 
 local worker_ttl_ms = tonumber(ARGV[1])
 
 local cutoff = now_ms() - worker_ttl_ms  -- lib_time.lua
+local live = redis.call('ZCARD', workers)
 local stale = redis.call('ZRANGEBYSCORE', workers, '-inf', cutoff)
+live = live - #stale  -- what the sweep below leaves
 if #stale > 0 then
   redis.call('HDEL', capabilities, unpack(stale))
   redis.call('HDEL', step_sets, unpack(stale))
@@ -20,4 +22,4 @@ if #stale > 0 then
 end
 local busy = redis.call('ZCARD', inflight) - redis.call('ZINTERCARD', 2, inflight, storing)
   + redis.call('HLEN', step_sets)
-return redis.call('ZCARD', workers) - busy
+return live - busy

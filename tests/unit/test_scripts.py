@@ -117,6 +117,36 @@ def test_claim_locks_counts_attempts_and_runs_only_its_requests(
     assert 0 < client.ttl(worker.keys.batch("B1")) <= settings.result_ttl_s
 
 
+def _wake_ups(client: fakeredis.FakeRedis, keys: k.RedisKeys) -> list[str]:
+    return [str(fields["type"]) for _, fields in client.xrange(keys.events)]
+
+
+def test_batch_done_wakes_the_scheduler_only_when_the_batch_held_a_slot_until_then(
+    client: fakeredis.FakeRedis, settings: Settings
+) -> None:
+    """A batch whose forward_done freed (and announced) its slot leaves flight without a second wake-up: its
+    leaving changes no free-slot count; one that never freed it (no forward ended) wakes the scheduler."""
+    store = SchedulerStore(client, settings)
+    worker = WorkerStore(client, settings)
+    submit(client, store.keys, "a", "b")
+    lease = Lease(client, store.keys.scheduler_lease, 5000)
+    assert lease.try_acquire()
+    for batch_id, rid in (("B1", "a"), ("B2", "b")):
+        assert store.schedule(lease.key, lease.token, batch_id, [rid]) == [rid]
+        assert isinstance(
+            worker.claim(BatchMessage(batch_id=batch_id, request_ids=(rid,), created_at=0.0), "t", "w"), Claimed
+        )
+    client.delete(store.keys.events)
+    assert worker.forward_done("B1", "t") and _wake_ups(client, worker.keys) == ["slot_free"]
+    free = store.free_slots()
+    assert worker.finish_many({"a": []}, {}, "t") == {"a": RequestStatus.SUCCEEDED}
+    assert worker.batch_done("B1", "t")
+    assert _wake_ups(client, worker.keys) == ["slot_free"] and store.free_slots() == free
+    assert worker.finish_many({}, {"b": ErrorInfo(type="E", message="x")}, "t") == {"b": RequestStatus.FAILED}
+    assert worker.batch_done("B2", "t")  # its slot frees only now
+    assert _wake_ups(client, worker.keys) == ["slot_free", "batch_done"] and store.free_slots() == free + 1
+
+
 def test_finish_ends_a_claims_requests_in_one_call_and_fails_a_swept_image_result_lost(
     client: fakeredis.FakeRedis, settings: Settings, scheduled: tuple[SchedulerStore, Lease, list[str]]
 ) -> None:
