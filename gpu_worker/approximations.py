@@ -52,6 +52,10 @@ decision over the whole batch)."""
 
 _TRANSFORMERS = ("transformer", "transformer_2")
 
+TAYLORSEER_MODULES = (r"(transformer_blocks|single_transformer_blocks|blocks)\.\d+\.attn\d*",)
+"""The modules whose outputs TaylorSeer predicts: every block's attention (``attn``, and ``attn1``/``attn2`` of
+PixArt, Sana, LTX-Video and Wan, which diffusers' default pattern misses)."""
+
 
 class DeepCache:
     """DeepCache on a ``UNet2DConditionModel``: while a call is on (``session``), its N-th forwards run in full
@@ -141,10 +145,12 @@ class Approximations:
                 yield
             return
         if self.step_cache is not None:
+            from diffusers.hooks import HookRegistry
+
             for name in _TRANSFORMERS:
                 module: Any = getattr(self._pipe, name, None)
-                if hasattr(module, "_reset_stateful_cache"):
-                    module._reset_stateful_cache()
+                if isinstance(module, torch.nn.Module):
+                    HookRegistry.check_if_exists_or_initialize(module).reset_stateful_hooks(recurse=True)
         yield
 
 
@@ -157,22 +163,54 @@ def _denoisers(pipe: Any) -> list[tuple[str, Any]]:
 
 
 def _transformer_cache(module: Any, choice: StepCacheChoice, dtype: torch.dtype) -> bool:
-    """Enable ``choice`` (a diffusers cache hook) on a transformer; False where it does not fit that model."""
-    from diffusers.hooks import FirstBlockCacheConfig, TaylorSeerCacheConfig  # type: ignore[attr-defined]
+    """Put ``choice`` (a diffusers cache hook) on a transformer; False where it does not fit that model. A model
+    without diffusers' ``CacheMixin`` (SD3, PixArt, Sana in 0.42) gets the hook directly, and each of its forwards
+    one cache context (its pipeline names none: one forward per step, the guidance rows in the same batch)."""
+    from diffusers import hooks
 
-    if not hasattr(module, "enable_cache"):
-        return False
     config: Any
     if choice.method == "first_block":
-        config = FirstBlockCacheConfig(threshold=choice.value)
+        config, hook = hooks.FirstBlockCacheConfig(threshold=choice.value), hooks.apply_first_block_cache
     else:
-        config = TaylorSeerCacheConfig(cache_interval=int(choice.value), taylor_factors_dtype=dtype)
+        config = hooks.TaylorSeerCacheConfig(
+            cache_interval=int(choice.value), taylor_factors_dtype=dtype, cache_identifiers=list(TAYLORSEER_MODULES)
+        )
+        hook = hooks.apply_taylorseer_cache
     try:
-        module.enable_cache(config)
+        if hasattr(module, "enable_cache"):
+            module.enable_cache(config)
+        else:
+            hook(module, config)
+            from diffusers.hooks.hooks import CacheContext, _set_cache_context
+
+            module.register_forward_pre_hook(lambda m, args: _set_cache_context(m, CacheContext("cond")))
+            module.register_forward_hook(lambda m, args, output: _set_cache_context(m, None))
     except Exception as exc:  # noqa: BLE001 - the hook does not know this model's blocks: the next choice
         log.info("%s does not take %s (%s: %s)", type(module).__name__, choice, type(exc).__name__, exc)
+        _remove_hooks(module)
+        return False
+    if not any(_hooks_of(child) for child in module.modules()):
+        log.info("%s does not take %s: no module for it", type(module).__name__, choice)
         return False
     return True
+
+
+def _hooks_of(module: Any) -> list[str]:
+    """The diffusers hooks on ``module`` (not its children), by name."""
+    from diffusers.hooks import HookRegistry
+
+    registry = getattr(module, "_diffusers_hook", None)
+    return list(registry.hooks) if isinstance(registry, HookRegistry) else []
+
+
+def _remove_hooks(module: Any) -> None:
+    """Take a step cache back off a transformer (one of two took it, or applying it failed half-way)."""
+    if getattr(module, "is_cache_enabled", False):
+        module.disable_cache()
+        return
+    for child in module.modules():
+        for name in _hooks_of(child):
+            child._diffusers_hook.remove_hook(name, recurse=False)
 
 
 def apply_step_cache(pipe: Any, choices: tuple[StepCacheChoice, ...]) -> tuple[StepCacheChoice | None, Any]:
@@ -189,8 +227,7 @@ def apply_step_cache(pipe: Any, choices: tuple[StepCacheChoice, ...]) -> tuple[S
         if transformers and all(_transformer_cache(m, choice, m.dtype) for _, m in transformers):
             return choice, None
         for _, module in transformers:  # one of two took it: leave neither half-cached
-            if getattr(module, "is_cache_enabled", False):
-                module.disable_cache()
+            _remove_hooks(module)
     return None, None
 
 
@@ -293,5 +330,5 @@ def apply(pipe: Any, step_cache: str, weight_quantization: str, device: torch.de
 DOCUMENTED_DEVIATION = {"deepcache": 8, "taylorseer": 4, "first_block": 16, "int8_weight": 2, "fp8_weight": 8}
 """The most a setting changes a pixel (/255) against the exact pipeline on the tiny demo models of
 tests/integration/test_approximations.py (32 px, 8 steps; deepcache and the weight modes on Stable Diffusion,
-taylorseer and first_block on Flux): what docs/models.md states and the test holds each setting to. Random tiny
-weights are not a real model's: bench/accel.py measures a real architecture's deviation on a GPU."""
+taylorseer on Flux and SD3, first_block on Flux): what docs/models.md states and the test holds each setting to.
+Random tiny weights are not a real model's: bench/accel.py measures a real architecture's deviation on a GPU."""

@@ -54,6 +54,7 @@ PROMPTS = ["a red fox", "a blue whale"]
     [
         ("stable-diffusion", "step_cache", "deepcache:3"),
         ("flux", "step_cache", "taylorseer:3"),
+        ("stable-diffusion-3", "step_cache", "taylorseer:3"),  # no CacheMixin: the hook put on directly
         ("flux", "step_cache", "first_block:0.9"),
         ("stable-diffusion", "weight_quantization", "int8_weight"),
         ("stable-diffusion", "weight_quantization", "fp8_weight"),
@@ -78,6 +79,16 @@ def test_a_fixed_schedule_cache_keeps_each_row_equal_to_its_solo_run(family: str
     for i, prompt in enumerate(PROMPTS):
         (alone,) = _run(runner, [prompt], first_seed=11 + i)
         assert _deviation([fused[i]], [alone]) <= 1, f"{value}: row {i} depends on its peer"
+
+
+@pytest.mark.parametrize(
+    ("family", "value"),
+    [("stable-diffusion", "deepcache:3"), ("stable-diffusion-3", "taylorseer:3"), ("flux", "first_block:0.9")],
+)
+def test_a_step_caches_state_starts_afresh_at_every_call(family: str, value: str, cache_dir: Path) -> None:
+    runner = _runner(family, cache_dir, step_cache=value)
+    first = _run(runner, PROMPTS)
+    assert _deviation(first, _run(runner, PROMPTS)) == 0, f"{value}: the second call reused the first's cache"
 
 
 def test_the_first_block_cache_says_rows_may_depend_on_their_peers(cache_dir: Path) -> None:
