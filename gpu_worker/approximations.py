@@ -34,6 +34,7 @@ granularity), so no scale spans two requests: peers stay independent.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.util
 import logging
 from collections.abc import Iterator
@@ -145,7 +146,7 @@ class Approximations:
                 yield
             return
         if self.step_cache is not None:
-            from diffusers.hooks import HookRegistry
+            from diffusers.hooks.hooks import HookRegistry
 
             for name in _TRANSFORMERS:
                 module: Any = getattr(self._pipe, name, None)
@@ -166,9 +167,9 @@ def _transformer_cache(module: Any, choice: StepCacheChoice, dtype: torch.dtype)
     """Put ``choice`` (a diffusers cache hook) on a transformer; False where it does not fit that model. A model
     without diffusers' ``CacheMixin`` (SD3, PixArt, Sana in 0.42) gets the hook directly, and each of its forwards
     one cache context (its pipeline names none: one forward per step, the guidance rows in the same batch)."""
-    from diffusers import hooks
-
+    hooks: Any = importlib.import_module("diffusers.hooks")
     config: Any
+    hook: Any
     if choice.method == "first_block":
         config, hook = hooks.FirstBlockCacheConfig(threshold=choice.value), hooks.apply_first_block_cache
     else:
@@ -197,7 +198,7 @@ def _transformer_cache(module: Any, choice: StepCacheChoice, dtype: torch.dtype)
 
 def _hooks_of(module: Any) -> list[str]:
     """The diffusers hooks on ``module`` (not its children), by name."""
-    from diffusers.hooks import HookRegistry
+    from diffusers.hooks.hooks import HookRegistry
 
     registry = getattr(module, "_diffusers_hook", None)
     return list(registry.hooks) if isinstance(registry, HookRegistry) else []
