@@ -341,6 +341,19 @@ def redis(
         typer.echo(f"figures: {docs_dir / 'benchmarks.json'}", err=True)
 
 
+@cli.command("redis-scripts")
+def redis_scripts(
+    rounds: Annotated[int, typer.Option(help="Batches of a run.")] = 100,
+    size: Annotated[int, typer.Option(help="Requests a batch.")] = 8,
+    repeats: Annotated[int, typer.Option(help="Runs (each on a fresh Valkey); medians reported.")] = 3,
+) -> None:
+    """Each Lua script of a request's life alone on a private Valkey (SLOWLOG: execution µs per call and per
+    request, medians), driven through the stores' own calls by one process."""
+    from bench.redis_scripts import measure, table
+
+    typer.echo(table(measure(rounds=rounds, size=size, repeats=repeats)))
+
+
 def _pattern(value: str) -> Pattern:
     if value not in ("poisson", "closed", "burst"):
         raise typer.BadParameter("pattern must be poisson, closed or burst")

@@ -20,3 +20,12 @@ def test_bench_redis_measures_the_simulated_fleet_and_progress_stays_cheap(tmp_p
     # 152 before the first cut, 37 before the 250 ms interval and the once-a-second metrics, ~34 after (200
     # requests; this short window charges the fleet's timers to fewer requests): per-step writes would add 60
     assert cost.cmds_per_request < 60, calls
+
+
+def test_bench_redis_scripts_times_each_script_of_a_requests_life() -> None:
+    from bench.redis_scripts import measure, table
+
+    figures = {figure.name: figure for figure in measure(rounds=4, size=4, repeats=1)}
+    for name in ("SUBMIT", "SCHEDULE", "CLAIM", "RESULTS_RECORD", "FORWARD_DONE", "FINISH", "BATCH_DONE"):
+        assert figures[name].us_per_call > 0 and figures[name].calls_per_request == 0.25, figures
+    assert "| all |" in table(list(figures.values()))
