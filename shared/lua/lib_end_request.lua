@@ -2,10 +2,9 @@
 -- abort.lua, claim.lua, finish.lua, and fail.lua and expire.lua through lib_fail_request.lua): end one unfinished
 -- request with its terminal status (a failure's error_type and error_message already in its hash, or in
 -- ``known.fields``). Sets the status and finished_at, drops its input images, gives the hash its TTL, appends the
--- status's event to its event stream (then packed: a stream reserves 4 KiB for its entries, so it is DUMPed and
--- RESTOREd over itself with its TTL, which keeps only the bytes used, ~0.3-0.7 KiB; entry ids kept, blocked readers
--- served; two commands where COPY, RENAME and EXPIRE were three; ``request.packed`` is no longer touched) and,
--- when its webhook subscribed to it, to the webhook outbox (shared/webhooks.py), wakes long polls on the
+-- status's event to its event stream (packed: a stream reserves 4 KiB for its entries, so it is copied to
+-- ``request.packed``, which keeps only the bytes used, and renamed back over it; entry ids kept, blocked readers
+-- served) and, when its webhook subscribed to it, to the webhook outbox (shared/webhooks.py), wakes long polls on the
 -- finished channel and counts it in the metrics hash (shared/metrics.py): finished:<status>, a failure's
 -- failed:<error type>, an abort's aborted:<the status it had>.
 -- request: its keys (``request_keys``); ending: the fleet keys (``end_keys``: metrics, webhooks, inputs).
@@ -46,7 +45,9 @@ local function end_request(request, ending, request_id, status, was, now, ttl, c
   if hook and string.find(hook, ' ' .. status .. ' ', 1, true) then
     redis.call('XADD', ending.webhooks, '*', 'id', request_id, 'event', status, 'entry', event)
   end
-  redis.call('RESTORE', events, math.max(1, math.floor(tonumber(ttl) * 1000)), redis.call('DUMP', events), 'REPLACE')
+  redis.call('COPY', events, request.packed, 'REPLACE')
+  redis.call('RENAME', request.packed, events)
+  redis.call('EXPIRE', events, ttl)
   local counts = tally or ended_tally()
   table.insert(counts.ids, request_id)
   count_ended(counts, 'finished:' .. status)

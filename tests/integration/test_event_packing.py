@@ -1,6 +1,8 @@
 """An ended request's event stream is packed (lib_end_request.lua): a stream reserves 4 KiB for its entries, so
-the script that ends a request DUMPs it and RESTOREs it over itself with the result TTL. Real Valkey: the memory
-figure is the server's own, which fakeredis does not have."""
+the script that ends a request copies it (``COPY`` keeps only the bytes used) and renames the copy back over it.
+Real Valkey: the memory figure is the server's own, which fakeredis does not have. (``DUMP`` + ``RESTORE`` with the
+TTL would pack it in two commands instead of three, and costs more: ``python -m bench redis-scripts``, FINISH
+about 7 µs a request more.)"""
 
 from __future__ import annotations
 
