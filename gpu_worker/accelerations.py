@@ -12,6 +12,8 @@
   once; the padding rows are dropped from the outputs and never reach a result (``DiffusersRunner._call``).
 
 Every row still equals its solo run (compiled vs compiled) within 1/255: ``tests/integration/test_accelerations.py``.
+The approximate accelerations (step caching, weight quantization) are ``gpu_worker.approximations``'; they are put on
+before the denoiser is compiled, and a step cache's hooks make its blocks compile with graph breaks allowed.
 """
 
 from __future__ import annotations
@@ -67,9 +69,19 @@ def attention(backend: str) -> Iterator[None]:
         yield
 
 
+def _hooked(module: Any) -> bool:
+    """Whether a diffusers hook (a step cache's: ``gpu_worker.approximations``) sits on ``module`` or within it."""
+    return any(
+        getattr(child, "_diffusers_hook", None) is not None and child._diffusers_hook.hooks
+        for child in module.modules()
+    )
+
+
 def compile_denoiser(pipe: Any, cache_dir: Path | None) -> list[str]:
     """Compile the repeated blocks of ``pipe``'s denoiser(s) (regional compilation); inductor's cache in
-    ``cache_dir``. The names of the components compiled (none: nothing to compile, logged)."""
+    ``cache_dir``. The names of the components compiled (none: nothing to compile, logged). A denoiser with a step
+    cache's diffusers hooks in its blocks is compiled with graph breaks allowed (the hooks decide outside the graph,
+    ``torch.compiler.disable``); otherwise each block is one graph (``fullgraph``)."""
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir))
@@ -80,11 +92,12 @@ def compile_denoiser(pipe: Any, cache_dir: Path | None) -> list[str]:
             continue
         module: Any = getattr(pipe, name)
         blocks: Any = getattr(module, "transformer_blocks", None)
+        fullgraph = not _hooked(module)
         if getattr(module, "_repeated_blocks", None):
-            module.compile_repeated_blocks(fullgraph=True, dynamic=False)
+            module.compile_repeated_blocks(fullgraph=fullgraph, dynamic=False)
         elif isinstance(blocks, torch.nn.ModuleList):
             for block in blocks:
-                block.compile(fullgraph=True, dynamic=False)
+                block.compile(fullgraph=fullgraph, dynamic=False)
         else:
             log.warning("%s.%s has no repeated blocks to compile: it runs eagerly", type(pipe).__name__, name)
             continue

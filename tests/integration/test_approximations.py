@@ -130,3 +130,17 @@ def test_bad_values_are_errors_naming_the_setting(settings: dict[str, Any], mess
 def test_fp8_matmuls_are_refused_off_a_recent_cuda_gpu(cache_dir: Path) -> None:
     with pytest.raises(ValueError, match="weight_quantization=fp8 needs a CUDA GPU of compute capability 8.9"):
         quantize_weights(object(), "fp8", torch.device("cpu"))
+
+
+@pytest.mark.soak  # ~100 s on two CPU cores: inductor compiles Flux's blocks around the hooks
+def test_a_compiled_denoiser_takes_a_step_cache_and_changes_nothing_more(cache_dir: Path, tmp_path: Path) -> None:
+    eager = _run(_runner("flux", cache_dir, step_cache="taylorseer:3"), PROMPTS)
+    compiled = _runner(
+        "flux",
+        cache_dir,
+        step_cache="taylorseer:3",
+        compile_denoiser=True,
+        compile_cache_dir=tmp_path / "inductor",
+        max_num_seqs=2,
+    )
+    assert _deviation(eager, _run(compiled, PROMPTS)) <= 1
