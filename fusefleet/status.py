@@ -36,6 +36,11 @@ def _knees(model: ModelCapabilities) -> str:
     return f" batch knee {caps}"
 
 
+def _approximate(model: ModelCapabilities) -> str:
+    """The approximate accelerations a model runs with (``gpu_worker.approximations``), where it has any."""
+    return f" APPROXIMATE: {model.traits.approximate}" if model.traits.approximate else ""
+
+
 def _pixels(cost: int) -> str:
     """A pixel cost as a square side where it is one (``64x64``), else the pixel count."""
     side = round(cost**0.5)
@@ -55,7 +60,7 @@ def _worker_line(worker: WorkerState, batch: RunningBatch | None) -> str:
         what = "; ".join(
             f"{model.model} {model.pipeline} [{model.traits.family}, "
             f"{'fused' if model.traits.fused else 'request by request'}; "
-            f"{', '.join(task.value for task in model.tasks)}]{_residency(model)}{_knees(model)}"
+            f"{', '.join(task.value for task in model.tasks)}]{_residency(model)}{_knees(model)}{_approximate(model)}"
             for model in caps.served
         )
     return f"  {worker.name}: {state}, {busy}, {beat}, {what}"

@@ -144,6 +144,7 @@ class DiffusersRunner(Runner):
                 "fused": fused,
                 "lora": hasattr(self.pipe, "load_lora_weights"),
                 "step_tasks": step_tasks(self.pipe),  # say once: its step-engine adapter's tasks
+                "approximate": self.approximations.describe() if self.approximations.any else None,
             }
         )
         if not self.traits.fused:

@@ -241,6 +241,11 @@ class ModelTraits(Frozen):
         description="The tasks a step-mode row of this model carries itself, with its strength (its step-engine "
         "adapter's): requests of these tasks share a running set; empty: task and strength stay in the step key.",
     )
+    approximate: str | None = Field(
+        None,
+        description="The approximate accelerations on this model (gpu_worker.approximations: step cache, weight "
+        "quantization) and whether a row may depend on its peers; None: exact.",
+    )
 
 
 class BatchKnee(Frozen):

@@ -95,12 +95,14 @@ def test_the_first_block_cache_says_rows_may_depend_on_their_peers(cache_dir: Pa
     runner = _runner("flux", cache_dir, step_cache="first_block:0.9")
     assert not runner.approximations.peer_independent
     assert "may depend on its peers" in runner.approximations.describe()
+    assert runner.traits.approximate == runner.approximations.describe()  # announced: fusefleet status shows it
 
 
 def test_off_touches_nothing_and_outputs_are_bit_identical(cache_dir: Path) -> None:
     default = _runner("stable-diffusion", cache_dir)
     off = _runner("stable-diffusion", cache_dir, step_cache="off", weight_quantization="off")
     assert not off.approximations.any and off.approximations.describe() == "exact"
+    assert off.traits == default.traits and off.traits.approximate is None
     assert all("forward" not in vars(block) for block in off.pipe.unet.down_blocks)  # no cache wrapper
     assert all(type(m) is not torch.nn.Linear or "weight" in m._parameters for m in off.pipe.unet.modules())
     assert _deviation(_run(default, PROMPTS), _run(off, PROMPTS)) == 0
