@@ -93,6 +93,22 @@ class Settings(
         return self
 
     @model_validator(mode="after")
+    def _model_approximations_name_models(self) -> Self:
+        unknown = [name for name in self.model_approximations if name not in self.catalog]
+        if unknown:
+            raise ValueError(
+                f"model_approximations names {', '.join(unknown)}, not among models ({', '.join(self.catalog)})"
+            )
+        return self
+
+    def for_model(self, name: str) -> Self:
+        """These settings as a runner of model ``name`` reads them (``ModelSettings.for_model``), with the model's
+        own approximate accelerations (``model_approximations``) over the fleet's."""
+        settings = super().for_model(name)
+        own = self.model_approximations.get(name)
+        return settings.model_copy(update=own.given()) if own is not None else settings
+
+    @model_validator(mode="after")
     def _timeouts_fit(self) -> Self:
         if self.redis_socket_timeout_s * 1000 <= self.scheduler_block_ms:
             raise ValueError(

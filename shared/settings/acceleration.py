@@ -5,11 +5,12 @@ where batching stops paying, ``gpu_worker.batch_knee``; channels-last, the atten
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import NoDecode
 
 from shared.settings.concern import OptionalUserPath, SettingsConcern
@@ -58,6 +59,32 @@ def parse_step_cache(value: str) -> tuple[StepCacheChoice, ...]:
     return tuple(choices)
 
 
+def _valid_step_cache(value: str) -> str:
+    parse_step_cache(value)
+    return value
+
+
+StepCache = Annotated[str, AfterValidator(_valid_step_cache)]
+"""A ``step_cache`` value, checked (``parse_step_cache``)."""
+
+MODEL_APPROXIMATIONS = ("step_cache", "weight_quantization")
+"""The approximate accelerations a model of the fleet may set for itself (``model_approximations``;
+``[models.<name>]`` of the fleet config file)."""
+
+
+class ModelApproximations(BaseModel):
+    """One model's own approximate accelerations (``MODEL_APPROXIMATIONS``); unset ones are the fleet-wide ones."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    step_cache: StepCache | None = None
+    weight_quantization: WeightQuantization | None = None
+
+    def given(self) -> dict[str, object]:
+        """The settings this model sets, by name."""
+        return {name: value for name in MODEL_APPROXIMATIONS if (value := getattr(self, name)) is not None}
+
+
 class AccelerationSettings(SettingsConcern):
     """How a worker saves work inside its pipeline without changing a request's output."""
 
@@ -102,7 +129,7 @@ class AccelerationSettings(SettingsConcern):
     compile_cache_dir: OptionalUserPath = None
     """Where torch's inductor keeps compiled artifacts across restarts; unset = <model_cache_dir>/inductor."""
 
-    step_cache: str = "off"
+    step_cache: StepCache = "off"
     """APPROXIMATE, opt-in: denoising steps that reuse an earlier step's work (gpu_worker/approximations.py). off;
     deepcache:<N> (UNet families, SD 1.x/2.x and SDXL: every N-th step in full, the others recompute only the
     outermost blocks; rows stay independent of their peers); taylorseer:<N> (transformer families: every N-th step in
@@ -117,10 +144,17 @@ class AccelerationSettings(SettingsConcern):
     speed); fp8 (fp8 weights and activations, fp8 matmuls: a CUDA GPU of compute capability 8.9 or newer only, an
     error elsewhere). Measured deviations: docs/models.md, Accelerations."""
 
-    @field_validator("step_cache")
+    model_approximations: Annotated[dict[str, ModelApproximations], NoDecode] = Field(default_factory=dict)
+    """Per-model step_cache and weight_quantization where a model differs from the fleet-wide ones: a JSON object,
+    model name -> {step_cache, weight_quantization} (e.g. '{"sd": {"step_cache": "deepcache:3"}}'); the fleet config
+    file sets them under [models.<name>]. A model not named takes the fleet-wide settings."""
+
+    @field_validator("model_approximations", mode="before")
     @classmethod
-    def _step_cache(cls, value: str) -> str:
-        parse_step_cache(value)
+    def _model_approximations_from_env(cls, value: object) -> object:
+        """A JSON object as the environment gives it; empty is none."""
+        if isinstance(value, str):
+            return json.loads(value) if value.strip() else {}
         return value
 
     @field_validator("batch_knee_warmup", mode="before")

@@ -3,8 +3,10 @@ command line), below the environment: ``FUSEFLEET_*`` variables still override w
 
 Its top level holds fleet-wide settings by their names (``max_num_seqs = 4``); ``[models.<name>]`` tables hold the
 fleet's models, each its ``source`` and, where it differs, its own engine args (``shared.settings.batching.
-MODEL_ENGINE_ARGS``); ``[models] name = "source"`` is the short form. The file becomes ``models`` (name -> source)
-and ``model_batching`` (name -> engine args) plus the top-level settings. A bad file fails at start with a
+MODEL_ENGINE_ARGS``) and approximate accelerations (``shared.settings.acceleration.MODEL_APPROXIMATIONS``);
+``[models] name = "source"`` is the short form. The file becomes ``models`` (name -> source), ``model_batching``
+(name -> engine args) and ``model_approximations`` (name -> step_cache, weight_quantization) plus the top-level
+settings. A bad file fails at start with a
 ``ConfigFileError`` naming the file, the line and the key: TOML syntax, a key no setting has, a value of the wrong
 type or out of its bounds (the value itself is never echoed: it may be a secret).
 """
@@ -22,6 +24,7 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
+from shared.settings.acceleration import MODEL_APPROXIMATIONS, AccelerationSettings
 from shared.settings.batching import MODEL_ENGINE_ARGS, BatchingSettings
 from shared.settings.concern import ENV_PREFIX, field_adapter
 
@@ -128,6 +131,7 @@ class _Reading:
             raise self.error("", MODELS_TABLE, "must be a table of models ([models.<name>] with a source)")
         sources: dict[str, str] = {}
         batching: dict[str, dict[str, Any]] = {}
+        approximations: dict[str, dict[str, Any]] = {}
         for name, entry in models.items():
             table = f"{MODELS_TABLE}.{name}"
             if isinstance(entry, str):
@@ -140,12 +144,20 @@ class _Reading:
             for key, value in entry.items():
                 if key == SOURCE_KEY:
                     continue
+                if key in MODEL_APPROXIMATIONS:
+                    self.check(table, key, value, AccelerationSettings.model_fields[key])
+                    approximations.setdefault(name, {})[key] = value
+                    continue
                 if key not in MODEL_ENGINE_ARGS:
-                    raise self.error(
-                        table, key, f"not an engine arg of a model (one of {', '.join(MODEL_ENGINE_ARGS)})"
-                    )
+                    allowed = ", ".join((*MODEL_ENGINE_ARGS, *MODEL_APPROXIMATIONS))
+                    raise self.error(table, key, f"not an engine arg of a model (one of {allowed})")
                 self.check(table, key, value, BatchingSettings.model_fields[key])
                 own[key] = value
             if own:
                 batching[name] = own
-        return {"models": sources, "model_batching": batching} if batching else {"models": sources}
+        values: dict[str, Any] = {"models": sources}
+        if batching:
+            values["model_batching"] = batching
+        if approximations:
+            values["model_approximations"] = approximations
+        return values
