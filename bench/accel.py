@@ -7,7 +7,9 @@ repeated blocks compiled with batch buckets; ``--no-compile`` leaves compilation
 approximate ones over ``exact`` (``gpu_worker.approximations``): ``cached`` (``STEP_CACHE``: DeepCache every 3rd
 step for a UNet, TaylorSeer every 3rd for a transformer that takes it) and ``approx`` (that step cache and
 ``QUANTIZATION``'s weights: fp8 matmuls on CUDA, int8 weights on a CPU). Each model's point says what was applied
-(``applied``): a model that no step cache fits runs that variant without one.
+(``applied``): a model that no step cache fits runs that variant without one; a variant this machine cannot run
+(fp8 without torchao, ``pip install -e '.[quant]'``, or on a GPU older than compute capability 8.9) is skipped,
+saying why.
 
 Models: ``sd15`` (Stable Diffusion 1.5's architecture with random fp16 weights, ``bench.gpu``; ``--tiny``: the
 tiny demo) at ``--size`` (512), and ``dit`` at ``--dit-size`` (1024): ``--dit-model`` (a diffusers folder, e.g. a
@@ -152,7 +154,14 @@ def run_accel(cfg: AccelConfig, docs_dir: Path | None = None, log: Callable[[str
                 **overrides,
             )
             started = time.perf_counter()
-            runner = DiffusersRunner(settings)
+            try:
+                runner = DiffusersRunner(settings)
+            except ValueError as exc:  # an approximation this machine cannot run (fp8 without torchao or sm_89)
+                if variant in ("stock", "exact"):
+                    raise
+                points[variant] = {"skipped": str(exc)}
+                log(f"{name} {variant}: skipped ({exc})")
+                continue
             family = runner.family.name
             applied = runner.approximations.describe()
             log(f"{name} {variant}: {runner.pipeline_name} loaded in {time.perf_counter() - started:.1f} s ({applied})")
@@ -216,6 +225,9 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(f"| {model} | - | - | - | skipped: {points['skipped']} | | |")
             continue
         for variant, run in points.items():
+            if "skipped" in run:
+                lines.append(f"| {model} | {variant} | - | - | skipped: {run['skipped']} | | |")
+                continue
             for batch, point in run["batches"].items():
                 gain = _speedup(results, model, variant, int(batch))
                 where = f"{model} ({run['family']}, {run['side']} px)"

@@ -53,3 +53,19 @@ def test_the_cpu_tiny_run_compares_stock_exact_and_approximate(tmp_path: Path) -
     assert figures["P6_exact_speedup_sd15_b8"] is None and figures["P6_approx_speedup_sd15_b8"] is None  # no batch 8
     assert "| sd15 (stable-diffusion, 32 px) | exact | exact | 4 |" in done.stdout
     assert "| sd15 (stable-diffusion, 32 px) | approx | step cache deepcache:3" in done.stdout
+
+
+def test_a_variant_the_machine_cannot_run_is_skipped_saying_why() -> None:
+    from bench.accel import figures, markdown
+
+    point = {"images_per_s": 2.0, "deviation_255": 0}
+    results = {
+        "models": {
+            "sd15": {
+                "stock": {"family": "stable-diffusion", "side": 512, "applied": "exact", "batches": {"8": point}},
+                "approx": {"skipped": "weight_quantization=fp8 needs torchao"},
+            }
+        }
+    }
+    assert figures(results)["P6_approx_speedup_sd15_b8"] is None
+    assert "| sd15 | approx | - | - | skipped: weight_quantization=fp8 needs torchao | | |" in markdown(results)
