@@ -143,7 +143,8 @@ class DiffusersRunner(Runner):
             update={
                 "fused": fused,
                 "lora": hasattr(self.pipe, "load_lora_weights"),
-                "step_tasks": step_tasks(self.pipe),  # say once: its step-engine adapter's tasks
+                # say once: its step-engine adapter's tasks (none with a step cache: it runs request-level)
+                "step_tasks": step_tasks(self.pipe) if self.approximations.step_cache is None else (),
                 "approximate": self.approximations.describe() if self.approximations.any else None,
             }
         )

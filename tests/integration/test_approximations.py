@@ -113,6 +113,7 @@ def test_a_step_cache_that_fits_no_denoiser_leaves_the_model_exact(cache_dir: Pa
     assert runner.approximations.step_cache is None and runner.step_mode  # a UNet: exact, still in step mode
     cached = _runner("stable-diffusion", cache_dir, step_cache="taylorseer:3,deepcache:2")
     assert str(cached.approximations.step_cache) == "deepcache:2" and not cached.step_mode  # the first that fits
+    assert cached.traits.step_tasks == () and runner.traits.step_tasks  # announced: no step-mode rows
 
 
 @pytest.mark.parametrize(
