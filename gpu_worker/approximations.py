@@ -1,5 +1,5 @@
 """Approximate accelerations of a loaded pipeline, opt-in: they change what the forward computes, by a bounded and
-measured amount (docs/models.md, "Accelerations"). Both are off by default; with both off a pipeline is untouched.
+measured amount (docs/models.md, "Per-GPU speed"). Both are off by default; with both off a pipeline is untouched.
 
 Step caching (``step_cache``): some denoising steps reuse work of an earlier one.
 
@@ -8,8 +8,8 @@ Step caching (``step_cache``): some denoising steps reuse work of an earlier one
   down block, the mid block, the inner up blocks) of the last full forward. A fixed schedule by step index, the same
   for every row, and each row's arithmetic is its own: **a row's output stays independent of its peers** (each row
   still equals its solo run within float rounding).
-* ``taylorseer:<N>`` (transformer families: diffusers' TaylorSeer cache): every N-th step runs in full from the
-  fourth on, the others predict each attention output by a first-order Taylor series over steps. A fixed schedule too:
+* ``taylorseer:<N>`` (transformer families: diffusers' TaylorSeer cache): steps 0-2 run in full, then every N-th
+  step; the others predict each attention output by a first-order Taylor series over steps. A fixed schedule too:
   **peers independent**.
 * ``first_block:<T>`` (transformer families: diffusers' first-block cache): a step skips all blocks but the first
   when the first block's residual changed by less than T (relative mean) since the last full step. The decision is
