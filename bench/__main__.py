@@ -354,6 +354,52 @@ def redis_scripts(
     typer.echo(table(measure(rounds=rounds, size=size, repeats=repeats)))
 
 
+@cli.command()
+def multimodel(
+    workers: Annotated[int, typer.Option(help="Simulated GPUs of each system.")] = 4,
+    seqs: Annotated[int, typer.Option(help="FUSEFLEET_MAX_NUM_SEQS of every fleet.")] = 4,
+    resident: Annotated[int, typer.Option(help="FUSEFLEET_MAX_RESIDENT_MODELS of the multi-model fleet.")] = 2,
+    load_s: Annotated[float, typer.Option(help="Seconds of a model load, unscaled.")] = 6.0,
+    scale: Annotated[float, typer.Option(help="Time-lapse factor of the cost model and residency times.")] = 0.5,
+    phase_s: Annotated[float, typer.Option(help="Seconds of each phase of the shifting mix (wall clock).")] = 8.0,
+    skewed_s: Annotated[float, typer.Option(help="Arrivals window of each skewed point (wall clock).")] = 12.0,
+    loads: Annotated[str, typer.Option(help="Offered loads, fractions of full-batch capacity.")] = "0.3,0.45,0.65,0.85",
+    p99_bound_s: Annotated[float, typer.Option(help="The p99 bound of the sustained throughput.")] = 5.0,
+    mixes: Annotated[str, typer.Option(help="skewed, shifting or both, comma separated.")] = "skewed,shifting",
+    docs: Annotated[bool, typer.Option(help="Write the figures and the section into docs/benchmarks.*.")] = False,
+    out_dir: Annotated[Path, typer.Option(help="Raw results.")] = Path("bench-results"),
+    docs_dir: Annotated[Path, typer.Option(help="Where benchmarks.json and benchmarks.md are.")] = Path("docs"),
+) -> None:
+    """One multi-model fleet against the same GPUs split into one fleet per model, skewed and shifting mixes,
+    model loads included (SIMULATED GPU, ~8 min): multimodel_tput_ratio with --docs."""
+    import signal
+    import sys
+
+    from bench.multimodel import MultiModelConfig, markdown, run_multimodel
+
+    try:
+        cfg = MultiModelConfig(
+            workers=workers,
+            seqs=seqs,
+            resident=resident,
+            load_s=load_s,
+            scale=scale,
+            phase_s=phase_s,
+            skewed_s=skewed_s,
+            loads=tuple(float(load) for load in loads.split(",")),
+            p99_bound_s=p99_bound_s,
+            mixes=tuple(mix.strip() for mix in mixes.split(",")),
+            out_dir=out_dir,
+            log_dir=LOGS / "multimodel",
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: every fleet started is stopped
+    results = run_multimodel(cfg, docs_dir if docs else None, log=lambda line: typer.echo(line, err=True))
+    typer.echo(markdown(results))
+    typer.echo(json.dumps(results["figures"], indent=2))
+
+
 def _pattern(value: str) -> Pattern:
     if value not in ("poisson", "closed", "burst"):
         raise typer.BadParameter("pattern must be poisson, closed or burst")

@@ -10,6 +10,10 @@
   ``FUSEFLEET_SIM_TRACE=path`` it appends one JSON line per forward
   (``start``, ``end``: wall-clock seconds; ``images``) to that file, for ``bench.gap``. These variables are the
   benchmark's, not the fleet's: ``SimulatedGpuSettings`` reads them, ``shared.settings.Settings`` knows none.
+- With ``FUSEFLEET_SIM_LOAD_MS`` (default 0: none) constructing a ``SimulatedGpuRunner`` sleeps that long: a model
+  load. The worker builds one runner per model it loads (``gpu_worker.residency``: at start, and on demand after an
+  eviction), so a fleet of several models pays it on every load, and the eviction drops the runner (it holds no
+  memory to free). ``bench.multimodel`` uses it.
 - It also runs step mode (the ``step_mode`` and ``step_set`` hooks of ``gpu_worker.runner.Runner``): a
   ``SimulatedStepSet`` sleeps ``(a + b*R) / 20`` per step of R rows (``CostModel.step_s``), each request leaving
   after its own number of steps, and traces one line per step (``rows``, ``finished``) to the same file.
@@ -52,6 +56,7 @@ class SimulatedGpuSettings(BaseSettings):
     sim_ref_side: int = 0
     sim_ref_steps: int = 0
     sim_trace: str | None = None
+    sim_load_ms: float = Field(0.0, ge=0)
 
     @field_validator("sim_ref_side", "sim_ref_steps", mode="before")
     @classmethod
@@ -99,6 +104,8 @@ class SimulatedGpuRunner(Runner):
         simulated = simulated if simulated is not None else SimulatedGpuSettings()
         self.cost = simulated.cost
         self.trace = simulated.sim_trace
+        if simulated.sim_load_ms > 0:  # a model load (FUSEFLEET_SIM_LOAD_MS), off the CPU as a copy to the GPU is
+            time.sleep(simulated.sim_load_ms / 1000)
 
     def cost_s(self, images: int) -> float:
         """Seconds of a forward of ``images`` images of the reference size (``self.cost.forward_s`` weighs each
