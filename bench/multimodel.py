@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import textwrap
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
@@ -424,6 +425,7 @@ no load); a point offers its Poisson arrivals for {cfg["skewed_s"]:g} s (skewed)
 s (shifting: {cfg["phase_s"] / scale:g} s unscaled) and reports completed/s over its span (first send to last answer,
 so a backlog drains into it), p50/p99 latency from the client, and the loads and evictions the fleets' `/metrics`
 counted during it.
+
 {markdown(results)}
 {_findings(results)}
 
@@ -435,6 +437,20 @@ traffic's (minutes); the split is the best static division of the average mix; w
 (`FUSEFLEET_MAX_RESIDENT_MODELS` = the models) the multi-model fleet would need no load at all; the 2-core VM runs the
 load generator, every service process and Valkey, so the fleet's own overhead (unscaled) weighs more than beside a GPU.
 """
+
+
+def _reflowed(section: str) -> str:
+    """Each prose paragraph of ``section`` wrapped at 120 columns (headings and tables as they are)."""
+    paragraphs = section.strip("\n").split("\n\n")
+    return (
+        "\n\n".join(
+            part
+            if part.startswith(("#", "|"))
+            else textwrap.fill(" ".join(part.split()), 120, break_long_words=False, break_on_hyphens=False)
+            for part in paragraphs
+        )
+        + "\n"
+    )
 
 
 def _findings(results: Mapping[str, Any]) -> str:
@@ -479,4 +495,5 @@ def write_docs(results: Mapping[str, Any], docs_dir: Path) -> None:
     """The figures into ``benchmarks.json`` (other keys kept) and the section of ``benchmarks.md``."""
     merge_figures(docs_dir / "benchmarks.json", results["figures"])
     document = docs_dir / "benchmarks.md"
-    document.write_text(replace_section(document.read_text() if document.exists() else "", docs_section(results)))
+    section = _reflowed(docs_section(results))
+    document.write_text(replace_section(document.read_text() if document.exists() else "", section))
