@@ -8,11 +8,13 @@ queue (``shared.routing.worker_queue``) runs where its model is resident. ``plac
 
 - every live worker of the model holds it resident, or none does: the model's queue (no load to avoid, or none
   to prefer);
-- otherwise the batch's expected wait at the resident workers, ``(busy // resident workers) x batch seconds``
-  (``busy``: the model's batches occupying workers; each resident worker takes one at a time), against the
-  cheapest announced load: a cold load is taken (the model's queue, where an idle worker that must load it, or the
-  first resident worker to free up, takes it) only when the wait exceeds ``LOAD_MARGIN`` times the load seconds;
-  else the resident worker this scheduler placed the fewest batches in flight on (ties by name).
+- otherwise, a resident worker when one is free for the batch now (``busy``, the model's batches occupying
+  workers, below the resident workers); else the expected wait at the resident workers of the model's backlog,
+  ``((busy + backlog) // resident workers) x batch seconds`` (``backlog``: the batches the model's requests still
+  waiting in the scheduler make; each resident worker takes one at a time), against the cheapest announced load:
+  a cold load is taken (the model's queue, where an idle worker that must load it, or the first resident worker
+  to free up, takes it) only when the wait exceeds ``LOAD_MARGIN`` times the load seconds; else the resident
+  worker this scheduler placed the fewest batches in flight on (ties by name).
 
 The margin keeps a model from being loaded for a wait that a small change in the figures would undo; with the
 workers' minimum residency (``min_residency_s``) it is what keeps the fleet from thrashing.
@@ -63,14 +65,16 @@ def expected_wait_s(busy: int, resident: Sequence[Holder]) -> float:
     return (max(0, busy) // len(resident)) * batch_s
 
 
-def place(candidates: Sequence[Holder], busy: int) -> str | None:
+def place(candidates: Sequence[Holder], busy: int, backlog: int = 0) -> str | None:
     """The worker to place a batch of the model on (its own queue), or None for the model's queue (module
-    docstring). ``candidates``: the live workers that serve the model; ``busy``: its batches occupying workers."""
+    docstring). ``candidates``: the live workers that serve the model; ``busy``: its batches occupying workers;
+    ``backlog``: the batches its requests waiting behind this one make."""
     resident = [holder for holder in candidates if holder.resident]
     cold = [holder for holder in candidates if not holder.resident]
     if not resident or not cold:
         return None
     loads = [holder.load_s for holder in cold if holder.load_s is not None]
-    if loads and expected_wait_s(busy, resident) > LOAD_MARGIN * min(loads):
+    waiting = busy + backlog if busy >= len(resident) else 0  # a resident worker free now: no wait for this one
+    if loads and expected_wait_s(waiting, resident) > LOAD_MARGIN * min(loads):
         return None
     return min(resident, key=lambda holder: (holder.placed, holder.worker)).worker

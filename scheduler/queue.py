@@ -3,7 +3,8 @@
 Contract: ``RequestQueue`` holds what the scheduler read from the request stream and has not dispatched, pure (no
 I/O, no clock). ``add`` puts a request behind those of its level (``front=True``, a requeued one: ahead of them,
 requeued ones by ``arrival``); ``head(n)`` is the policy's window in service order, highest level first, FIFO
-within a level; ``remove`` takes one out; ``pop_expired(now)`` removes every request whose deadline is at or
+within a level; ``remove`` takes one out; ``waiting_of(model)`` counts the waiting requests of a model (their
+key's ``model``); ``pop_expired(now)`` removes every request whose deadline is at or
 before ``now``, earliest first, and ``next_deadline()`` says when the next falls due (the heap holds at most twice
 the waiting requests with a deadline, plus 64). ``FcfsQueue`` (``fcfs``, one level) and ``PriorityQueue``
 (``priority``, one FIFO per level) are the orders, ``QUEUES`` names them. The story:
@@ -15,6 +16,7 @@ from __future__ import annotations
 import heapq
 from abc import ABC, abstractmethod
 from bisect import insort
+from collections import Counter
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -34,6 +36,13 @@ class QueuedRequest:
     priority: int = 0  # the request's priority (RequestSpec.priority)
     deadline: float | None = None  # when it must have started (RequestSpec.deadline); None = no deadline
     arrival: tuple[int, int] = (0, 0)  # its first stream entry id (ms, seq): the order of requeued requests
+    owner: str = ""  # the API key's name ('' = none): with the key's ``model``, its flow in the fair order
+
+
+def _model(request: QueuedRequest) -> str | None:
+    """The model of a request's key (``shared.compat.CompatKey.model``); None for a key without one."""
+    model = getattr(request.key, "model", None)
+    return None if model is None else str(model)
 
 
 class _Level:
@@ -73,10 +82,15 @@ class RequestQueue(ABC):
         self._levels: dict[int, _Level] = {}  # level -> its requests in service order
         self._deadlines: list[tuple[float, str, str]] = []  # heap of (deadline, id, entry id); removals are lazy
         self._dead = 0  # entries of the heap whose request left (or was replaced): compacted past half of it
+        self._by_model: Counter[str | None] = Counter()  # waiting requests by their key's model
 
     @abstractmethod
     def level(self, request: QueuedRequest) -> int:
         """The level ``request`` is served at (higher first)."""
+
+    def _new_level(self) -> _Level:
+        """An empty level: FIFO (``scheduler.fair_queue`` orders its levels by flow)."""
+        return _Level()
 
     # --- the interface ---------------------------------------------------------------------------------------
     def add(self, request: QueuedRequest, *, front: bool = False) -> None:
@@ -84,7 +98,11 @@ class RequestQueue(ABC):
         among the requeued ones of its level by ``arrival``); a request already waiting under its id is replaced."""
         self.remove(request.id)
         self._requests[request.id] = request
-        self._levels.setdefault(self.level(request), _Level()).push(request, front)
+        level = self._levels.get(self.level(request))
+        if level is None:
+            level = self._levels[self.level(request)] = self._new_level()
+        level.push(request, front)
+        self._by_model[_model(request)] += 1
         if request.deadline is not None:
             heapq.heappush(self._deadlines, (request.deadline, request.id, request.entry_id))
 
@@ -105,6 +123,10 @@ class RequestQueue(ABC):
 
     def get(self, request_id: str) -> QueuedRequest | None:
         return self._requests.get(request_id)
+
+    def waiting_of(self, model: str | None) -> int:
+        """How many waiting requests are for ``model`` (their key's ``model``; None: keys without one)."""
+        return self._by_model[model]
 
     def pop_expired(self, now: float) -> list[QueuedRequest]:
         """Remove and return every request whose deadline is at or before ``now``, earliest deadline first."""
@@ -131,6 +153,7 @@ class RequestQueue(ABC):
         self._levels.clear()
         self._deadlines.clear()
         self._dead = 0
+        self._by_model.clear()
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -149,6 +172,10 @@ class RequestQueue(ABC):
         self._levels[level].drop(request)
         if not self._levels[level]:
             del self._levels[level]
+        model = _model(request)
+        self._by_model[model] -= 1
+        if not self._by_model[model]:
+            del self._by_model[model]
 
     def _compact(self) -> None:
         """Rebuild the deadline heap from its live entries only (one each: a request re-added unchanged leaves

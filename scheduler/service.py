@@ -377,7 +377,7 @@ class SchedulerService:
         if several:  # for the model's room (busy_models forgets it once out of flight)
             self._batch_models[batch_id] = model
         message = self._message(batch_id, request_ids, model)
-        worker = self._place(batch_id, model) if several else None
+        worker = self._place(batch_id, request_ids, model) if several else None
         self._celery.send_task(
             RUN_BATCH_TASK,
             args=[message.model_dump(mode="json")],
@@ -401,12 +401,16 @@ class SchedulerService:
             del self._placed[batch_id]
             self._republish(batch_id, f"it was placed on {worker}, which is gone")
 
-    def _place(self, batch_id: str, model: str) -> str | None:
+    def _place(self, batch_id: str, request_ids: Sequence[str], model: str) -> str | None:
         """The worker holding ``model`` resident to place the batch on, or None for the model's queue
-        (``scheduler.placement``: a cold load only when it wins), from the announcements last read."""
+        (``scheduler.placement``: a cold load only when it wins, the model's backlog counted), from the
+        announcements last read."""
         placed = Counter(self._placed.values())
-        busy = self._slots.busy[model] if self._slots is not None else 0
-        worker = place(holders(model, self._announced, placed), busy)
+        in_flight = self._slots.busy[model] if self._slots is not None else 0
+        # the backlog behind this batch (its own requests leave the queue after the publish), in batches of its cap
+        waiting = self._queue.waiting_of(model) - sum(rid in self._queue for rid in request_ids)
+        cap = self._config.by_model.get(model, self._config).max_num_seqs
+        worker = place(holders(model, self._announced, placed), in_flight, -(-waiting // cap))
         self._placed.pop(batch_id, None)
         if worker is not None:
             self._placed[batch_id] = worker

@@ -214,6 +214,24 @@ def test_a_cold_load_is_taken_once_the_wait_at_the_resident_worker_is_over_twice
     ]
 
 
+def test_the_models_backlog_counts_toward_a_cold_load_not_only_its_batches_in_flight() -> None:
+    settings = Settings(key_prefix="t", models=MODELS, max_num_seqs=4, request_batch_max_wait_ms=0)
+    client = fakeredis.FakeRedis(decode_responses=True)
+    store = SchedulerStore(client, settings)
+    store.ensure_groups()
+    for n in range(12):  # three batches of px, all waiting when the scheduler starts
+        submit(client, store.keys, f"p{n}", model="px")
+    celery = QueuedBatches()
+    announce(client, store, "mux", "sd", "px", cold=("px",))  # would load px in 1 s
+    announce(client, store, "w2", "px", batch_s=2.0)  # holds px; its batches take 2 s
+    with running(scheduler(client, settings, celery)):  # type: ignore[arg-type]
+        assert wait_until(lambda: len(celery.sent) == 2, 5), celery.sent  # two workers serve px: two slots
+    # the first batch: w2 is free, so there; the second: one batch in flight at w2 and one more behind it, 2 x 2 s
+    # > 2 x 1 s of load: the model's queue, where mux loads px (counting only the batch in flight, 2 s is not over
+    # the 2 s margin, and it waited at w2: a backlog never spread px to a second worker)
+    assert [queue for queue, _ in celery.sent] == ["t.batches@w2", "t.batches.px"]
+
+
 def test_a_batch_placed_on_a_worker_that_went_is_placed_again_without_waiting_for_the_claim_timeout() -> None:
     settings = Settings(key_prefix="t", models=MODELS, max_num_seqs=4, request_batch_max_wait_ms=0)
     client = fakeredis.FakeRedis(decode_responses=True)

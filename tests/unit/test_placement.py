@@ -72,3 +72,11 @@ def test_holders_reads_each_workers_announcement() -> None:
     assert [h.worker for h in holders("px", announced, {})] == ["w2", "w3"]
     one = WorkerCapabilities(model="sd", pipeline="P", tasks=())  # an announcement of before: resident
     assert holders("sd", {"old": one}, {}) == [Holder("old", resident=True)]
+
+
+def test_a_backlog_counts_once_no_resident_worker_is_free() -> None:
+    # a resident worker free now takes the batch whatever waits behind it (the next batches see it busy)
+    assert place([HOT, COLD], busy=0, backlog=50) == "hot"
+    # busy: one batch ahead at the one resident worker (1 s) is not over 6 s; with 6 more behind, 7 s is
+    assert place([HOT, COLD], busy=1, backlog=5) == "hot"
+    assert place([HOT, COLD], busy=1, backlog=6) is None

@@ -160,3 +160,22 @@ def test_clear_empties_everything() -> None:
     queue = fill(PriorityQueue(), queued("a", 1, deadline=1.0), queued("b"))
     queue.clear()
     assert len(queue) == 0 and ids(queue) == [] and queue.next_deadline() is None
+
+
+@pytest.mark.parametrize("kind", [FcfsQueue, PriorityQueue])
+def test_waiting_requests_are_counted_by_their_keys_model(kind: type[RequestQueue]) -> None:
+    class Keyed:  # as shared.compat.CompatKey: a key with a model
+        def __init__(self, model: str) -> None:
+            self.model = model
+
+    def of(id: str, model: str, priority: int = 0, deadline: float | None = None) -> QueuedRequest:
+        return QueuedRequest(id, f"e-{id}", Keyed(model), 0.0, priority=priority, deadline=deadline)
+
+    queue = fill(kind(), of("a", "sd"), of("b", "px", priority=2, deadline=5.0), of("c", "sd"), queued("d"))
+    assert [queue.waiting_of(m) for m in ("sd", "px", None, "other")] == [2, 1, 1, 0]
+    queue.add(of("a", "sd", priority=1))  # replaced, not counted twice
+    queue.remove("c")
+    assert queue.pop_expired(10.0)[0].id == "b"
+    assert [queue.waiting_of(m) for m in ("sd", "px", None)] == [1, 0, 1]
+    queue.clear()
+    assert queue.waiting_of("sd") == 0
