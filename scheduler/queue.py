@@ -6,8 +6,9 @@ requeued ones by ``arrival``); ``head(n)`` is the policy's window in service ord
 within a level; ``remove`` takes one out; ``waiting_of(model)`` counts the waiting requests of a model (their
 key's ``model``); ``pop_expired(now)`` removes every request whose deadline is at or
 before ``now``, earliest first, and ``next_deadline()`` says when the next falls due (the heap holds at most twice
-the waiting requests with a deadline, plus 64). ``FcfsQueue`` (``fcfs``, one level) and ``PriorityQueue``
-(``priority``, one FIFO per level) are the orders, ``QUEUES`` names them. The story:
+the waiting requests with a deadline, plus 64). ``FcfsQueue`` (``fcfs``, one level), ``PriorityQueue``
+(``priority``, one FIFO per level) and ``FairQueue`` (``fair``: the priority levels, deficit round robin over flows
+of (model, API key) inside each, FIFO within a flow) are the orders, ``QUEUES`` names them. The story:
 docs/architecture.md#the-schedulers-round-and-queue.
 """
 
@@ -17,7 +18,7 @@ import heapq
 from abc import ABC, abstractmethod
 from bisect import insort
 from collections import Counter
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 
@@ -89,7 +90,7 @@ class RequestQueue(ABC):
         """The level ``request`` is served at (higher first)."""
 
     def _new_level(self) -> _Level:
-        """An empty level: FIFO (``scheduler.fair_queue`` orders its levels by flow)."""
+        """An empty level: FIFO (``FairQueue`` orders its levels by flow)."""
         return _Level()
 
     # --- the interface ---------------------------------------------------------------------------------------
@@ -204,6 +205,106 @@ class PriorityQueue(RequestQueue):
         return request.priority
 
 
-QUEUES: dict[SchedulingPolicy, type[RequestQueue]] = {"priority": PriorityQueue, "fcfs": FcfsQueue}
+Shares = Callable[[str | None, str], float]
+"""A flow's weight in the fair order from its model (the key's ``model``) and owner (the API key's name)."""
+
+
+def _equal_shares(model: str | None, owner: str) -> float:
+    return 1.0
+
+
+class _FairLevel(_Level):
+    """One level in the fair order: the requeued ones first (as ``_Level``), then deficit round robin over flows
+    (a flow = (model, owner)) in its virtual-time form. Each request is stamped at ``push`` with the round DRR would
+    serve it in: ``max(the level's round, its flow's next round)``, and its flow's next round moves on by
+    1 / share (the cost of a request is 1, whatever its images). Service order = by (stamp, order added): FIFO within
+    a flow, flows interleaved by weight. The level's round only moves forward when its first request in service
+    order leaves (dispatched, or aborted / expired while first), to that request's stamp: a far request leaving
+    does not move it. A flow's state goes with its last waiting request (an idle flow banks no credit)."""
+
+    __slots__ = ("_flows", "_heads", "_next", "_order", "_round", "_shares", "_flow_of")
+
+    def __init__(self, shares: Shares) -> None:
+        super().__init__()
+        self._shares = shares
+        self._round = 0.0
+        self._order = 0  # requests pushed so far: ties of equal stamps in the order added
+        self._flows: dict[tuple[str | None, str], dict[str, tuple[float, int, QueuedRequest]]] = {}
+        self._next: dict[tuple[str | None, str], float] = {}  # a waiting flow's next round
+        self._heads: list[tuple[float, int, tuple[str | None, str]]] = []  # flows' first requests; lazy removals
+        self._flow_of: dict[str, tuple[str | None, str]] = {}  # waiting (not requeued) request id -> its flow
+
+    def push(self, request: QueuedRequest, front: bool) -> None:
+        if front:
+            super().push(request, front)
+            return
+        flow = (_model(request), request.owner)
+        stamp = max(self._round, self._next.get(flow, self._round))
+        share = self._shares(*flow)
+        self._next[flow] = stamp + 1.0 / (share if share > 0 else 1e-9)
+        self._order += 1
+        requests = self._flows.setdefault(flow, {})
+        requests[request.id] = (stamp, self._order, request)
+        self._flow_of[request.id] = flow
+        if len(requests) == 1:
+            heapq.heappush(self._heads, (stamp, self._order, flow))
+
+    def drop(self, request: QueuedRequest) -> None:
+        flow = self._flow_of.pop(request.id, None)
+        if flow is None:
+            super().drop(request)
+            return
+        requests = self._flows[flow]
+        was_first = next(iter(requests)) == request.id
+        stamp, order, _ = requests.pop(request.id)
+        if not requests:
+            del self._flows[flow], self._next[flow]  # no credit banked
+        elif was_first:
+            first_stamp, first_order, _ = next(iter(requests.values()))
+            heapq.heappush(self._heads, (first_stamp, first_order, flow))
+        if was_first:
+            first = self._first()
+            if first is None or (stamp, order) < first[:2]:  # it was the level's first: the round moves on
+                self._round = max(self._round, stamp)
+        if len(self._heads) > 2 * len(self._flows) + 64:
+            self._heads = [head for head in self._heads if self._live(head)]
+            heapq.heapify(self._heads)
+
+    def _live(self, head: tuple[float, int, tuple[str | None, str]]) -> bool:
+        requests = self._flows.get(head[2])
+        return requests is not None and bool(requests) and next(iter(requests.values()))[:2] == head[:2]
+
+    def _first(self) -> tuple[float, int, tuple[str | None, str]] | None:
+        while self._heads and not self._live(self._heads[0]):
+            heapq.heappop(self._heads)
+        return self._heads[0] if self._heads else None
+
+    def __iter__(self) -> Iterator[QueuedRequest]:
+        yield from self.requeued
+        ordered = heapq.merge(*(requests.values() for requests in self._flows.values()), key=lambda s: s[:2])
+        for _, _, request in ordered:
+            yield request
+
+    def __bool__(self) -> bool:
+        return bool(self._flows or self.requeued)
+
+
+class FairQueue(PriorityQueue):
+    """The priority levels, and inside each deficit round robin over flows (model, API key) weighted by
+    ``shares(model, owner)`` (default: equal), FIFO within a flow (``_FairLevel``)."""
+
+    def __init__(self, shares: Shares | None = None) -> None:
+        super().__init__()
+        self._shares = shares or _equal_shares
+
+    def _new_level(self) -> _Level:
+        return _FairLevel(self._shares)
+
+
+QUEUES: dict[SchedulingPolicy, type[RequestQueue]] = {
+    "priority": PriorityQueue,
+    "fcfs": FcfsQueue,
+    "fair": FairQueue,
+}
 """The queue of each ``scheduling_policy`` setting (``shared.settings.SchedulingPolicy``: a new order is its class
 here, its entry here and its name there; every name has a queue, ``tests/unit/test_queue.py``)."""

@@ -11,7 +11,7 @@ from pydantic_settings import NoDecode
 from shared.contracts import PRIORITY_MAX, PRIORITY_MIN
 from shared.settings.concern import SettingsConcern, field_adapter
 
-SchedulingPolicy = Literal["priority", "fcfs"]
+SchedulingPolicy = Literal["priority", "fcfs", "fair"]
 """The queue orders (``scheduling_policy``); ``scheduler.queue.QUEUES`` holds the queue of each."""
 BatchOrder = Literal["strict", "grouped"]
 """How a batch is formed behind its head (``batch_order``, ``scheduler.policy``)."""
@@ -74,8 +74,10 @@ class BatchingSettings(SettingsConcern):
 
     scheduling_policy: SchedulingPolicy = "priority"
     """'priority': requests wait in levels by their priority, the highest non-empty level is served first, FIFO within a
-    level, and a batch holds one level only. 'fcfs': one FIFO of arrival order, request priorities are ignored. Requests
-    that all keep the default priority are served in arrival order either way."""
+    level, and a batch holds one level only. 'fcfs': one FIFO of arrival order, request priorities are ignored.
+    'fair': the priority levels, and inside each deficit round robin over flows (a flow = the request's model and API
+    key), weighted by the key's and the model's share, FIFO within a flow. Requests that all keep the default
+    priority (and one key, one model) are served in arrival order in each."""
 
     default_priority: int = Field(
         0,
