@@ -8,17 +8,27 @@ classifier-free guidance (the pipeline takes no ``guidance_rescale``; a row's re
 request-level runner leaves it out), no extra scheduler-step arguments, the dynamic shift ``mu`` of the image
 sequence length when the scheduler uses it, and ``vae.decode(latents / scaling_factor + shift_factor)``.
 Skip-layer guidance and IP adapters are not used (the fleet sends neither).
+
+Image-to-image rows mirror ``StableDiffusion3Img2ImgPipeline``: the first step is
+``int(max(steps - steps x strength, 0))`` (a float product, unlike SD's ``int(steps x strength)``), the image's
+latents are ``(sample - shift_factor) x scaling_factor`` (drawn with the row's generator), then the row's noise from
+the same generator, mixed in at the first timestep by ``scheduler.scale_noise``. Inpainting stays request-level
+for this family in step mode (not in ``tasks``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from gpu_worker.step_engine.adapter import Canvas, Conditioning, FamilyAdapter, Prompt, split
 from gpu_worker.step_engine.rows import Row
+from shared.contracts import Task
+
+if TYPE_CHECKING:
+    from gpu_worker.step_engine.image_task import Inpainting
 
 
 class StableDiffusion3Adapter(FamilyAdapter):
@@ -26,6 +36,7 @@ class StableDiffusion3Adapter(FamilyAdapter):
     denoiser_name: ClassVar[str] = "transformer"
     scales_initial_noise: ClassVar[bool] = False
     rescales_guidance: ClassVar[bool] = False
+    tasks: ClassVar[frozenset[Task]] = frozenset({Task.TEXT_TO_IMAGE, Task.IMAGE_TO_IMAGE})
 
     def __init__(self, pipe: Any, canvas: Canvas) -> None:
         super().__init__(pipe, canvas)
@@ -51,6 +62,40 @@ class StableDiffusion3Adapter(FamilyAdapter):
             config.get("max_shift", 1.16),
         )
         return {"mu": mu}
+
+    def begin(self, row: Row, scheduler: Any) -> int:
+        """The row's first timestep index: its strength's for image-to-image (``get_timesteps`` of the img2img
+        pipeline; ValueError when that leaves no step)."""
+        if not row.task.needs_image:
+            return 0
+        init_timestep = min(row.steps * row.denoising_strength, row.steps)
+        begin = int(max(row.steps - init_timestep, 0)) * getattr(scheduler, "order", 1)
+        if hasattr(scheduler, "set_begin_index"):
+            scheduler.set_begin_index(begin)
+        if begin >= len(scheduler.timesteps):
+            raise ValueError(f"row {row.id}: strength {row.strength} of {row.steps} steps leaves no step to denoise")
+        return begin
+
+    def image_start(
+        self, row: Row, scheduler: Any, begin: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, Inpainting | None]:
+        """An image-to-image row's initial latents: its image's latents noised to its first timestep."""
+        if row.task is not Task.IMAGE_TO_IMAGE:
+            return super().image_start(row, scheduler, begin, dtype)
+        from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3_img2img import retrieve_latents
+        from diffusers.utils.torch_utils import randn_tensor
+
+        vae = self.pipe.vae
+        height, width = self.canvas.height, self.canvas.width
+        pixels = self.pipe.image_processor.preprocess(row.image, height=height, width=width)
+        pixels = pixels.to(device=self.device, dtype=dtype)
+        sample = retrieve_latents(vae.encode(pixels), generator=row.generator)
+        encoded = (sample - vae.config.shift_factor) * vae.config.scaling_factor
+        encoded = torch.cat([encoded], dim=0)
+        noise = randn_tensor(encoded.shape, generator=row.generator, device=self.device, dtype=dtype)
+        first = scheduler.timesteps[begin : begin + 1]
+        latents: torch.Tensor = scheduler.scale_noise(encoded, first, noise).to(device=self.device, dtype=dtype)
+        return latents, None
 
     def encode(self, rows: Sequence[Row]) -> list[Prompt]:
         guided = [self.guided(row) for row in rows]

@@ -1,0 +1,76 @@
+"""Image-to-image rows of Stable Diffusion 3 in the step engine's running sets, on the tiny SD3 demo pipeline
+(float32, CPU), against ``StableDiffusion3Img2ImgPipeline`` derived with ``from_pipe`` as the runner derives it:
+
+* a solo image-to-image row equals the pipeline's call within 1/255, taking only its strength's steps (SD3's
+  ``int(max(steps - steps x strength, 0))``, not SD's ``int(steps x strength)``);
+* a set of a text row and image rows of two strengths, one joining mid-flight, equals each row's solo call;
+* SD3 still refuses inpainting rows in step mode (request-level serves them). Any strength above 0 leaves SD3 a
+  step (``int(steps - steps x strength) < steps``), so no strength is refused for leaving none.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+diffusers = pytest.importorskip("diffusers")
+
+from demo_models import ensure_demo_model  # noqa: E402
+from gpu_worker.diffusers_runner import absent_components  # noqa: E402
+from gpu_worker.step_engine import StepEngine  # noqa: E402
+from shared.contracts import Task  # noqa: E402
+from tests.unit.test_step_engine import assert_matches, denoiser_calls, run  # noqa: E402
+from tests.unit.test_step_engine_image_tasks import INPAINT, Case, reference  # noqa: E402
+
+FAMILY = "stable-diffusion-3"
+SIDE = 16
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/unit/conftest.py
+
+I2I = Case("a house by a lake", steps=4, guidance=5.0, seed=31, task=Task.IMAGE_TO_IMAGE, strength=0.6)
+I2I_STRONG = Case("a red car", steps=5, guidance=1.0, seed=32, task=Task.IMAGE_TO_IMAGE, strength=0.7)
+TEXT = Case("a lighthouse", steps=3, guidance=6.0, seed=33)
+
+
+def denoised(case: Case) -> int:
+    """Denoiser calls of an SD3 row (one timestep per step)."""
+    if not case.task.needs_image:
+        return case.steps
+    return case.steps - int(max(case.steps - case.steps * (case.strength or 0.8), 0))
+
+
+@pytest.fixture(scope="module")
+def pipe(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    source = str(ensure_demo_model(Path(tmp_path_factory.mktemp("step-engine-sd3-image")), FAMILY))
+    loaded = diffusers.DiffusionPipeline.from_pretrained(source, **absent_components(source))
+    loaded.set_progress_bar_config(disable=True)
+    return loaded
+
+
+def test_an_image_to_image_row_alone_is_the_pipeline_call(pipe: Any) -> None:
+    for case in (I2I, I2I_STRONG):
+        engine = StepEngine(pipe, SIDE, SIDE)
+        with denoiser_calls(engine) as sizes_seen:
+            finished, _ = run(engine, {0: [case.row("solo", SIDE)]})
+        assert len(sizes_seen) == denoised(case) < case.steps, f"strength {case.strength}: its steps only"
+        assert_matches(engine, finished["solo/0"], reference(pipe, SIDE, case))
+
+
+def test_text_and_image_rows_of_other_strengths_share_a_set(pipe: Any) -> None:
+    cases = {"t": TEXT, "a": I2I, "b": I2I_STRONG}
+    joins = {0: ["t", "a"], 1: ["b"]}
+    engine = StepEngine(pipe, SIDE, SIDE)
+    with denoiser_calls(engine) as sizes_seen:
+        finished, _ = run(engine, {k: [cases[n].row(n, SIDE) for n in names] for k, names in joins.items()})
+    assert max(sizes_seen) > 2, "the rows shared steps"
+    for name, case in cases.items():
+        assert_matches(engine, finished[f"{name}/0"], reference(pipe, SIDE, case))
+
+
+def test_inpainting_rows_are_refused(pipe: Any) -> None:
+    engine = StepEngine(pipe, SIDE, SIDE)
+    with pytest.raises(ValueError, match="task"):
+        engine.join([INPAINT.row("x", SIDE)])
+    assert len(engine) == 0
