@@ -63,6 +63,7 @@ class Submitter:
 
     name: str
     max_queued: int | None = None
+    share: float = 1.0  # its weight in the fair order (``scheduling_policy = fair``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +127,10 @@ class RequestStore:
         """Queue all ``specs`` (with their input images, ``inputs[i]`` for ``specs[i]``, under ``submitter``'s key,
         with their webhooks, ``webhooks[i]``) in one atomic step, or nothing when the queue would overflow, the key
         exceed its max queued or the inputs the input budget."""
-        name, limited, max_queued = "", "", 0  # no key; a key without a max queued: its name only
+        name, limited, max_queued, share = "", "", 0, ""  # no key; a key without a max queued: its name only
         if submitter is not None:
             name = submitter.name
+            share = "" if submitter.share == 1 else repr(submitter.share)
             if submitter.max_queued is not None:
                 limited, max_queued = "1", submitter.max_queued
         keys = submit_keys(self._keys, [spec.id for spec in specs], self._keys.api_key_unfinished(name))
@@ -140,6 +142,7 @@ class RequestStore:
             max_queued,
             self._result_ttl_s,
             budget,
+            share,
         ]
         for spec, stored in zip(specs, inputs or [None] * len(specs), strict=True):
             image = stored.image if stored else b""

@@ -101,7 +101,7 @@ async def accept(
     except KeyRefused:
         _count_refused(store, "rate_limited")
         raise
-    submitter = Submitter(caller.name, caller.max_queued) if caller is not None else None
+    submitter = Submitter(caller.name, caller.max_queued, caller.share) if caller is not None else None
     webhooks = [
         Webhook(request.webhook, subscription(request.webhook_events)) if request.webhook else None
         for request in requests

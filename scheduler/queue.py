@@ -22,7 +22,7 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 
-from shared.settings import SchedulingPolicy
+from shared.settings import SchedulingPolicy, Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +38,7 @@ class QueuedRequest:
     deadline: float | None = None  # when it must have started (RequestSpec.deadline); None = no deadline
     arrival: tuple[int, int] = (0, 0)  # its first stream entry id (ms, seq): the order of requeued requests
     owner: str = ""  # the API key's name ('' = none): with the key's ``model``, its flow in the fair order
+    share: float = 1.0  # the API key's share: times its model's, its flow's weight in the fair order
 
 
 def _model(request: QueuedRequest) -> str | None:
@@ -240,7 +241,7 @@ class _FairLevel(_Level):
             return
         flow = (_model(request), request.owner)
         stamp = max(self._round, self._next.get(flow, self._round))
-        share = self._shares(*flow)
+        share = request.share * self._shares(*flow)
         self._next[flow] = stamp + 1.0 / (share if share > 0 else 1e-9)
         self._order += 1
         requests = self._flows.setdefault(flow, {})
@@ -308,3 +309,12 @@ QUEUES: dict[SchedulingPolicy, type[RequestQueue]] = {
 }
 """The queue of each ``scheduling_policy`` setting (``shared.settings.SchedulingPolicy``: a new order is its class
 here, its entry here and its name there; every name has a queue, ``tests/unit/test_queue.py``)."""
+
+
+def queue_of(settings: Settings) -> RequestQueue:
+    """The queue of ``settings.scheduling_policy``; the fair order weighs each model by its ``share``
+    (``model_batching``, the config file's ``[models.<name>] share``; default 1)."""
+    if settings.scheduling_policy == "fair":
+        shares = {name: own.share for name, own in settings.model_batching.items()}
+        return FairQueue(lambda model, owner: shares.get(model or "", 1.0))
+    return QUEUES[settings.scheduling_policy]()

@@ -27,7 +27,7 @@ from scheduler.knees import KNEES_TTL_S, KneeCaps
 from scheduler.lease import LeaderLoop, Lease
 from scheduler.placement import holders, place
 from scheduler.policy import Dispatch, PolicyConfig, WaitingRequest, decide
-from scheduler.queue import QUEUES, QueuedRequest
+from scheduler.queue import QueuedRequest, queue_of
 from scheduler.store import LeaseLost, RunningSet, SchedulerStore, StreamEntry
 from shared.celery_config import RUN_BATCH_TASK, publish_options
 from shared.compat import compat_key, pixel_cost
@@ -72,7 +72,7 @@ class SchedulerService:
         self._wall_clock = wall_clock  # the deadlines' (RequestSpec.deadline)
         self._config = PolicyConfig.from_settings(settings)
         self._window = max(HEAD_WINDOW_MIN, 4 * self._config.widest)
-        self._queue = QUEUES[settings.scheduling_policy]()  # the requests read and not yet dispatched
+        self._queue = queue_of(settings)  # the requests read and not yet dispatched
         self._fresh: set[str] = set()  # queued and unaborted as far as we know: see _head_window
         self._slots: ModelSlots | None = None  # each model's room (None: a fleet of one model, not counted)
         self._batch_models: dict[str, str] = {}  # batch id -> its model, for the batches in flight
@@ -188,6 +188,8 @@ class SchedulerService:
                     priority=spec.priority,
                     deadline=spec.deadline,
                     arrival=entry.arrival,
+                    owner=entry.owner,
+                    share=entry.share,
                 ),
                 front=entry.requeued,
             )

@@ -32,6 +32,8 @@ class StreamEntry:
     spec: RequestSpec | None  # None when the entry is unreadable (then it is failed and discarded)
     requeued: bool = False  # put back by step-mode preemption (requeue.lua): it goes to the front of its level
     arrival: tuple[int, int] = (0, 0)  # its first entry id (ms, seq): this one's, or a requeued request's original
+    owner: str = ""  # its API key's name ('' = none; submit.lua's field ``key``)
+    share: float = 1.0  # its key's share (field ``share``): its weight in the fair order
 
 
 def entry_order(entry_id: str) -> tuple[int, int]:
@@ -203,7 +205,16 @@ class SchedulerStore:
             spec = None
         requeued = fields.get("requeued") == "1"
         arrival = entry_order(fields.get("arrival") or entry_id)
-        return StreamEntry(entry_id, fields.get("id", ""), spec, requeued=requeued, arrival=arrival)
+        try:
+            share = float(fields.get("share") or 1.0)
+        except ValueError:
+            share = 1.0
+        if not 0 < share < float("inf"):
+            share = 1.0
+        owner = str(fields.get("key") or "")
+        return StreamEntry(
+            entry_id, fields.get("id", ""), spec, requeued=requeued, arrival=arrival, owner=owner, share=share
+        )
 
     def statuses(self, request_ids: Sequence[str]) -> list[tuple[RequestStatus | None, bool, str | None]]:
         """(status, abort flag, batch id) of each request; status None when the request hash is gone."""

@@ -9,6 +9,7 @@ TOML, one table per key under ``keys``, named by the key's name::
     rate_per_s = 2.0                  # optional: submitted requests per second, sustained (a token bucket)
     burst = 10                        # optional, with rate_per_s: requests at once (default: rate_per_s rounded up)
     max_queued = 50                   # optional: requests queued, scheduled or running at once
+    share = 2.0                       # optional: its weight in the fair order (scheduling_policy = "fair"), default 1
 
 ``fusefleet keys new NAME`` mints a token and prints it once, with the table to add. Tokens are random (256
 bits, ``new_token``), so a plain sha256 of the token is the right hash: there is nothing to brute-force, so no salt
@@ -53,6 +54,7 @@ class KeyLimits(BaseModel):
     rate_per_s: float | None = Field(None, gt=0, le=1_000_000, description="Submitted requests per second.")
     burst: int | None = Field(None, ge=1, le=1_000_000, description="Requests at once (the bucket's size).")
     max_queued: int | None = Field(None, ge=1, le=1_000_000, description="Unfinished requests at once.")
+    share: float = Field(1.0, gt=0, le=1_000_000, description="Its weight in the fair order (scheduling_policy).")
 
     @model_validator(mode="after")
     def _burst_needs_a_rate(self) -> KeyLimits:
@@ -148,4 +150,6 @@ def key_table(key: ApiKey) -> str:
         lines.append(f"burst = {key.burst}")
     if key.max_queued is not None:
         lines.append(f"max_queued = {key.max_queued}")
+    if key.share != 1:
+        lines.append(f"share = {key.share!r}")
     return "\n".join(lines) + "\n"

@@ -5,7 +5,8 @@
 -- seed and gives the same images), its batch fields and claim are cleared (its old batch no longer counts it: the
 -- reaper and batch_done.lua look for requests scheduled or running in that batch), and it gets a new entry in the
 -- request stream (with ``requeued`` = 1: the scheduler puts it at the front of its level; and ``arrival`` = its first
--- stream entry id, kept in its hash across requeues: requeued requests keep their original order there) and a
+-- stream entry id, kept in its hash across requeues: requeued requests keep their original order there; and its
+-- owner, ``key`` and ``share``, from its hash, as submit.lua gave them: its flow in the fair order) and a
 -- ``requeued`` event (+ ``worker``, ``step`` it had reached). In the same step the worker's set counts it out
 -- (``P:step:rows``), its level leaves the set's levels hash, the scheduler is woken (its room is free for the
 -- request that preempts it) and the metrics count it (``requeued``).
@@ -20,7 +21,8 @@ local stream, step_rows, levels, wake_ups, metrics, request = KEYS[1], KEYS[2], 
 local token, worker, request_id, events_maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 local hash = request.hash
-local st = redis.call('HMGET', hash, 'status', 'claim', 'abort', 'spec', 'step', 'requeued', 'arrival', 'entry')
+local st = redis.call('HMGET', hash, 'status', 'claim', 'abort', 'spec', 'step', 'requeued', 'arrival', 'entry',
+  'key', 'share')
 if st[1] ~= STATUS.running or st[2] ~= token then
   if st[6] == token then return 1 end
   return 0
@@ -28,7 +30,11 @@ end
 if st[3] then return 2 end
 redis.call('HDEL', hash, 'claim', 'batch_id', 'batch_size', 'scheduled_at', 'started_at', 'worker', 'total')
 local arrival = st[7] or st[8] or '0-0'  -- its first stream entry (submit.lua's): its place among the requeued
-local entry = redis.call('XADD', stream, '*', 'id', request_id, 'spec', st[4], 'requeued', '1', 'arrival', arrival)
+local owner = {}
+if st[9] then owner = {'key', st[9]} end
+if st[9] and st[10] then table.insert(owner, 'share'); table.insert(owner, st[10]) end
+local entry = redis.call('XADD', stream, '*', 'id', request_id, 'spec', st[4], 'requeued', '1', 'arrival', arrival,
+  unpack(owner))
 redis.call('HSET', hash, 'status', STATUS.queued, 'step', 0, 'entry', entry, 'requeued', token, 'arrival', arrival)
 redis.call('XADD', request.events, '*', 'event', 'requeued', 'worker', worker, 'step', st[5] or '0')
 if redis.call('HEXISTS', step_rows, worker) == 1 then redis.call('HINCRBY', step_rows, worker, -1) end

@@ -28,6 +28,8 @@ class ModelBatching(BaseModel):
     max_num_seqs: int | None = None
     request_batch_max_wait_ms: float | None = None
     max_batch_pixels: int | None = None
+    share: float = Field(1.0, gt=0, le=1_000_000)
+    """Its weight in the fair order (``scheduling_policy = "fair"``): times the API key's, its flows' weight."""
 
     @model_validator(mode="after")
     def _within_fleet_bounds(self) -> ModelBatching:

@@ -25,7 +25,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from shared.settings.acceleration import MODEL_APPROXIMATIONS, AccelerationSettings
-from shared.settings.batching import MODEL_ENGINE_ARGS, BatchingSettings
+from shared.settings.batching import MODEL_ENGINE_ARGS, BatchingSettings, ModelBatching
 from shared.settings.concern import ENV_PREFIX, field_adapter
 
 CONFIG_VARIABLE = f"{ENV_PREFIX}CONFIG"
@@ -40,6 +40,10 @@ MODELS_TABLE = "models"
 SOURCE_KEY = "source"
 _HEADER = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]\s*(#.*)?$")
 _ASSIGNMENT = re.compile(r"^\s*\"?([A-Za-z0-9_.-]+?)\"?\s*=")
+
+
+MODEL_SHARE = "share"
+"""A model's weight in the fair order (``ModelBatching.share``), beside its engine args in its table."""
 
 
 class ConfigFileError(ValueError):
@@ -148,8 +152,12 @@ class _Reading:
                     self.check(table, key, value, AccelerationSettings.model_fields[key])
                     approximations.setdefault(name, {})[key] = value
                     continue
+                if key == MODEL_SHARE:  # its weight in the fair order, not an engine arg
+                    self.check(table, key, value, ModelBatching.model_fields[key])
+                    own[key] = value
+                    continue
                 if key not in MODEL_ENGINE_ARGS:
-                    allowed = ", ".join((*MODEL_ENGINE_ARGS, *MODEL_APPROXIMATIONS))
+                    allowed = ", ".join((*MODEL_ENGINE_ARGS, MODEL_SHARE, *MODEL_APPROXIMATIONS))
                     raise self.error(table, key, f"not an engine arg of a model (one of {allowed})")
                 self.check(table, key, value, BatchingSettings.model_fields[key])
                 own[key] = value

@@ -267,3 +267,10 @@ def test_submit_without_a_max_queued_keeps_no_count(client: fakeredis.FakeRedis)
     assert submit(client, "n1") == 1
     assert client.hget(keys.request("n1"), "key") is None
     assert not client.keys(f"{keys.tag}:apikey:*")
+
+
+def test_a_key_has_a_share_in_the_fair_order_default_1() -> None:
+    alice, bob = parse_keys(FILE.replace("max_queued = 3\n", "max_queued = 3\nshare = 2.5\n")).keys
+    assert (alice.share, bob.share) == (2.5, 1.0)
+    with pytest.raises(KeysFileError, match="share"):
+        parse_keys(FILE.replace("max_queued = 3\n", "share = 0\n"))

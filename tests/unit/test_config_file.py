@@ -118,3 +118,11 @@ def test_model_batching_names_models_of_the_fleet() -> None:
         Settings(models={"sd": "demo:stable-diffusion"}, model_batching={"px": {"max_num_seqs": 2}})
     with pytest.raises(ValidationError, match="max_num_seqs: Input should be less than or equal to 256"):
         Settings(models={"sd": "demo:stable-diffusion"}, model_batching={"sd": {"max_num_seqs": 300}})
+
+
+def test_a_model_table_sets_its_share_in_the_fair_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _config(monkeypatch, tmp_path, FLEET.replace("max_num_seqs = 8\n", "max_num_seqs = 8\nshare = 3.0\n"))
+    settings = Settings()
+    assert settings.model_batching["sd"].share == 3.0 and settings.model_batching["px"].share == 1.0
+    assert settings.batching_for("sd").max_num_seqs == 8
+    assert "share" in _error(monkeypatch, tmp_path, FLEET.replace("max_num_seqs = 8\n", "share = 0\n"))

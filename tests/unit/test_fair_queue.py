@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.queue import QUEUES, FairQueue, PriorityQueue, QueuedRequest, RequestQueue
+from scheduler.queue import QUEUES, FairQueue, FcfsQueue, PriorityQueue, QueuedRequest, RequestQueue, queue_of
 from shared.settings import Settings
 
 
@@ -150,3 +150,21 @@ def test_the_head_window_is_a_prefix_of_the_service_order() -> None:
     queue = fill(FairQueue(), *(queued(f"{o}{i}", o) for i in range(20) for o in "abc"))
     order = ids(queue, 1000)
     assert ids(queue, 7) == order[:7] and len(order) == 60
+
+
+def test_the_settings_weigh_each_model_by_its_share() -> None:
+    settings = Settings(scheduling_policy="fair", model_batching={"demo": {"share": 3.0}})
+    queue = queue_of(settings)
+    assert isinstance(queue, FairQueue)
+    fill(queue, *(queued(f"d{i}", model="demo") for i in range(4)), *(queued(f"o{i}", model="other") for i in range(2)))
+    assert ids(queue) == ["d0", "o0", "d1", "d2", "d3", "o1"]
+    assert isinstance(queue_of(Settings(scheduling_policy="fcfs")), FcfsQueue)
+
+
+def test_a_keys_share_weighs_its_requests() -> None:
+    heavy = [
+        QueuedRequest(id=f"a{i}", entry_id=f"e-a{i}", key=Key("m"), arrived_at=0.0, owner="a", share=2.0)
+        for i in range(4)
+    ]
+    queue = fill(FairQueue(), *heavy, *(queued(f"b{i}", "b") for i in range(2)))
+    assert ids(queue) == ["a0", "b0", "a1", "a2", "b1", "a3"]

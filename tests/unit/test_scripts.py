@@ -29,12 +29,13 @@ def submit(
     max_len: int = 100,
     key: str = "",
     max_queued: int = 0,
+    share: str = "",
     **spec_fields: object,
 ) -> int:
     """``submit.lua`` for requests whose ids are also their prompts; under API key ``key`` ('' = none), with its
     ``max_queued`` (0 = the key has none); ``spec_fields`` replace the defaults of their specs (64x64, 4 steps,
     guidance 5)."""
-    args: list[object] = [max_len, key, "1" if max_queued else "", max_queued, 60, ""]  # '': no input budget
+    args: list[object] = [max_len, key, "1" if max_queued else "", max_queued, 60, "", share]  # '': no budget
     for rid in ids:
         defaults: dict[str, object] = {"width": 64, "height": 64, "num_inference_steps": 4, "guidance_scale": 5.0}
         fields = {"id": rid, "model": "demo", "prompt": rid, "seed": 1, "created_at": time.time()}
@@ -463,3 +464,27 @@ def test_finish_writes_the_forwards_last_step_with_the_ending_and_its_event_befo
     assert client.hmget(keys.request("c"), ["step", "total"]) == ["0", None]  # as its claim left it
     hooks = [fields for _, fields in client.xrange(keys.webhooks)][hooks_before:]
     assert [(fields["id"], fields["event"], fields.get("step")) for fields in hooks] == [("a", "progress", "4")]
+
+
+def test_the_owner_rides_on_the_stream_entry_and_survives_a_requeue(
+    client: fakeredis.FakeRedis, settings: Settings
+) -> None:
+    keys = k.RedisKeys(settings.key_prefix)
+    assert submit(client, keys, "mine", key="alice", share="2.5") == 1
+    assert submit(client, keys, "theirs", key="bob") == 1
+    assert submit(client, keys, "anon") == 1
+    store = SchedulerStore(client, settings)
+    store.ensure_groups()
+    entries = {e.request_id: e for e in store.read_new(block_ms=0).entries}
+    assert (entries["mine"].owner, entries["mine"].share) == ("alice", 2.5)
+    assert (entries["theirs"].owner, entries["theirs"].share) == ("bob", 1.0)
+    assert (entries["anon"].owner, entries["anon"].share) == ("", 1.0)
+    assert client.hget(keys.request("mine"), "share") == "2.5"
+    # step-mode preemption's requeue copies the owner from the hash into the new entry
+    client.hset(keys.request("mine"), mapping={"status": RequestStatus.RUNNING.value, "claim": "tok"})
+    requeue = client.register_script(k.REQUEUE)
+    stride = keys.request_keys("mine")
+    step_keys = [keys.requests, keys.step_rows, keys.step_levels("w"), keys.events, keys.metrics, *stride]
+    assert requeue(keys=step_keys, args=["tok", "w", "mine", k.EVENTS_MAXLEN]) == 1
+    again = [e for e in store.read_new(block_ms=0).entries if e.request_id == "mine"]
+    assert again and again[0].requeued and (again[0].owner, again[0].share) == ("alice", 2.5)
