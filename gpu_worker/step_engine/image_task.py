@@ -39,6 +39,33 @@ def first_step(steps: int, strength: float, order: int) -> int:
     return max(steps - init_timestep, 0) * order
 
 
+def flow_begin(row: Row, scheduler: Any) -> int:
+    """An image-to-image row's first timestep index in the flow-matching img2img pipelines (SD3's, Flux's:
+    ``int(max(steps - steps x strength, 0))``, a float product, x the scheduler's order), set as the scheduler's
+    begin index; 0 for a text-to-image row. Any strength above 0 leaves at least one step."""
+    if not row.task.needs_image:
+        return 0
+    init_timestep = min(row.steps * row.denoising_strength, row.steps)
+    begin = int(max(row.steps - init_timestep, 0)) * getattr(scheduler, "order", 1)
+    if hasattr(scheduler, "set_begin_index"):
+        scheduler.set_begin_index(begin)
+    return begin
+
+
+def flow_image_latents(pipe: Any, row: Row, height: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """The row's input image's latents as the flow-matching img2img pipelines take them: preprocessed to the
+    canvas, a VAE sample drawn with the row's generator, ``(sample - shift_factor) x scaling_factor``."""
+    from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3_img2img import retrieve_latents
+
+    vae = pipe.vae
+    device = pipe._execution_device
+    pixels = pipe.image_processor.preprocess(row.image, height=height, width=width)
+    pixels = pixels.to(dtype=torch.float32).to(device=device, dtype=dtype)
+    sample = retrieve_latents(vae.encode(pixels), generator=row.generator)
+    encoded: torch.Tensor = (sample - vae.config.shift_factor) * vae.config.scaling_factor
+    return torch.cat([encoded], dim=0)
+
+
 @dataclass(slots=True, eq=False)
 class Inpainting:
     """An inpainting row's own condition, kept for every step: its image latents (None where not needed), its
@@ -85,9 +112,7 @@ class ImageTasks:
         if hasattr(scheduler, "set_begin_index"):
             scheduler.set_begin_index(begin)
         if begin >= len(scheduler.timesteps):
-            raise ValueError(
-                f"row {row.id}: strength {row.strength} of {row.steps} steps leaves no step to denoise"
-            )
+            raise ValueError(f"row {row.id}: strength {row.strength} of {row.steps} steps leaves no step to denoise")
         return begin
 
     def encode_image(self, pixels: torch.Tensor, row: Row) -> torch.Tensor:
@@ -141,7 +166,5 @@ class ImageTasks:
         masked = (image * (condition < 0.5)).to(device=device, dtype=dtype)
         mask = torch.nn.functional.interpolate(condition, size=(height // scale, width // scale))
         masked_latents = self.encode_image(masked, row)
-        inpainting = Inpainting(
-            image_latents, noise, mask.to(device=device, dtype=dtype), masked_latents, concatenated
-        )
+        inpainting = Inpainting(image_latents, noise, mask.to(device=device, dtype=dtype), masked_latents, concatenated)
         return latents, inpainting

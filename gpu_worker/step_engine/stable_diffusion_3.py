@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from gpu_worker.step_engine.adapter import Canvas, Conditioning, FamilyAdapter, Prompt, split
+from gpu_worker.step_engine.image_task import flow_begin, flow_image_latents
 from gpu_worker.step_engine.rows import Row
 from shared.contracts import Task
 
@@ -65,16 +66,8 @@ class StableDiffusion3Adapter(FamilyAdapter):
 
     def begin(self, row: Row, scheduler: Any) -> int:
         """The row's first timestep index: its strength's for image-to-image (``get_timesteps`` of the img2img
-        pipeline; ValueError when that leaves no step)."""
-        if not row.task.needs_image:
-            return 0
-        init_timestep = min(row.steps * row.denoising_strength, row.steps)
-        begin = int(max(row.steps - init_timestep, 0)) * getattr(scheduler, "order", 1)
-        if hasattr(scheduler, "set_begin_index"):
-            scheduler.set_begin_index(begin)
-        if begin >= len(scheduler.timesteps):
-            raise ValueError(f"row {row.id}: strength {row.strength} of {row.steps} steps leaves no step to denoise")
-        return begin
+        pipeline)."""
+        return flow_begin(row, scheduler)
 
     def image_start(
         self, row: Row, scheduler: Any, begin: int, dtype: torch.dtype
@@ -82,16 +75,9 @@ class StableDiffusion3Adapter(FamilyAdapter):
         """An image-to-image row's initial latents: its image's latents noised to its first timestep."""
         if row.task is not Task.IMAGE_TO_IMAGE:
             return super().image_start(row, scheduler, begin, dtype)
-        from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3_img2img import retrieve_latents
         from diffusers.utils.torch_utils import randn_tensor
 
-        vae = self.pipe.vae
-        height, width = self.canvas.height, self.canvas.width
-        pixels = self.pipe.image_processor.preprocess(row.image, height=height, width=width)
-        pixels = pixels.to(device=self.device, dtype=dtype)
-        sample = retrieve_latents(vae.encode(pixels), generator=row.generator)
-        encoded = (sample - vae.config.shift_factor) * vae.config.scaling_factor
-        encoded = torch.cat([encoded], dim=0)
+        encoded = flow_image_latents(self.pipe, row, self.canvas.height, self.canvas.width, dtype)
         noise = randn_tensor(encoded.shape, generator=row.generator, device=self.device, dtype=dtype)
         first = scheduler.timesteps[begin : begin + 1]
         latents: torch.Tensor = scheduler.scale_noise(encoded, first, noise).to(device=self.device, dtype=dtype)

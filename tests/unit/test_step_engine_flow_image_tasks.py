@@ -1,11 +1,12 @@
-"""Image-to-image rows of Stable Diffusion 3 in the step engine's running sets, on the tiny SD3 demo pipeline
-(float32, CPU), against ``StableDiffusion3Img2ImgPipeline`` derived with ``from_pipe`` as the runner derives it:
+"""Image-to-image rows of the flow-matching families (SD3, Flux, Qwen-Image) in the step engine's running sets, on
+their tiny demo pipelines (float32, CPU), against each family's img2img pipeline (``StableDiffusion3Img2ImgPipeline``,
+``FluxImg2ImgPipeline``, ``QwenImageImg2ImgPipeline``) derived with ``from_pipe`` as the runner derives it:
 
-* a solo image-to-image row equals the pipeline's call within 1/255, taking only its strength's steps (SD3's
-  ``int(max(steps - steps x strength, 0))``, not SD's ``int(steps x strength)``);
+* a solo image-to-image row equals the pipeline's call within 1/255, taking only its strength's steps (the flow
+  pipelines' ``int(max(steps - steps x strength, 0))``, not SD's ``int(steps x strength)``);
 * a set of a text row and image rows of two strengths, one joining mid-flight, equals each row's solo call;
-* SD3 still refuses inpainting rows in step mode (request-level serves them). Any strength above 0 leaves SD3 a
-  step (``int(steps - steps x strength) < steps``), so no strength is refused for leaving none.
+* these families still refuse inpainting rows in step mode (request-level serves them). Any strength above 0 leaves
+  a step (``int(steps - steps x strength) < steps``), so no strength is refused for leaving none.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from shared.contracts import Task  # noqa: E402
 from tests.unit.test_step_engine import assert_matches, denoiser_calls, run  # noqa: E402
 from tests.unit.test_step_engine_image_tasks import INPAINT, Case, reference  # noqa: E402
 
-FAMILY = "stable-diffusion-3"
+FAMILIES = ("stable-diffusion-3", "flux", "qwen-image")
 SIDE = 16
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/unit/conftest.py
@@ -41,9 +42,9 @@ def denoised(case: Case) -> int:
     return case.steps - int(max(case.steps - case.steps * (case.strength or 0.8), 0))
 
 
-@pytest.fixture(scope="module")
-def pipe(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    source = str(ensure_demo_model(Path(tmp_path_factory.mktemp("step-engine-sd3-image")), FAMILY))
+@pytest.fixture(scope="module", params=FAMILIES)
+def pipe(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    source = str(ensure_demo_model(Path(tmp_path_factory.mktemp("step-engine-flow-image")), request.param))
     loaded = diffusers.DiffusionPipeline.from_pretrained(source, **absent_components(source))
     loaded.set_progress_bar_config(disable=True)
     return loaded
