@@ -161,6 +161,25 @@ def priority(
 
 
 @cli.command()
+def fairness(
+    workers: Annotated[int, typer.Option(help="Worker processes.")] = 2,
+    seqs: Annotated[int, typer.Option(help="FUSEFLEET_MAX_NUM_SEQS of the fleet.")] = 4,
+    requests: Annotated[int, typer.Option(help="The probe key's requests per run.")] = 40,
+    load: Annotated[float, typer.Option(help="The probe key's rate, a fraction of the fleet's capacity.")] = 0.3,
+    docs: Annotated[bool, typer.Option(help="Merge fair_p99_ratio into docs/benchmarks.json.")] = False,
+    docs_dir: Annotated[Path, typer.Option(help="Where benchmarks.json is.")] = Path("docs"),
+) -> None:
+    """One key's p99 while another floods, fair order vs fcfs, over its p99 alone (SIMULATED runner): fair_p99_ratio."""
+    from bench.fairness import measure
+    from bench.report import merge_figures
+
+    results = measure(workers=workers, seqs=seqs, requests=requests, load=load, log_dir=LOGS / "fairness")
+    typer.echo(json.dumps(results, indent=2))
+    if docs:
+        merge_figures(docs_dir / "benchmarks.json", {"fair_p99_ratio": results["fair_p99_ratio"]})
+
+
+@cli.command()
 def stepmode(
     loads: Annotated[str, typer.Option(help="Offered loads, fractions of the request-level capacity.")] = "0.5,0.8,1.1",
     seconds: Annotated[float, typer.Option(help="Poisson arrivals window of each load point.")] = STEP_SECONDS,
