@@ -143,7 +143,7 @@ class StepSchedulerService(SchedulerService):
         request of a lower level (``scheduler.policy.preempt``). The sets' members are read (one round trip) at
         most once per ``CAPACITY_TTL_S`` unless an event woke the loop."""
         first = next((r for r in head if not r.aborted), None)
-        preemption = self._settings.scheduling_policy == "priority"  # under fcfs every request is level 0
+        preemption = self._settings.scheduling_policy != "fcfs"  # priority and fair keep levels; fcfs: one level
         if not preemption or first is None or not isinstance(first.key, StepKey):
             return
         now = self._clock()

@@ -282,7 +282,7 @@ def full_set(client: fakeredis.FakeRedis, keys: k.RedisKeys, priorities: dict[st
         client.hset(keys.step_levels(WORKER), rid, f"{priority} {1000 + joined}")
 
 
-@pytest.mark.parametrize("policy", ["priority", "fcfs"])
+@pytest.mark.parametrize("policy", ["priority", "fair", "fcfs"])
 def test_the_scheduler_asks_a_full_set_to_evict_its_latest_lower_level_request(policy: str) -> None:
     s = loop_settings(policy)
     client = fakeredis.FakeRedis(decode_responses=True)
@@ -291,7 +291,7 @@ def test_the_scheduler_asks_a_full_set_to_evict_its_latest_lower_level_request(p
     celery = PublishedBatches()
     with running(scheduler(client, s, celery)):
         submit(client, keys, "high", priority=2)
-        sent = wait_until(lambda: client.llen(keys.step_inbox(WORKER)) > 0, 3 if policy == "priority" else 1)
+        sent = wait_until(lambda: client.llen(keys.step_inbox(WORKER)) > 0, 1 if policy == "fcfs" else 3)
         time.sleep(0.6)  # several rounds: one eviction only (it is pending until the set requeues it)
     inbox = client.lrange(keys.step_inbox(WORKER), 0, -1)
     if policy == "fcfs":  # one level: nothing preempts
