@@ -111,13 +111,6 @@ def test_mixed_requests_join_a_running_set_and_equal_their_solo_runs(
         assert difference <= 1, f"{family}: {rid} differs from its solo run by {difference}/255"
 
 
-@pytest.mark.soak  # a fleet per family: minutes; and, below, a known gap
-@pytest.mark.xfail(
-    strict=True,
-    reason="2026-12-02, Flux: the image-to-image request succeeded but only once the long text request had ended "
-    "(it did not join the running set, though the worker announces image-to-image step rows and the engine-level "
-    "tests join them): to be found; strict, so this fails once it joins",
-)
 def test_an_image_to_image_request_joins_the_running_set_at_its_strength(
     family_fleet: tuple[str, Fleet], model_cache: Path, lora_dir: Path
 ) -> None:
@@ -130,7 +123,7 @@ def test_an_image_to_image_request_joins_the_running_set_at_its_strength(
     long = fleet.submit(prompt="the long one", num_inference_steps=LONG_STEPS, width=SIDE, height=SIDE)
     fleet.wait_running(long, min_step=2, timeout=120)
     body = {"prompt": "a harbour", "num_inference_steps": 5, "guidance_scale": 3.0, "seed": 41, "strength": 0.6}
-    joiner = fleet.submit(**body, image=encoded(picture(41, SIDE)))
+    joiner = fleet.submit(**body, width=SIDE, height=SIDE, image=encoded(picture(41, SIDE)))
     state = fleet.wait_done([joiner], timeout=180)[joiner]
     assert state["status"] == "succeeded", state
     assert fleet.get(long)["status"] == "running", "the image request waited for the long one instead of joining it"
