@@ -47,7 +47,7 @@ import httpx
 
 from bench.fleet import bench_fleet
 from bench.peers.simulated_gpu import GPU_SHAPED
-from bench.report import merge_figures, summarize, write_json
+from bench.report import merge_figures, replace_section, summarize, write_json
 from bench.targets import FusefleetTarget, RequestRecord
 
 MODELS = ("m0", "m1", "m2")
@@ -469,26 +469,10 @@ def _findings(results: Mapping[str, Any]) -> str:
         " mix with the residency that start-up and the warm-up requests left (each worker keeps the last"
         f" {results['config']['resident']} models of its list at start, then loaded the first where a batch of it"
         " found no resident worker), whatever the demand. The scheduler's cost model (`scheduler/placement.py`) takes"
-        " a cold load only when the expected wait at the resident workers, the model's batches in flight (at most one"
-        " per live worker) over its resident workers times a batch's seconds, exceeds twice a load's seconds; the"
-        " requests still queued in the scheduler do not count, so a backlog of a model resident on one worker never"
-        " moves it to a second one here. And a model resident on every worker goes to its model's queue, where the"
-        " first worker to free takes it, also the workers that hot models need. That, not the load cost, sets the"
-        " multi-model fleet's figures above."
+        " a cold load only when no resident worker is free and the model's backlog (its batches in flight and those"
+        " its queued requests make) would wait at its resident workers over twice a load's seconds: in these windows"
+        " no backlog grew that long."
     )
-
-
-def replace_section(document: str, section: str) -> str:
-    """``document`` with its ``SECTION`` (from its heading to the next ``## `` heading) replaced by ``section``,
-    or ``section`` appended when it has none."""
-    lines = document.splitlines()
-    if SECTION not in lines:
-        head = document.rstrip("\n")
-        return (head + "\n\n" if head else "") + section.rstrip("\n") + "\n"
-    start = lines.index(SECTION)
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    tail = lines[end:]
-    return "\n".join([*lines[:start], *section.rstrip("\n").splitlines(), *([""] + tail if tail else [])]) + "\n"
 
 
 def write_docs(results: Mapping[str, Any], docs_dir: Path) -> None:

@@ -67,6 +67,21 @@ def merge_figures(path: Path, figures: dict[str, float]) -> dict[str, float]:
     return merged
 
 
+def replace_section(document: str, section: str) -> str:
+    """``document`` with the section headed by ``section``'s first line (from that heading to the next ``## ``
+    heading) replaced by ``section``, or ``section`` appended when it has none: how a benchmark's ``--docs``
+    rewrites its own section of docs/benchmarks.md."""
+    heading = section.splitlines()[0]
+    lines = document.splitlines()
+    if heading not in lines:
+        head = document.rstrip("\n")
+        return (head + "\n\n" if head else "") + section.rstrip("\n") + "\n"
+    start = lines.index(heading)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    tail = lines[end:]
+    return "\n".join([*lines[:start], *section.rstrip("\n").splitlines(), *([""] + tail if tail else [])]) + "\n"
+
+
 def plot_runs(path: Path, title: str, runs: dict[str, list[tuple[float, dict[str, Any]]]]) -> None:
     """Two panels: p50/p99 latency vs offered load per system, and the batch-size histogram of each system's
     heaviest run. ``runs`` maps a system name to (offered load, summary) pairs."""

@@ -41,7 +41,7 @@ from typing import Any, Literal
 from bench.fleet import bench_fleet
 from bench.loadgen import LoadSpec
 from bench.peers.simulated_gpu import GPU_SHAPED, REF_STEPS, TRACE_ENV, CostModel
-from bench.report import merge_figures, plot_sweep, write_json
+from bench.report import merge_figures, plot_sweep, replace_section, write_json
 from bench.simcompare import SweepConfig, all_loads, check_sweep, forward_stats, sweep_points, trace_path, traced
 from bench.targets import FusefleetTarget, Target
 
@@ -270,19 +270,6 @@ def docs_section(results: Mapping[str, Any]) -> str:
         f"same time from one client. Raw results: `bench-results/stepmode.json`; plots: {plots}."
     )
     return "\n".join([SECTION, "", _wrap(intro), "", markdown(results).rstrip("\n"), ""])
-
-
-def replace_section(document: str, section: str) -> str:
-    """``document`` with its ``SECTION`` (from its heading to the next ``## `` heading) replaced by ``section``,
-    or ``section`` appended when it has none."""
-    lines = document.splitlines()
-    if SECTION not in lines:
-        head = document.rstrip("\n")
-        return (head + "\n\n" if head else "") + section.rstrip("\n") + "\n"
-    start = lines.index(SECTION)
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    tail = lines[end:]
-    return "\n".join([*lines[:start], *section.rstrip("\n").splitlines(), *([""] + tail if tail else [])]) + "\n"
 
 
 def docs_figures(results: Mapping[str, Any]) -> dict[str, Any]:

@@ -143,8 +143,8 @@ class DiffusersRunner(Runner):
             update={
                 "fused": fused,
                 "lora": hasattr(self.pipe, "load_lora_weights"),
-                # say once: its step-engine adapter's tasks (none with a step cache: it runs request-level)
-                "step_tasks": step_tasks(self.pipe) if self.approximations.step_cache is None else (),
+                # say once: its step-engine adapter's tasks (none where it runs request-level: ``step_mode``)
+                "step_tasks": step_tasks(self.pipe) if self.step_mode else (),
                 "approximate": self.approximations.describe() if self.approximations.any else None,
             }
         )

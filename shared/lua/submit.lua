@@ -16,9 +16,9 @@
 -- KEYS[1] request stream, KEYS[2] metrics hash, KEYS[3] input bytes counter, KEYS[4] the API key's unfinished set
 -- (touched only with ARGV[3] = '1'), then one stride per request (``request_keys``: hash, events, packed).
 -- ARGV[1] max queue length, ARGV[2] API key name, ARGV[3] '1' = the key has a max queued, ARGV[4] its max queued,
--- ARGV[5] the set's TTL (s), ARGV[6] the input budget (bytes), ARGV[7] the key's share; then per request: id, spec json, created_at, input
--- image bytes ('' = none), input mask bytes ('' = none); then optionally, per request (KEYS order), its webhook URL
--- ('' = none) and the stream events it subscribes to (field webhook_on, shared/webhooks.py).
+-- ARGV[5] the set's TTL (s), ARGV[6] the input budget (bytes), ARGV[7] the key's share; then per request: id, spec
+-- json, created_at, input image bytes ('' = none), input mask bytes ('' = none); then optionally, per request (KEYS
+-- order), its webhook URL ('' = none) and the stream events it subscribes to (field webhook_on, shared/webhooks.py).
 -- Returns 1 when accepted, 0 when the queue is full, -1 when the key's max queued is reached, -2 when the input
 -- budget is.
 -- The set holds hash keys: the one place a script reads key names from data (the key's own requests, to count).
@@ -52,14 +52,14 @@ end
 if inputs > 0 and budget ~= '' and tonumber(redis.call('GET', inputs_key) or '0') + inputs > tonumber(budget) then
   return -2
 end
+local owner = {}  -- every entry's and hash's owner fields: the key's name and share (the fair order's flow, weight)
+if key_name ~= '' then
+  owner = {'key', key_name}
+  if share ~= '' then table.insert(owner, 'share'); table.insert(owner, share) end
+end
 for j = 1, n do
   local request, a = request_at(FIXED, j), request_args(j)
   local hash = request.hash
-  local owner = {}  -- the entry's owner fields: its key's name and share (the fair order's flow and weight)
-  if key_name ~= '' then
-    owner = {'key', key_name}
-    if share ~= '' then table.insert(owner, 'share'); table.insert(owner, share) end
-  end
   local entry = redis.call('XADD', stream, '*', 'id', ARGV[a], 'spec', ARGV[a + 1], unpack(owner))
   local fields = {'spec', ARGV[a + 1], 'status', STATUS.queued, 'created_at', ARGV[a + 2], 'entry', entry}
   local function field(name, value)

@@ -5,7 +5,6 @@ where batching stops paying, ``gpu_worker.batch_knee``; channels-last, the atten
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Annotated, Literal
@@ -13,7 +12,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import NoDecode
 
-from shared.settings.concern import OptionalUserPath, SettingsConcern
+from shared.settings.concern import JsonObjectFromEnv, OptionalUserPath, SettingsConcern
 
 STEP_CACHES = ("deepcache", "taylorseer", "first_block")
 """The step caches ``step_cache`` names: DeepCache (UNets), TaylorSeer and first-block cache (transformers)."""
@@ -144,18 +143,12 @@ class AccelerationSettings(SettingsConcern):
     speed); fp8 (fp8 weights and activations, fp8 matmuls: a CUDA GPU of compute capability 8.9 or newer only, an
     error elsewhere). Measured deviations: docs/models.md, Accelerations."""
 
-    model_approximations: Annotated[dict[str, ModelApproximations], NoDecode] = Field(default_factory=dict)
+    model_approximations: Annotated[dict[str, ModelApproximations], NoDecode, JsonObjectFromEnv] = Field(
+        default_factory=dict
+    )
     """Per-model step_cache and weight_quantization where a model differs from the fleet-wide ones: a JSON object,
     model name -> {step_cache, weight_quantization} (e.g. '{"sd": {"step_cache": "deepcache:3"}}'); the fleet config
     file sets them under [models.<name>]. A model not named takes the fleet-wide settings."""
-
-    @field_validator("model_approximations", mode="before")
-    @classmethod
-    def _model_approximations_from_env(cls, value: object) -> object:
-        """A JSON object as the environment gives it; empty is none."""
-        if isinstance(value, str):
-            return json.loads(value) if value.strip() else {}
-        return value
 
     @field_validator("batch_knee_warmup", mode="before")
     @classmethod

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import NoDecode
 
 from shared.contracts import PRIORITY_MAX, PRIORITY_MIN
-from shared.settings.concern import SettingsConcern, field_adapter
+from shared.settings.concern import JsonObjectFromEnv, SettingsConcern, field_adapter
 
 SchedulingPolicy = Literal["priority", "fcfs", "fair"]
 """The queue orders (``scheduling_policy``); ``scheduler.queue.QUEUES`` holds the queue of each."""
@@ -88,18 +87,10 @@ class BatchingSettings(SettingsConcern):
         description=f"Priority of a request that sets none ({PRIORITY_MIN} lowest .. {PRIORITY_MAX} highest).",
     )
 
-    model_batching: Annotated[dict[str, ModelBatching], NoDecode] = Field(default_factory=dict)
+    model_batching: Annotated[dict[str, ModelBatching], NoDecode, JsonObjectFromEnv] = Field(default_factory=dict)
     """Per-model engine args where a model differs from the fleet-wide ones: a JSON object, model name ->
     {max_num_seqs, request_batch_max_wait_ms, max_batch_pixels} (e.g. '{"pixart": {"max_num_seqs": 2}}'); the fleet
     config file sets them under [models.<name>]. A model not named batches by the fleet-wide settings."""
-
-    @field_validator("model_batching", mode="before")
-    @classmethod
-    def _model_batching_from_env(cls, value: object) -> object:
-        """A JSON object as the environment gives it; empty (``FUSEFLEET_MODEL_BATCHING=``) is none."""
-        if isinstance(value, str):
-            return json.loads(value) if value.strip() else {}
-        return value
 
     @classmethod
     def validate_engine_arg(cls, name: str, value: object) -> object:

@@ -7,6 +7,7 @@ A concern's class holds its fields and validates its own rules; ``shared.setting
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
@@ -27,6 +28,12 @@ def _empty_is_unset(value: object) -> object:
     return None if value == "" else value
 
 
+def _json_object(value: object) -> object:
+    if isinstance(value, str):
+        return json.loads(value) if value.strip() else {}
+    return value
+
+
 def _expand_user(value: Path | None) -> Path | None:
     return value.expanduser() if value is not None else None
 
@@ -37,6 +44,9 @@ OptionalUserPath = Annotated[Path | None, AfterValidator(_expand_user)]
 """A path or unset, ``~`` expanded."""
 EmptyIsUnset = BeforeValidator(_empty_is_unset)
 """Marks an optional field whose empty value (``FUSEFLEET_X=``, as .env.example writes it) means unset."""
+JsonObjectFromEnv = BeforeValidator(_json_object)
+"""Marks a per-model table (with ``NoDecode``): the environment gives it as a JSON object; empty is none (the config
+file gives it as its tables)."""
 
 
 class SettingsConcern(BaseSettings):

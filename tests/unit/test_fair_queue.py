@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.queue import QUEUES, FairQueue, FcfsQueue, PriorityQueue, QueuedRequest, RequestQueue, queue_of
+from scheduler.queue import QUEUES, FairQueue, FcfsQueue, PriorityQueue, QueuedRequest, queue_of
 from shared.settings import Settings
+from tests.unit.test_queue import fill, ids
 
 
 @dataclass(frozen=True)
@@ -25,16 +26,6 @@ def queued(
         deadline=deadline,
         owner=owner,
     )
-
-
-def ids(queue: RequestQueue, n: int = 100) -> list[str]:
-    return [r.id for r in queue.head(n)]
-
-
-def fill(queue: RequestQueue, *requests: QueuedRequest) -> RequestQueue:
-    for request in requests:
-        queue.add(request)
-    return queue
 
 
 def test_the_settings_name_the_fair_queue() -> None:
