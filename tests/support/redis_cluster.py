@@ -83,19 +83,33 @@ class LocalRedisCluster:
         self.nodes = [ClusterNode(data_dir / f"node{i}", server) for i in range(masters * (1 + replicas))]
         self.url = self.nodes[0].url
 
+    @property
+    def addresses(self) -> list[str]:
+        """Each node's ``host:port``, in order (the first ``masters`` become the masters when joined)."""
+        return [f"127.0.0.1:{node.port}" for node in self.nodes]
+
     def start(self, timeout_s: float = START_TIMEOUT_S) -> LocalRedisCluster:
+        """Start the nodes, join them (``redis-cli --cluster create``) and wait until the cluster is ok."""
         try:
-            for node in self.nodes:
-                node.start()
-            addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+            self.start_nodes()
             subprocess.run(
-                [self._cli, "--cluster", "create", *addresses, "--cluster-replicas", str(self.replicas)]
+                [self._cli, "--cluster", "create", *self.addresses, "--cluster-replicas", str(self.replicas)]
                 + ["--cluster-yes"],
                 check=True,
                 capture_output=True,
                 timeout=timeout_s,
             )
             self.wait_ok(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_nodes(self) -> LocalRedisCluster:
+        """Start every node, not yet joined (for a test that joins them its own way, then ``wait_ok``)."""
+        try:
+            for node in self.nodes:
+                node.start()
         except BaseException:
             self.stop()
             raise
