@@ -10,6 +10,10 @@
   cache). With compilation on, a forward's rows are padded up to the next batch bucket (``buckets``: the sizes the
   batch knee measures, ``gpu_worker.batch_knee.measured_sizes``) so each bucket is one static shape compiled
   once; the padding rows are dropped from the outputs and never reach a result (``DiffusersRunner._call``).
+  Every compiled block shares one code object, and each (block shape, bucket, request size) is one more compiled
+  graph of it: a UNet's blocks come in several widths, so SD 1.5 with five buckets needs 20 where dynamo's
+  default allows 8 (with ``fullgraph`` a hard error at the ninth). ``compile_denoiser`` raises that limit to
+  ``RECOMPILE_LIMIT``.
 
 Every row still equals its solo run (compiled vs compiled) within 1/255: ``tests/integration/test_accelerations.py``.
 The approximate accelerations (step caching, weight quantization) are ``gpu_worker.approximations``'; they are put on
@@ -34,6 +38,11 @@ SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
 
 DENOISERS = ("unet", "transformer", "transformer_2")
 """The pipeline components a family's denoiser is (Wan 2.2 has two transformers)."""
+
+RECOMPILE_LIMIT = 256
+"""The compiled graphs one code object (the blocks' ``forward``) may hold: distinct block shapes (a UNet has about
+four) times batch buckets (up to ``max_num_seqs``' powers of two) times the request sizes served. dynamo's default
+is 8; past the limit a ``fullgraph`` block fails its forward."""
 
 
 def use_channels_last(pipe: Any) -> list[str]:
@@ -77,15 +86,31 @@ def _hooked(module: Any) -> bool:
     )
 
 
-def compile_denoiser(pipe: Any, cache_dir: Path | None) -> list[str]:
-    """Compile the repeated blocks of ``pipe``'s denoiser(s) (regional compilation); inductor's cache in
-    ``cache_dir``. The names of the components compiled (none: nothing to compile, logged). A denoiser with a step
-    cache's diffusers hooks in its blocks is compiled with graph breaks allowed (the hooks decide outside the graph,
-    ``torch.compiler.disable``); otherwise each block is one graph (``fullgraph``)."""
+def _allow_recompiles(limit: int) -> None:
+    """Let one code object hold ``limit`` compiled graphs (``RECOMPILE_LIMIT``), and all of them together more."""
+    import torch._dynamo.config as dynamo
+
+    for name in ("recompile_limit", "cache_size_limit"):  # the newer name, the older one (torch < 2.6)
+        if isinstance(getattr(dynamo, name, None), int):
+            setattr(dynamo, name, max(getattr(dynamo, name), limit))
+            break
+    for name in ("accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if isinstance(getattr(dynamo, name, None), int):
+            setattr(dynamo, name, max(getattr(dynamo, name), 4 * limit))
+            break
+
+
+def compile_denoiser(pipe: Any, cache_dir: Path | None, backend: str = "inductor") -> list[str]:
+    """Compile the repeated blocks of ``pipe``'s denoiser(s) (regional compilation) with ``backend``; inductor's
+    cache in ``cache_dir``. The names of the components compiled (none: nothing to compile, logged). A denoiser with
+    a step cache's diffusers hooks in its blocks is compiled with graph breaks allowed (the hooks decide outside the
+    graph, ``torch.compiler.disable``); otherwise each block is one graph (``fullgraph``). Raises dynamo's recompile
+    limit to ``RECOMPILE_LIMIT`` (process-wide)."""
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir))
         os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+    _allow_recompiles(RECOMPILE_LIMIT)
     compiled = []
     for name in DENOISERS:
         if not isinstance(getattr(pipe, name, None), torch.nn.Module):
@@ -94,10 +119,10 @@ def compile_denoiser(pipe: Any, cache_dir: Path | None) -> list[str]:
         blocks: Any = getattr(module, "transformer_blocks", None)
         fullgraph = not _hooked(module)
         if getattr(module, "_repeated_blocks", None):
-            module.compile_repeated_blocks(fullgraph=fullgraph, dynamic=False)
+            module.compile_repeated_blocks(fullgraph=fullgraph, dynamic=False, backend=backend)
         elif isinstance(blocks, torch.nn.ModuleList):
             for block in blocks:
-                block.compile(fullgraph=fullgraph, dynamic=False)
+                block.compile(fullgraph=fullgraph, dynamic=False, backend=backend)
         else:
             log.warning("%s.%s has no repeated blocks to compile: it runs eagerly", type(pipe).__name__, name)
             continue

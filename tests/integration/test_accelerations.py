@@ -1,18 +1,23 @@
 """The exact accelerations on the tiny pipelines through the real runner: a forward padded up to its batch bucket
 gives each request what it gets unpadded (within 1/255) and the padding rows never reach a result, for every
-family; channels-last with a pinned attention backend changes nothing beyond 1/255; a compiled denoiser's fused
-rows equal their compiled solo runs, and the eager ones, within 1/255."""
+family; every family's denoiser compiles as one graph per block (dynamo, the ``aot_eager`` backend: the tracing
+and bucketing without inductor's code generation) and its padded, fused rows equal their compiled solo runs within
+1/255; a UNet of several block widths takes every bucket (the recompile limit); with inductor (soak), a compiled
+denoiser's fused rows equal their compiled solo runs, and the eager ones, within 1/255."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from bench.families import family_inputs, family_runner, family_specs, pixels
-from gpu_worker.accelerations import use_channels_last
+from gpu_worker.accelerations import compile_denoiser, use_channels_last
 from gpu_worker.diffusers_runner import DiffusersRunner
 from gpu_worker.families import FAMILIES
 from shared.settings import Settings
@@ -59,6 +64,56 @@ def test_channels_last_and_a_pinned_attention_backend_change_nothing(cache_dir: 
     specs = _specs("stable-diffusion", ["a red fox", "a blue whale"])
     for a, b in zip(_run(stock, specs), _run(fast, specs), strict=True):
         assert _close(a[0], b[0]) <= 1
+
+
+@pytest.fixture
+def fresh_dynamo() -> Iterator[None]:
+    """dynamo without the graphs of earlier tests, at its default recompile limit (restored after)."""
+    import torch._dynamo.config as dynamo
+
+    torch._dynamo.reset()
+    with dynamo.patch(recompile_limit=8, accumulated_recompile_limit=256):
+        yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_compiled_denoiser_traces_whole_blocks_and_its_padded_rows_equal_their_solo_runs(
+    family: str, cache_dir: Path, fresh_dynamo: None
+) -> None:
+    runner = family_runner(family, cache_dir)
+    assert compile_denoiser(runner.pipe, None, backend="aot_eager"), f"{family}: nothing compiled"
+    runner.buckets = (1, 2, 4)  # three rows padded to four, one row alone
+    specs = _specs(family, ["a red fox", "a blue whale", "a green frog"])
+    fused = _run(runner, specs)  # fullgraph: a graph break in a block raises here
+    assert [len(images) for images in fused] == [1, 1, 1]
+    for spec, images in zip(specs, fused, strict=True):
+        (alone,) = _run(runner, [spec])
+        assert _close(images[0], alone[0]) <= 1, f"{family}: a compiled, padded row differs from its solo run"
+
+
+def test_a_compiled_unet_of_several_block_widths_takes_every_bucket(fresh_dynamo: None) -> None:
+    from diffusers import UNet2DConditionModel
+
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(  # three attention widths, as SD's UNet has four: 3 x 5 buckets = 15 graphs > 8
+        sample_size=16,
+        in_channels=4,
+        out_channels=4,
+        block_out_channels=(32, 64, 64),
+        down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+        layers_per_block=1,
+        cross_attention_dim=32,
+        attention_head_dim=8,
+        norm_num_groups=8,
+    ).eval()
+    inputs = {batch: (torch.randn(batch, 4, 16, 16), torch.randn(batch, 7, 32)) for batch in (1, 2, 4, 8, 16)}
+    with torch.no_grad():
+        eager = {batch: unet(sample, 10, text).sample for batch, (sample, text) in inputs.items()}
+        assert compile_denoiser(SimpleNamespace(unet=unet), None, backend="aot_eager") == ["unet"]
+        for batch, (sample, text) in inputs.items():  # with dynamo's default limit of 8, fullgraph fails at 4
+            assert torch.allclose(unet(sample, 10, text).sample, eager[batch], atol=1e-5), batch
 
 
 @pytest.mark.soak  # ~50 s on two CPU cores: inductor compiles the UNet's blocks for two buckets
