@@ -172,6 +172,9 @@ class DiffusersRunner(Runner):
         """Seconds per step by request pixel cost and batch size of this model on this device: measured forwards,
         kept on disk across restarts (``gpu_worker.batch_knee``)."""
         self._unsaved_forwards = 0
+        self._shapes_run: set[tuple[Task, int, int]] = set()
+        """(task, pixel cost, rows with padding) of the forwards run so far: with a compiled denoiser the first of
+        each compiles it, and is no measurement of its size."""
         if settings.batch_knee_warmup:
             self.measure_knees(settings.knee_warmup_sizes, measured_sizes(settings.max_num_seqs))
 
@@ -210,15 +213,31 @@ class DiffusersRunner(Runner):
     def measure_knees(self, shapes: Sequence[tuple[int, int]], sizes: Sequence[int], steps: int = 2) -> None:
         """Time a batch of each of ``sizes`` at each (width, height) of ``shapes`` not in the knee table yet (one
         forward of the smallest first, not counted: the first call of a shape pays its set-up), progress logged;
-        the table saved. A family whose loaded pipeline needs an input image measures nothing here."""
+        the table saved. With a compiled denoiser every size is run once first (its bucket compiled, not counted),
+        also at a shape already in the table: a restart compiles at start, not in its first live forwards. A family
+        whose loaded pipeline needs an input image measures nothing here."""
         if self.family.loaded_task is None:
             return
         for width, height in shapes:
             probe = self._probe_specs(width, height, 1, steps)
-            if self.knees.seconds(str(pixel_cost(probe[0]))):
+            known = bool(self.knees.seconds(str(pixel_cost(probe[0]))))
+            if known and not self.buckets:
+                continue
+            for size in sizes if self.buckets else sizes[:1]:  # warm-up: set-up (and compilation), not counted
+                started = time.perf_counter()
+                self._call(self._probe_specs(width, height, size, steps), lambda step, total: False, None)
+                if self.buckets:
+                    log.info(
+                        "compiled %s for %d requests at %dx%d: %.1f s",
+                        self.pipeline_name,
+                        size,
+                        width,
+                        height,
+                        time.perf_counter() - started,
+                    )
+            if known:
                 continue
             log.info("measuring the batch knee of %s at %dx%d: batches of %s", self.pipeline_name, width, height, sizes)
-            self._call(probe, lambda step, total: False, None)  # warm-up
             self.knees.clear(str(pixel_cost(probe[0])))
             for size in sizes:
                 started = time.perf_counter()
@@ -428,7 +447,11 @@ class DiffusersRunner(Runner):
         elapsed = time.perf_counter() - started
         if "callback_on_step_end" not in accepts and "callback" not in accepts:
             report(steps, steps)
-        if ran[0] >= (getattr(pipe, "_num_timesteps", None) or steps) and not getattr(pipe, "_interrupt", False):
+        shape = (head.task, pixel_cost(head), len(rows) + padding)
+        first = bool(self.buckets) and shape not in self._shapes_run
+        self._shapes_run.add(shape)
+        complete = ran[0] >= (getattr(pipe, "_num_timesteps", None) or steps) and not getattr(pipe, "_interrupt", False)
+        if complete and not first:
             self._observe(specs, elapsed, ran[0])
         outputs: list[Any] = (
             list(result.images)

@@ -49,3 +49,27 @@ def test_the_start_up_measurement_times_each_size_once_per_model_and_device(
     again = DiffusersRunner(settings)  # a restart: the table on disk, nothing timed
     assert again.knees.seconds(str(32 * 32)) == runner.knees.seconds(str(32 * 32))
     assert "measuring" not in caplog.text
+
+
+def test_with_buckets_the_first_forward_of_a_shape_is_no_measurement_and_start_up_warms_every_bucket(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    runner = family_runner("stable-diffusion", tmp_path)
+    runner.buckets = (1, 2, 4)  # as a compiled denoiser's: the first forward of each bucket compiles it
+    specs = family_specs("stable-diffusion", ["a", "b", "c"], side=32, steps=2, seed=1, negative="n")
+    cost = str(pixel_cost(specs[0]))
+    runner.run(specs, lambda step, total: False)  # bucket 4 at 32 px, first: not a measurement
+    assert runner.knees.seconds(cost) == {}
+    runner.run(specs, lambda step, total: False)
+    assert set(runner.knees.seconds(cost)) == {3}
+
+    caplog.set_level(logging.INFO, logger="gpu_worker.diffusers_runner")
+    runner.measure_knees([(48, 48)], (1, 2, 4))  # a new shape: every bucket warmed first, then each size timed
+    assert caplog.text.count("compiled StableDiffusionPipeline for") == 3
+    assert set(runner.knees.seconds(str(48 * 48))) == {1, 2, 4}
+    caplog.clear()
+    timed = runner.knees.seconds(str(48 * 48))
+    runner._shapes_run.clear()  # as after a restart: the table on disk, nothing compiled yet
+    runner.measure_knees([(48, 48)], (1, 2, 4))
+    assert caplog.text.count("compiled StableDiffusionPipeline for") == 3 and "measuring" not in caplog.text
+    assert runner.knees.seconds(str(48 * 48)) == timed  # the warm-up forwards (first of their shapes) not folded in
