@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from gpu_worker.step_engine.rows import Row
+from gpu_worker.step_engine.rows import Finished, Row
 from shared.contracts import Task
 
 if TYPE_CHECKING:
@@ -191,3 +191,8 @@ class FamilyAdapter(ABC):
     @abstractmethod
     def decode(self, latents: torch.Tensor, output_type: str) -> list[Any]:
         """Decode a batch of final latents in one VAE call; one output (a PIL image for ``pil``) per row."""
+
+    def decode_finished(self, finished: Sequence[Finished], output_type: str) -> list[Any]:
+        """Decode finished rows in one VAE call (:meth:`decode` of their latents); a family whose pipelines decode
+        a task's rows differently (SD3's inpainting) tells them apart here."""
+        return self.decode(torch.cat([done.latents for done in finished]), output_type)

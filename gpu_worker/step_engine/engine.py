@@ -347,4 +347,4 @@ class StepEngine:
             return []
         if output_type == "latent":
             return [done.latents for done in finished]
-        return self.adapter.decode(torch.cat([done.latents for done in finished]), output_type)
+        return self.adapter.decode_finished(finished, output_type)

@@ -22,34 +22,33 @@ Mirrors ``FluxPipeline.__call__`` (diffusers 0.42) for text-to-image:
 
 IP adapters and ``joint_attention_kwargs`` are not used (the fleet sends neither).
 
-Image-to-image rows mirror ``FluxImg2ImgPipeline``: SD3's start step from strength (``image_task.flow_begin``), the
-image's shifted and scaled latents, the row's noise mixed in at its first timestep by ``scheduler.scale_noise``, then
-packed. Inpainting (``FluxInpaintPipeline``'s per-step mask blend over packed latents) stays request-level.
+Image-to-image and inpainting rows mirror ``FluxImg2ImgPipeline`` and ``FluxInpaintPipeline``
+(:mod:`gpu_worker.step_engine.flow_image_task`): SD3's start step from strength, the image's shifted and scaled
+latents, the row's noise mixed in at its first timestep by ``scheduler.scale_noise`` (at strength 1 too), packed;
+an inpainting row's packed mask (repeated over the channels) blends its packed image latents, noised to the next
+timestep, back into the unmasked part after each step. Those pipelines take the sigmas ``linspace(1, 1/steps,
+steps)`` whatever ``use_flow_sigmas`` says, but every scheduler with ``use_flow_sigmas`` lacks the ``scale_noise``
+they call: image rows on such a scheduler fail in both modes, so the rows' common ``scheduler_for`` is right.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from gpu_worker.step_engine.adapter import Canvas, Conditioning, Prompt, split
-from gpu_worker.step_engine.image_task import flow_begin, flow_image_latents
+from gpu_worker.step_engine.flow_image_task import PackedFlowImageTasks
 from gpu_worker.step_engine.rows import Row
 from gpu_worker.step_engine.true_cfg import TrueCfgAdapter
-from shared.contracts import Task
-
-if TYPE_CHECKING:
-    from gpu_worker.step_engine.image_task import Inpainting
 
 
-class FluxAdapter(TrueCfgAdapter):
+class FluxAdapter(PackedFlowImageTasks, TrueCfgAdapter):
     family: ClassVar[str] = "flux"
     denoiser_name: ClassVar[str] = "transformer"
     scales_initial_noise: ClassVar[bool] = False
-    tasks: ClassVar[frozenset[Task]] = frozenset({Task.TEXT_TO_IMAGE, Task.IMAGE_TO_IMAGE})
 
     def __init__(self, pipe: Any, canvas: Canvas) -> None:
         super().__init__(pipe, canvas)
@@ -95,27 +94,6 @@ class FluxAdapter(TrueCfgAdapter):
         noise = randn_tensor(shape, generator=[row.generator for row in rows], device=self.device, dtype=dtype)
         packed = self.pipe._pack_latents(noise, len(rows), channels, height, width)
         return [packed[i : i + 1] for i in range(len(rows))]
-
-    def begin(self, row: Row, scheduler: Any) -> int:
-        """The row's first timestep index: its strength's for image-to-image (``FluxImg2ImgPipeline.get_timesteps``)."""
-        return flow_begin(row, scheduler)
-
-    def image_start(
-        self, row: Row, scheduler: Any, begin: int, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, Inpainting | None]:
-        """An image-to-image row's initial latents (``FluxImg2ImgPipeline.prepare_latents``): its image's latents,
-        its noise from the same generator mixed in at its first timestep (``scale_noise``), packed."""
-        if row.task is not Task.IMAGE_TO_IMAGE:
-            return super().image_start(row, scheduler, begin, dtype)
-        from diffusers.utils.torch_utils import randn_tensor
-
-        encoded = flow_image_latents(self.pipe, row, self.canvas.height, self.canvas.width, dtype)
-        channels, height, width = self.latent_shape()
-        noise = randn_tensor((1, channels, height, width), generator=row.generator, device=self.device, dtype=dtype)
-        first = scheduler.timesteps[begin : begin + 1]
-        latents = scheduler.scale_noise(encoded, first, noise)
-        packed: torch.Tensor = self.pipe._pack_latents(latents, 1, channels, height, width)
-        return packed, None
 
     def _encode(self, prompts: list[str], rows: Sequence[Row]) -> list[dict[str, torch.Tensor]]:
         """The CLIP pooled and T5 embeddings of ``prompts`` (one call), each with its row's guidance entry."""

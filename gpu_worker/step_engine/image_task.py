@@ -16,6 +16,8 @@ mirrors diffusers' ``StableDiffusionImg2ImgPipeline`` and ``StableDiffusionInpai
   (:meth:`Inpainting.after_step`).
 
 Rows of different tasks and strengths share a set: they differ only in their own latents, schedule and condition.
+The flow-matching families' image rows (SD3, Flux, Qwen-Image) are :mod:`gpu_worker.step_engine.flow_image_task`'s,
+on the same :class:`Inpainting` condition.
 """
 
 from __future__ import annotations
@@ -39,50 +41,45 @@ def first_step(steps: int, strength: float, order: int) -> int:
     return max(steps - init_timestep, 0) * order
 
 
-def flow_begin(row: Row, scheduler: Any) -> int:
-    """An image-to-image row's first timestep index in the flow-matching img2img pipelines (SD3's, Flux's:
-    ``int(max(steps - steps x strength, 0))``, a float product, x the scheduler's order), set as the scheduler's
-    begin index; 0 for a text-to-image row. Any strength above 0 leaves at least one step."""
-    if not row.task.needs_image:
-        return 0
-    init_timestep = min(row.steps * row.denoising_strength, row.steps)
-    begin = int(max(row.steps - init_timestep, 0)) * getattr(scheduler, "order", 1)
-    if hasattr(scheduler, "set_begin_index"):
-        scheduler.set_begin_index(begin)
-    return begin
+def mask_condition(row: Row, vae_scale_factor: int, height: int, width: int) -> torch.Tensor:
+    """The row's mask as the inpainting pipelines' ``mask_processor`` makes it: grayscale, at the canvas's size,
+    binarised (1 = repaint), not normalised; ``(1, 1, height, width)``."""
+    from diffusers.image_processor import VaeImageProcessor
 
-
-def flow_image_latents(pipe: Any, row: Row, height: int, width: int, dtype: torch.dtype) -> torch.Tensor:
-    """The row's input image's latents as the flow-matching img2img pipelines take them: preprocessed to the
-    canvas, a VAE sample drawn with the row's generator, ``(sample - shift_factor) x scaling_factor``."""
-    from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3_img2img import retrieve_latents
-
-    vae = pipe.vae
-    device = pipe._execution_device
-    pixels = pipe.image_processor.preprocess(row.image, height=height, width=width)
-    pixels = pixels.to(dtype=torch.float32).to(device=device, dtype=dtype)
-    sample = retrieve_latents(vae.encode(pixels), generator=row.generator)
-    encoded: torch.Tensor = (sample - vae.config.shift_factor) * vae.config.scaling_factor
-    return torch.cat([encoded], dim=0)
+    masks = VaeImageProcessor(
+        vae_scale_factor=vae_scale_factor, do_normalize=False, do_binarize=True, do_convert_grayscale=True
+    )
+    condition: torch.Tensor = masks.preprocess(row.mask, height=height, width=width)
+    return condition
 
 
 @dataclass(slots=True, eq=False)
 class Inpainting:
     """An inpainting row's own condition, kept for every step: its image latents (None where not needed), its
-    initial noise, its mask at the latents' size and its masked image's latents."""
+    initial noise, its mask at the latents' size and, where its denoiser takes them, its masked image's latents."""
 
     image_latents: torch.Tensor | None
     noise: torch.Tensor
     mask: torch.Tensor
-    masked_image_latents: torch.Tensor
-    concatenated: bool
-    """A 9-channel UNet: mask and masked latents are part of its input (else the latents are blended)."""
+    masked_image_latents: torch.Tensor | None
+    """An inpainting denoiser's (a 9-channel UNet, a 33-channel SD3 transformer): mask and masked latents are part of
+    its input (:meth:`model_input`); None: the latents are blended after each step instead (:meth:`after_step`)."""
+
+    @property
+    def concatenated(self) -> bool:
+        """Whether the denoiser takes mask and masked latents as input (else the latents are blended)."""
+        return self.masked_image_latents is not None
 
     def model_input(self, scaled: torch.Tensor) -> torch.Tensor:
         """The row's denoiser input from its scaled latents."""
-        if not self.concatenated:
+        if self.masked_image_latents is None:
             return scaled
         return torch.cat([scaled, self.mask, self.masked_image_latents], dim=1)
+
+    def noised(self, image_latents: torch.Tensor, scheduler: Any, timestep: torch.Tensor) -> torch.Tensor:
+        """The image latents noised to ``timestep`` with the row's noise (``scheduler.add_noise``)."""
+        noised: torch.Tensor = scheduler.add_noise(image_latents, self.noise, torch.tensor([timestep]))
+        return noised
 
     def after_step(self, latents: torch.Tensor, scheduler: Any, next_timestep: torch.Tensor | None) -> torch.Tensor:
         """The row's latents after its scheduler step: the unmasked part put back at the image's latents, noised
@@ -91,7 +88,7 @@ class Inpainting:
             return latents
         proper = self.image_latents
         if next_timestep is not None:
-            proper = scheduler.add_noise(proper, self.noise, torch.tensor([next_timestep]))
+            proper = self.noised(proper, scheduler, next_timestep)
         return (1 - self.mask) * proper + self.mask * latents
 
 
@@ -140,8 +137,6 @@ class ImageTasks:
             encoded = self.encode_image(pixels, row)
             noise = randn_tensor(encoded.shape, generator=[row.generator], device=device, dtype=dtype)
             return scheduler.add_noise(encoded, noise, first), None
-        from diffusers.image_processor import VaeImageProcessor
-
         denoiser_channels = int(self.denoiser.config.in_channels)
         latent_channels = int(self.pipe.vae.config.latent_channels)
         concatenated = denoiser_channels == 2 * latent_channels + 1
@@ -159,12 +154,12 @@ class ImageTasks:
             latents = noise * scheduler.init_noise_sigma
         else:
             latents = scheduler.add_noise(image_latents, noise, first)
-        masks = VaeImageProcessor(
-            vae_scale_factor=scale, do_normalize=False, do_binarize=True, do_convert_grayscale=True
-        )
-        condition = masks.preprocess(row.mask, height=height, width=width)
+        condition = mask_condition(row, scale, height, width)
         masked = (image * (condition < 0.5)).to(device=device, dtype=dtype)
         mask = torch.nn.functional.interpolate(condition, size=(height // scale, width // scale))
+        # drawn for a 4-channel UNet too: the row's scheduler steps may draw from its generator after it
         masked_latents = self.encode_image(masked, row)
-        inpainting = Inpainting(image_latents, noise, mask.to(device=device, dtype=dtype), masked_latents, concatenated)
+        inpainting = Inpainting(
+            image_latents, noise, mask.to(device=device, dtype=dtype), masked_latents if concatenated else None
+        )
         return latents, inpainting

@@ -18,34 +18,34 @@ Mirrors ``QwenImagePipeline.__call__`` (diffusers 0.42) for text-to-image:
 * decode: unpacked, ``latents / (1 / latents_std) + latents_mean``, the VAE's first (only) frame.
 
 ``attention_kwargs`` are not used (the fleet sends none).
+
+Image-to-image and inpainting rows mirror ``QwenImageImg2ImgPipeline`` and ``QwenImageInpaintPipeline``
+(:mod:`gpu_worker.step_engine.flow_image_task`, as Flux's): the image as one frame through the VAE (a sample from
+the row's generator), normalised by ``latents_mean`` / ``latents_std``, its noise (one frame) mixed in at the first
+timestep by ``scale_noise``, packed; an inpainting row's packed mask blends its image latents back after each step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from gpu_worker.step_engine.adapter import Canvas, Conditioning, Prompt
-from gpu_worker.step_engine.image_task import flow_begin
+from gpu_worker.step_engine.flow_image_task import PackedFlowImageTasks, flow_pixels
 from gpu_worker.step_engine.rows import Row
 from gpu_worker.step_engine.true_cfg import TrueCfgAdapter
-from shared.contracts import Task
-
-if TYPE_CHECKING:
-    from gpu_worker.step_engine.image_task import Inpainting
 
 EMBEDS = "encoder_hidden_states"
 MASK = "encoder_hidden_states_mask"
 
 
-class QwenImageAdapter(TrueCfgAdapter):
+class QwenImageAdapter(PackedFlowImageTasks, TrueCfgAdapter):
     family: ClassVar[str] = "qwen-image"
     denoiser_name: ClassVar[str] = "transformer"
     scales_initial_noise: ClassVar[bool] = False
-    tasks: ClassVar[frozenset[Task]] = frozenset({Task.TEXT_TO_IMAGE, Task.IMAGE_TO_IMAGE})
 
     def __init__(self, pipe: Any, canvas: Canvas) -> None:
         super().__init__(pipe, canvas)
@@ -94,36 +94,22 @@ class QwenImageAdapter(TrueCfgAdapter):
         )
         return [packed[i : i + 1] for i in range(len(rows))]
 
-    def begin(self, row: Row, scheduler: Any) -> int:
-        """The row's first timestep index: its strength's for image-to-image
-        (``QwenImageImg2ImgPipeline.get_timesteps``, SD3's)."""
-        return flow_begin(row, scheduler)
-
-    def image_start(
-        self, row: Row, scheduler: Any, begin: int, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, Inpainting | None]:
-        """An image-to-image row's initial latents (``QwenImageImg2ImgPipeline.prepare_latents``): its image as one
-        frame through the VAE (a sample from its generator), normalised by ``latents_mean`` / ``latents_std``, its
-        noise from the same generator mixed in at its first timestep (``scale_noise``), packed."""
-        if row.task is not Task.IMAGE_TO_IMAGE:
-            return super().image_start(row, scheduler, begin, dtype)
+    def image_latents(self, row: Row, dtype: torch.dtype) -> torch.Tensor:
+        """The row's image as one frame through the VAE (a sample from its generator), normalised by
+        ``latents_mean`` / ``latents_std``, frames before channels: ``(1, 1, channels, h, w)``."""
         from diffusers.pipelines.qwenimage.pipeline_qwenimage_img2img import retrieve_latents
-        from diffusers.utils.torch_utils import randn_tensor
 
         vae = self.pipe.vae
-        pixels = self.pipe.image_processor.preprocess(row.image, height=self.canvas.height, width=self.canvas.width)
-        pixels = pixels.to(dtype=torch.float32).unsqueeze(2).to(device=self.device, dtype=dtype)
+        pixels = flow_pixels(self.pipe, row, self.canvas.height, self.canvas.width)
+        pixels = pixels.unsqueeze(2).to(device=self.device, dtype=dtype)
         sample = retrieve_latents(vae.encode(pixels), generator=row.generator)
         z_dim = vae.config.z_dim
         mean = torch.tensor(vae.config.latents_mean).view(1, z_dim, 1, 1, 1).to(sample.device, sample.dtype)
         inverse_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z_dim, 1, 1, 1).to(sample.device, sample.dtype)
-        encoded = torch.cat([(sample - mean) * inverse_std], dim=0).transpose(1, 2)
-        channels, height, width = self.latent_shape()
-        noise = randn_tensor((1, 1, channels, height, width), generator=row.generator, device=self.device, dtype=dtype)
-        first = scheduler.timesteps[begin : begin + 1]
-        latents = scheduler.scale_noise(encoded, first, noise)
-        packed: torch.Tensor = self.pipe._pack_latents(latents, 1, channels, height, width)
-        return packed, None
+        return torch.cat([(sample - mean) * inverse_std], dim=0).transpose(1, 2)
+
+    def noise_shape(self) -> tuple[int, ...]:
+        return (1, 1, *self.latent_shape())  # one frame
 
     def _encode(self, prompts: list[str], rows: Sequence[Row]) -> list[dict[str, torch.Tensor]]:
         """Each prompt's embeddings (one call), unpadded, with its row's guidance entry where the model embeds it."""

@@ -9,35 +9,34 @@ request-level runner leaves it out), no extra scheduler-step arguments, the dyna
 sequence length when the scheduler uses it, and ``vae.decode(latents / scaling_factor + shift_factor)``.
 Skip-layer guidance and IP adapters are not used (the fleet sends neither).
 
-Image-to-image rows mirror ``StableDiffusion3Img2ImgPipeline``: the first step is
-``int(max(steps - steps x strength, 0))`` (a float product, unlike SD's ``int(steps x strength)``), the image's
-latents are ``(sample - shift_factor) x scaling_factor`` (drawn with the row's generator), then the row's noise from
-the same generator, mixed in at the first timestep by ``scheduler.scale_noise``. Inpainting stays request-level
-for this family in step mode (not in ``tasks``).
+Image-to-image and inpainting rows mirror ``StableDiffusion3Img2ImgPipeline`` and ``StableDiffusion3InpaintPipeline``
+(:mod:`gpu_worker.step_engine.flow_image_task`: the start step of ``int(max(steps - steps x strength, 0))``, the
+image's latents ``(sample - shift_factor) x scaling_factor``, the noise mixed in by ``scheduler.scale_noise``; an
+inpainting row at strength 1 starts from its noise, a 16-channel transformer's rows are blended with their image
+latents after each step, a 33-channel one takes mask and masked-image latents as input). An inpainting row is
+decoded as its pipeline decodes: ``vae.decode(latents / scaling_factor)``, without the shift (diffusers 0.42;
+huggingface/diffusers#13611), so that it equals its request-level run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from gpu_worker.step_engine.adapter import Canvas, Conditioning, FamilyAdapter, Prompt, split
-from gpu_worker.step_engine.image_task import flow_begin, flow_image_latents
-from gpu_worker.step_engine.rows import Row
+from gpu_worker.step_engine.flow_image_task import FlowImageTasks
+from gpu_worker.step_engine.rows import Finished, Row
 from shared.contracts import Task
 
-if TYPE_CHECKING:
-    from gpu_worker.step_engine.image_task import Inpainting
 
-
-class StableDiffusion3Adapter(FamilyAdapter):
+class StableDiffusion3Adapter(FlowImageTasks, FamilyAdapter):
     family: ClassVar[str] = "stable-diffusion-3"
     denoiser_name: ClassVar[str] = "transformer"
     scales_initial_noise: ClassVar[bool] = False
     rescales_guidance: ClassVar[bool] = False
-    tasks: ClassVar[frozenset[Task]] = frozenset({Task.TEXT_TO_IMAGE, Task.IMAGE_TO_IMAGE})
+    full_strength_is_noise: ClassVar[bool] = True
 
     def __init__(self, pipe: Any, canvas: Canvas) -> None:
         super().__init__(pipe, canvas)
@@ -63,25 +62,6 @@ class StableDiffusion3Adapter(FamilyAdapter):
             config.get("max_shift", 1.16),
         )
         return {"mu": mu}
-
-    def begin(self, row: Row, scheduler: Any) -> int:
-        """The row's first timestep index: its strength's for image-to-image (``get_timesteps`` of the img2img
-        pipeline)."""
-        return flow_begin(row, scheduler)
-
-    def image_start(
-        self, row: Row, scheduler: Any, begin: int, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, Inpainting | None]:
-        """An image-to-image row's initial latents: its image's latents noised to its first timestep."""
-        if row.task is not Task.IMAGE_TO_IMAGE:
-            return super().image_start(row, scheduler, begin, dtype)
-        from diffusers.utils.torch_utils import randn_tensor
-
-        encoded = flow_image_latents(self.pipe, row, self.canvas.height, self.canvas.width, dtype)
-        noise = randn_tensor(encoded.shape, generator=row.generator, device=self.device, dtype=dtype)
-        first = scheduler.timesteps[begin : begin + 1]
-        latents: torch.Tensor = scheduler.scale_noise(encoded, first, noise).to(device=self.device, dtype=dtype)
-        return latents, None
 
     def encode(self, rows: Sequence[Row]) -> list[Prompt]:
         guided = [self.guided(row) for row in rows]
@@ -115,5 +95,19 @@ class StableDiffusion3Adapter(FamilyAdapter):
 
     def decode(self, latents: torch.Tensor, output_type: str) -> list[Any]:
         vae = self.pipe.vae
-        image = vae.decode(latents / vae.config.scaling_factor + vae.config.shift_factor, return_dict=False)[0]
+        return self._decode(latents / vae.config.scaling_factor + vae.config.shift_factor, output_type)
+
+    def decode_finished(self, finished: Sequence[Finished], output_type: str) -> list[Any]:
+        """One VAE call; an inpainting row's latents unshifted, as ``StableDiffusion3InpaintPipeline`` decodes."""
+        vae = self.pipe.vae
+        scaled = [done.latents / vae.config.scaling_factor for done in finished]
+        shifted = [
+            z if done.row.task is Task.INPAINT else z + vae.config.shift_factor
+            for z, done in zip(scaled, finished, strict=True)
+        ]
+        return self._decode(torch.cat(shifted), output_type)
+
+    def _decode(self, latents: torch.Tensor, output_type: str) -> list[Any]:
+        """The VAE's images of latents already unscaled (and shifted)."""
+        image = self.pipe.vae.decode(latents, return_dict=False)[0]
         return list(self.pipe.image_processor.postprocess(image, output_type=output_type))

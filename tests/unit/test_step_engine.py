@@ -436,8 +436,6 @@ def test_what_the_engine_refuses(pipes: dict[str, Any]) -> None:
         StepEngine(pipe, 30, 32)
     with pytest.raises(ValueError, match="height"):
         StepEngine(pipes["stable-diffusion-3"], 16, 0)
-    with pytest.raises(ValueError, match="task"):  # SD3's rows take no inpainting (SD's take every image task)
-        StepEngine.for_key(pipes["stable-diffusion-3"], step_key(spec(task=Task.INPAINT, strength=0.5)))
     engine = StepEngine.for_key(pipe, step_key(spec()))
     with pytest.raises(ValueError, match="steps"):
         engine.join([Case("a", steps=0, guidance=2.0, seed=1).row("zero")])
@@ -448,18 +446,17 @@ def test_what_the_engine_refuses(pipes: dict[str, Any]) -> None:
 
 
 def test_the_announced_step_tasks_are_the_adapters(pipes: dict[str, Any]) -> None:
-    """``ModelTraits.step_tasks`` says once what the adapter takes: SD's rows carry every image task, SD3's
-    text-to-image and image-to-image; no step mode, none. An engine for a key whose task the rows carry (None)
-    refuses no task it takes, and still refuses one it does not."""
+    """``ModelTraits.step_tasks`` says once what the adapter takes: SD's and SD3's rows carry every image task; no
+    step mode, none. An engine for a key whose task the rows carry (None) refuses no task it takes (one it does
+    not: ``test_step_engine_families.py::test_what_the_adapters_refuse``)."""
     image_tasks = (Task.TEXT_TO_IMAGE, Task.IMAGE_TO_IMAGE, Task.INPAINT)
     assert step_tasks(pipes["stable-diffusion"]) == image_tasks
-    assert step_tasks(pipes["stable-diffusion-3"]) == (Task.TEXT_TO_IMAGE, Task.IMAGE_TO_IMAGE)
+    assert step_tasks(pipes["stable-diffusion-3"]) == image_tasks
     assert step_tasks(object()) == ()
     key = step_key(spec(task=Task.IMAGE_TO_IMAGE, strength=0.5), image_tasks)
     assert key.task is None and key == step_key(spec(), image_tasks)
     StepEngine.for_key(pipes["stable-diffusion"], key)
-    with pytest.raises(ValueError, match="task"):
-        StepEngine.for_key(pipes["stable-diffusion-3"], step_key(spec(task=Task.INPAINT, strength=0.5), ()))
+    StepEngine.for_key(pipes["stable-diffusion-3"], step_key(spec(task=Task.INPAINT, strength=0.5), ()))
 
 
 def test_the_bench_measures_fused_and_serial_steps(pipes: dict[str, Any]) -> None:

@@ -33,6 +33,8 @@ from gpu_worker.diffusers_runner import absent_components  # noqa: E402
 from gpu_worker.families import family_of  # noqa: E402
 from gpu_worker.runner import Video  # noqa: E402
 from gpu_worker.step_engine import ADAPTERS, Finished, Row, StepEngine, supports  # noqa: E402
+from shared.compat import step_key  # noqa: E402
+from shared.contracts import Task  # noqa: E402
 from tests.unit.test_step_engine import (  # noqa: E402
     GUIDED,
     MIXED,
@@ -43,6 +45,7 @@ from tests.unit.test_step_engine import (  # noqa: E402
     denoiser_calls,
     pixels,
     run,
+    spec,
 )
 
 SIZES = {"stable-diffusion-xl": 32, "pixart": 16, "flux": 32, "sana": 32, "qwen-image": 16, "ltx-video": 32}
@@ -237,6 +240,8 @@ def test_what_the_adapters_refuse(pipes: dict[str, Any]) -> None:
         assert StepEngine(pipe, side_of(family), side_of(family)).adapter.size_multiple > 1
         with pytest.raises(ValueError, match="width"):
             StepEngine(pipe, side_of(family) + 1, side_of(family))
+    with pytest.raises(ValueError, match="task"):  # PixArt's rows are text-to-image only
+        StepEngine.for_key(pipes["pixart"], step_key(spec(task=Task.INPAINT, strength=0.5)))
     transformer = pipes["pixart"].transformer
     transformer.use_additional_conditions = True  # PixArt-Alpha 1024's resolution and aspect-ratio conditions
     try:

@@ -4,9 +4,10 @@ their tiny demo pipelines (float32, CPU), against each family's img2img pipeline
 
 * a solo image-to-image row equals the pipeline's call within 1/255, taking only its strength's steps (the flow
   pipelines' ``int(max(steps - steps x strength, 0))``, not SD's ``int(steps x strength)``);
-* a set of a text row and image rows of two strengths, one joining mid-flight, equals each row's solo call;
-* these families still refuse inpainting rows in step mode (request-level serves them). Any strength above 0 leaves
-  a step (``int(steps - steps x strength) < steps``), so no strength is refused for leaving none.
+* a set of a text row and image rows of two strengths, one joining mid-flight, equals each row's solo call.
+
+Any strength above 0 leaves a step (``int(steps - steps x strength) < steps``), so no strength is refused for leaving
+none. Their inpainting rows: ``tests/unit/test_step_engine_flow_inpainting.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from gpu_worker.diffusers_runner import absent_components  # noqa: E402
 from gpu_worker.step_engine import StepEngine  # noqa: E402
 from shared.contracts import Task  # noqa: E402
 from tests.unit.test_step_engine import assert_matches, denoiser_calls, run  # noqa: E402
-from tests.unit.test_step_engine_image_tasks import INPAINT, Case, reference  # noqa: E402
+from tests.unit.test_step_engine_image_tasks import Case, reference  # noqa: E402
 
 FAMILIES = ("stable-diffusion-3", "flux", "qwen-image")
 SIDE = 16
@@ -68,10 +69,3 @@ def test_text_and_image_rows_of_other_strengths_share_a_set(pipe: Any) -> None:
     assert max(sizes_seen) > 2, "the rows shared steps"
     for name, case in cases.items():
         assert_matches(engine, finished[f"{name}/0"], reference(pipe, SIDE, case))
-
-
-def test_inpainting_rows_are_refused(pipe: Any) -> None:
-    engine = StepEngine(pipe, SIDE, SIDE)
-    with pytest.raises(ValueError, match="task"):
-        engine.join([INPAINT.row("x", SIDE)])
-    assert len(engine) == 0
