@@ -11,7 +11,7 @@ into 2 x 2 tokens) are the mixins of those adapters; they mirror the families' i
   sample, shifted and scaled, or normalised by ``latents_mean`` / ``latents_std``), then its noise;
 * initial latents: the image latents and the noise mixed at the first timestep (``scheduler.scale_noise``), packed
   where the family packs; SD3's inpainting at strength 1 starts from the noise itself (``full_strength_is_noise``),
-  Flux's and Qwen-Image's mix at strength 1 too (their first sigma is 1);
+  Flux's and Qwen-Image's mix at strength 1 too, as their pipelines do;
 * inpainting (:class:`FlowInpainting`): the mask binarised at the canvas (white = repaint), nearest-interpolated to
   the latents' size (Flux, Qwen-Image: repeated over the channels and packed); after each scheduler step the
   unmasked part is reset to the image latents noised to the next timestep (``scale_noise``; none after the last),
