@@ -111,6 +111,7 @@ class RequestStore:
         self._call_timeout_s = call_timeout_s
         self._max_input_bytes = max_input_bytes
         self._capabilities: tuple[float, list[WorkerCapabilities]] | None = None
+        self._capabilities_read: asyncio.Future[list[WorkerCapabilities]] | None = None  # the read under way
         self.counters: SubmissionCounters | None = None  # set by api.metrics at start-up
         self._submit = redis.register_script(SUBMIT)
         self._abort = redis.register_script(ABORT)
@@ -275,16 +276,32 @@ class RequestStore:
 
     async def fleet_capabilities(self) -> list[WorkerCapabilities]:
         """What the live workers announce about their model (cached for ``CAPABILITIES_TTL_S``; one round trip);
-        empty while no worker is known (then nothing can be refused up front)."""
+        empty while no worker is known (then nothing can be refused up front). Calls that find the cache stale
+        while a read is under way wait for that read rather than each making its own (a burst of submissions when
+        the cache lapses is one read, not one per submission)."""
         now = asyncio.get_running_loop().time()
-        if self._capabilities is None or now - self._capabilities[0] > CAPABILITIES_TTL_S:
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.zrange(self._keys.workers, 0, -1)
-            pipe.hgetall(self._keys.capabilities)
-            workers, announced = await self._bounded(pipe.execute())
-            parsed = [parse_capabilities(announced.get(worker)) for worker in workers]
-            self._capabilities = (now, [capabilities for capabilities in parsed if capabilities is not None])
+        if self._capabilities is not None and now - self._capabilities[0] <= CAPABILITIES_TTL_S:
+            return self._capabilities[1]
+        reading = self._capabilities_read
+        if reading is None:
+            reading = self._capabilities_read = asyncio.ensure_future(self._read_capabilities(now))
+            reading.add_done_callback(self._capabilities_read_done)
+        return await asyncio.shield(reading)  # one caller cancelled (its request gone) does not cancel the others'
+
+    async def _read_capabilities(self, now: float) -> list[WorkerCapabilities]:
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zrange(self._keys.workers, 0, -1)
+        pipe.hgetall(self._keys.capabilities)
+        workers, announced = await self._bounded(pipe.execute())
+        parsed = [parse_capabilities(announced.get(worker)) for worker in workers]
+        self._capabilities = (now, [capabilities for capabilities in parsed if capabilities is not None])
         return self._capabilities[1]
+
+    def _capabilities_read_done(self, reading: asyncio.Future[list[WorkerCapabilities]]) -> None:
+        if self._capabilities_read is reading:
+            self._capabilities_read = None
+        if not reading.cancelled():
+            reading.exception()  # retrieved here: a failed read whose callers all left is not logged as unretrieved
 
     async def ping(self) -> bool:
         """Whether Redis answers (within the call timeout)."""

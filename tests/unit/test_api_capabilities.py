@@ -3,6 +3,7 @@ field), and accepts what any live worker can run."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -107,3 +108,25 @@ async def test_frames_have_a_server_limit_and_count_against_the_pixel_budget(api
 async def test_booleans_are_not_numbers(api: Api) -> None:
     errors = await refused(api, guidance_scale=False, true_cfg_scale=True, lora={"name": "style", "scale": True})
     assert {field for field, _ in errors} == {"guidance_scale", "true_cfg_scale", "scale"}
+
+
+async def test_a_burst_of_submissions_as_the_cache_lapses_reads_the_announcements_once(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await announce(api, "w1", SD, "StableDiffusionPipeline")
+    store = api.app.state.store
+    reads = 0
+    pipeline = store._redis.pipeline
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return pipeline(*args, **kwargs)
+
+    monkeypatch.setattr(store._redis, "pipeline", counted)
+    burst = await asyncio.gather(*(store.fleet_capabilities() for _ in range(16)))
+    assert reads == 1
+    assert [[c.pipeline for c in capabilities] for capabilities in burst] == [["StableDiffusionPipeline"]] * 16
+    monkeypatch.setattr("api.store.CAPABILITIES_TTL_S", 0.0)  # lapsed: the next call reads again, once
+    await asyncio.gather(store.fleet_capabilities(), store.fleet_capabilities())
+    assert reads == 2
