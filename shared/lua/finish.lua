@@ -4,8 +4,9 @@
 -- have deleted them and the request fails with ResultLost. Kept keys become due for deletion with the request
 -- (now + ttl); an abort flag wins over success, and then the keys become due at once. What ending one does besides
 -- (input images dropped, the event, the webhook outbox, the wake-up, the metrics) is ``end_request``'s
--- (lib_end_request.lua, prepended). Per call, not per request: one TIME, one ZMSCORE and one ZADD of the journal
--- (pages of PAGE keys), one PUBLISH of the ended ids on the finished channel, one HINCRBY per metrics counter.
+-- (lib_end_request.lua, prepended). Per call, not per request: one ZMSCORE and one ZADD of the journal
+-- (pages of PAGE keys), one PUBLISH of the ended ids on the finished channel, one HINCRBY per metrics counter;
+-- no TIME: the journal's due times count from the Redis time of the first terminal event (its entry id).
 -- KEYS[1..3] ``end_keys`` (metrics, webhooks, inputs), KEYS[4] results journal, then one stride per request
 -- (``request_keys``).
 -- ARGV[1] now (s), ARGV[2] ttl (s), ARGV[3] finished channel, ARGV[4] claim token, then per request (KEYS order):
@@ -68,8 +69,6 @@ for _, row in ipairs(rows) do
   end
 end
 local scores, c = journaled(candidates), 0
-local now_in_ms = now_ms()  -- lib_time.lua
-local due = {}  -- ZADD XX arguments: score, key, ...
 for _, row in ipairs(rows) do
   if row.ends and row.status == STATUS.succeeded then
     for _, key in ipairs(row.results) do
@@ -82,30 +81,37 @@ for _, row in ipairs(rows) do
     end
   end
   if row.ends then
-    local at = now_in_ms
+    row.due_after_ms = 0  -- its keys fall due at once, or with the request's state when it succeeded
     if row.status == STATUS.succeeded then
-      at = now_in_ms + tonumber(ttl) * 1000
+      row.due_after_ms = tonumber(ttl) * 1000
       row.known.fields = {'images', #row.results, 'results', table.concat(row.results, ' ')}
     elseif row.status == STATUS.failed then
       row.known.fields = {'error_type', row.error_type, 'error_message', row.error_message}
       row.known.error_type = row.error_type
     end
     last_progress(row, row.st)
+  end
+end
+local tally, out, now_in_ms = ended_tally(), {}, nil
+for j, row in ipairs(rows) do
+  if row.ends then
+    local event = end_request(row.request, ending, row.id, row.status, STATUS.running, now, ttl, channel, row.known,
+                              tally)
+    now_in_ms = now_in_ms or entry_ms(event)  -- the Redis time (lib_time.lua)
+  end
+  out[j] = row.status
+end
+local due = {}  -- ZADD XX arguments: score, key, ...
+for _, row in ipairs(rows) do
+  if row.ends then
     for _, key in ipairs(row.results) do
-      table.insert(due, at)
+      table.insert(due, now_in_ms + row.due_after_ms)
       table.insert(due, key)
     end
   end
 end
 for first = 1, #due, 2 * PAGE do
   redis.call('ZADD', journal, 'XX', unpack(due, first, math.min(first + 2 * PAGE - 1, #due)))
-end
-local tally, out = ended_tally(), {}
-for j, row in ipairs(rows) do
-  if row.ends then
-    end_request(row.request, ending, row.id, row.status, STATUS.running, now, ttl, channel, row.known, tally)
-  end
-  out[j] = row.status
 end
 flush_ended(ending, tally, channel)
 return out

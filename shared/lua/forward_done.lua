@@ -8,6 +8,7 @@ local lock, storing, wake_ups = KEYS[1], KEYS[2], KEYS[3]
 local token, batch_id, events_maxlen = ARGV[1], ARGV[2], ARGV[3]
 
 if redis.call('GET', lock) ~= token then return 0 end
-redis.call('ZADD', storing, now_ms(), batch_id)  -- lib_time.lua
-redis.call('XADD', wake_ups, 'MAXLEN', '~', events_maxlen, '*', 'type', 'slot_free', 'batch_id', batch_id)
+local wake_up = redis.call('XADD', wake_ups, 'MAXLEN', '~', events_maxlen, '*', 'type', 'slot_free', 'batch_id',
+                          batch_id)
+redis.call('ZADD', storing, entry_ms(wake_up), batch_id)  -- the Redis time, from the wake-up's id (lib_time.lua)
 return 1

@@ -16,7 +16,7 @@
 -- tally (optional): an ``ended_tally()`` that collects the wake-ups and metrics of several ended requests, written
 -- once by ``flush_ended`` (one PUBLISH of their ids, space-separated, and one HINCRBY per counter, instead of one of
 -- each per request); nil: published and counted at once. A finished channel message is one or more request ids,
--- separated by spaces (api/waiter.py).
+-- separated by spaces (api/waiter.py). Returns the terminal event's entry id (its ms: the Redis time, ``entry_ms``).
 local function ended_tally() return {counts = {}, order = {}, ids = {}} end
 
 local function count_ended(tally, field)
@@ -57,4 +57,5 @@ local function end_request(request, ending, request_id, status, was, now, ttl, c
   end
   if status == STATUS.aborted then count_ended(counts, 'aborted:' .. was) end
   if not tally then flush_ended(ending, counts, channel) end
+  return event
 end

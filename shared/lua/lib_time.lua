@@ -7,3 +7,9 @@ end
 local function now_s()
   return tonumber(redis.call('TIME')[1])
 end
+-- The Redis time (ms) of an entry the script just appended with XADD '*': its id's ms part, the server's clock as
+-- TIME would read it (or the stream's last entry's ms, were the clock ever behind it), so a script that appends
+-- anyway takes the time from its entry instead of calling TIME.
+local function entry_ms(id)
+  return tonumber(string.match(id, '^%d+'))
+end

@@ -26,6 +26,7 @@ for j = 1, n do
   end
 end
 if #joined == 0 then return joined end
+local published_ms  -- the Redis time: the first scheduled event's (lib_time.lua entry_ms), no TIME call
 for r, request in ipairs(joined_requests) do
   local fields = {'status', STATUS.scheduled, 'batch_id', batch_id, 'batch_size', #joined, 'scheduled_at', now}
   if deadlines[r] and deadlines[r] ~= '' then
@@ -33,9 +34,10 @@ for r, request in ipairs(joined_requests) do
     table.insert(fields, deadlines[r])
   end
   redis.call('HSET', request.hash, unpack(fields))
-  redis.call('XADD', request.events, '*', 'event', STATUS.scheduled, 'batch_id', batch_id, 'batch_size', #joined)
+  local event = redis.call('XADD', request.events, '*', 'event', STATUS.scheduled, 'batch_id', batch_id,
+                           'batch_size', #joined)
+  published_ms = published_ms or entry_ms(event)
 end
-local published_ms = now_ms()  -- lib_time.lua
 redis.call('HSET', batch, 'ids', table.concat(joined, ' '), 'created_at', now, 'attempts', 0,
            'published_ms', published_ms, 'seq', 1, 'published_seq', 1)
 redis.call('ZADD', inflight, published_ms, batch_id)
