@@ -11,21 +11,27 @@ step for a UNet, TaylorSeer every 3rd for a transformer that takes it) and ``app
 (fp8 without torchao, ``pip install -e '.[quant]'``, or on a GPU older than compute capability 8.9) is skipped,
 saying why.
 
-Models: ``sd15`` (Stable Diffusion 1.5's architecture with random fp16 weights, ``bench.gpu``; ``--tiny``: the
-tiny demo) at ``--size`` (512), and ``dit`` at ``--dit-size`` (1024): ``--dit-model`` (a diffusers folder, e.g. a
-DiT family saved with random weights); ``--tiny``: the tiny Stable Diffusion 3 demo; neither: skipped and said so.
+``quantized`` is ``exact`` with those weights alone.
+
+Models (``AccelConfig.models``): ``sd15`` (Stable Diffusion 1.5's architecture with random fp16 weights,
+``bench.gpu``; ``--tiny``: the tiny demo) at ``--size`` (512), and ``dit`` at ``--dit-size`` (1024): ``--dit-model``
+(a diffusers folder), else SD3 Medium's architecture with random fp16 weights built on the GPU and saved once
+(``bench.gpu.ensure_sd3_model``); ``--tiny``: the tiny Stable Diffusion 3 demo.
 
 Per point: images/s over at least two calls and ``--seconds`` (after one warm-up call that also compiles its
-bucket), and each variant's largest pixel deviation from ``stock`` on the same requests (/255). Figures:
-``P6_exact_speedup_sd15_b8`` and ``P6_exact_speedup_dit_b4`` (exact / stock images/s), ``P6_approx_speedup_sd15_b8``
-(approx / stock, with ``P6_approx_deviation_sd15_b8``: its deviation /255); ``--docs`` merges the non-null ones
-into docs/benchmarks.json.
-tests/integration/test_bench_accel.py runs the CPU tiny path.
+bucket), and each variant's largest pixel deviation from ``stock`` on the same requests (/255); per variant the
+batch cap its times give (``gpu_worker.batch_knee.knee`` at the default margin, from seconds per call). A point
+that would start past ``budget_s`` is skipped and listed under ``skipped``. Figures: ``P6_exact_speedup_sd15_b8``
+and ``P6_exact_speedup_dit_b4`` (exact / stock images/s), ``P6_approx_speedup_sd15_b8`` (approx / stock, with
+``P6_approx_deviation_sd15_b8``: its deviation /255); ``--docs`` merges the non-null ones into
+docs/benchmarks.json, and only from a full-size CUDA run (a ``--tiny`` or CPU run is refused: its figures are no
+GPU's). tests/integration/test_bench_accel.py runs the CPU tiny path.
 """
 
 from __future__ import annotations
 
 import gc
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -47,6 +53,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "stock": {"prompt_cache_entries": 0, "channels_last": False, "compile_denoiser": False},
     "exact": {"compile_denoiser": True},
     "cached": {"compile_denoiser": True, "step_cache": STEP_CACHE},
+    "quantized": {"compile_denoiser": True, "weight_quantization": QUANTIZATION},
     "approx": {"compile_denoiser": True, "step_cache": STEP_CACHE, "weight_quantization": QUANTIZATION},
 }
 """Each variant's settings over the run's own (the defaults are the exact accelerations' own choices); a dict value
@@ -64,6 +71,9 @@ class AccelConfig:
     batches: tuple[int, ...] = (1, 4, 8, 16)
     seconds: float = 4.0
     compile: bool = True
+    models: tuple[str, ...] = ("sd15", "dit")
+    variants: tuple[str, ...] = tuple(VARIANTS)
+    budget_s: float = math.inf
     torch_threads: int | None = None
     cache_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "fusefleet")
     out: Path = Path("bench-results/accel.json")
@@ -72,22 +82,28 @@ class AccelConfig:
     def cuda(self) -> bool:
         return self.device.startswith("cuda")
 
+    def __post_init__(self) -> None:
+        unknown = sorted({*self.models} - {"sd15", "dit"}) + sorted({*self.variants} - {*VARIANTS})
+        if unknown or "stock" not in self.variants:
+            raise ValueError(f"models are sd15, dit; variants {', '.join(VARIANTS)}, stock among them: {unknown}")
+
 
 def _models(cfg: AccelConfig) -> dict[str, tuple[dict[str, Any], int] | str]:
     """Each model's settings (``model``/``demo_family``) and side, or why it is skipped."""
-    from bench.gpu import ensure_sd15_model
+    from bench.gpu import ensure_sd3_model, ensure_sd15_model
 
-    models: dict[str, tuple[dict[str, Any], int] | str] = {}
-    if cfg.tiny:
-        models["sd15"] = ({"model": None, "demo_family": "stable-diffusion"}, cfg.size)
-        models["dit"] = ({"model": None, "demo_family": "stable-diffusion-3"}, cfg.size)
-        return models
-    models["sd15"] = ({"model": str(ensure_sd15_model(cfg.cache_dir)[0])}, cfg.size)
-    if cfg.dit_model is None:
-        models["dit"] = "no DiT model given (--dit-model: a diffusers folder, e.g. SD3 or Flux with random weights)"
-    else:
-        models["dit"] = ({"model": str(cfg.dit_model)}, cfg.dit_size)
-    return models
+    def model(name: str) -> tuple[dict[str, Any], int]:
+        if cfg.tiny:
+            return {
+                "model": None,
+                "demo_family": {"sd15": "stable-diffusion", "dit": "stable-diffusion-3"}[name],
+            }, cfg.size
+        if name == "sd15":
+            return {"model": str(ensure_sd15_model(cfg.cache_dir)[0])}, cfg.size
+        dit = cfg.dit_model or ensure_sd3_model(cfg.cache_dir, cfg.device)[0]
+        return {"model": str(dit)}, cfg.dit_size
+
+    return {name: model(name) for name in cfg.models}
 
 
 def _specs(family: str, batch: int, side: int, steps: int) -> list[Any]:
@@ -117,14 +133,21 @@ def _measure(runner: Any, specs: list[Any], seconds: float, sync: Callable[[], N
 
 
 def run_accel(cfg: AccelConfig, docs_dir: Path | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The whole run; writes ``cfg.out``; returns the results."""
+    """The whole run; writes ``cfg.out``; returns the results. RuntimeError (before anything runs) without the CUDA
+    device ``cfg`` names, or when ``docs_dir`` is asked of a ``--tiny`` or CPU run."""
     import torch
 
+    from bench.gpu import Budget
+    from gpu_worker.batch_knee import knee
     from gpu_worker.diffusers_runner import DiffusersRunner
     from shared.settings import Settings
 
+    if docs_dir is not None and (cfg.tiny or not cfg.cuda):
+        raise RuntimeError("--docs records GPU figures: a --tiny or CPU run's are none (run it without --docs)")
     if cfg.cuda and not torch.cuda.is_available():
         raise RuntimeError("no CUDA device: pass --device cpu (with --tiny --no-compile) to try it")
+    budget = Budget(cfg.budget_s)
+    margin = Settings().batch_knee_margin
     sync = torch.cuda.synchronize if cfg.cuda else (lambda: None)
     threads = cfg.torch_threads or (4 if cfg.cuda else 2)
     results: dict[str, Any] = {
@@ -141,8 +164,10 @@ def run_accel(cfg: AccelConfig, docs_dir: Path | None = None, log: Callable[[str
         chosen, side = model
         points: dict[str, dict[str, Any]] = {}
         reference: dict[int, np.ndarray] = {}
-        for variant, overrides in VARIANTS.items():
-            overrides = {k: (v[cfg.cuda] if isinstance(v, dict) else v) for k, v in overrides.items()}
+        for variant in cfg.variants:
+            if not budget.allows(f"{name} {variant}", needs_s=cfg.seconds):
+                continue
+            overrides = {k: (v[cfg.cuda] if isinstance(v, dict) else v) for k, v in VARIANTS[variant].items()}
             overrides = {**overrides, "compile_denoiser": overrides.get("compile_denoiser", False) and cfg.compile}
             settings = Settings(
                 **chosen,
@@ -164,9 +189,15 @@ def run_accel(cfg: AccelConfig, docs_dir: Path | None = None, log: Callable[[str
                 continue
             family = runner.family.name
             applied = runner.approximations.describe()
-            log(f"{name} {variant}: {runner.pipeline_name} loaded in {time.perf_counter() - started:.1f} s ({applied})")
+            exact = _exact(runner)
+            log(
+                f"{name} {variant}: {runner.pipeline_name} loaded in {time.perf_counter() - started:.1f} s "
+                f"({exact}; {applied})"
+            )
             by_batch: dict[str, Any] = {}
             for batch in cfg.batches:
+                if not budget.allows(f"{name} {variant} batch {batch}", needs_s=cfg.seconds):
+                    continue
                 point = _measure(runner, _specs(family, batch, side, cfg.steps), cfg.seconds, sync)
                 image = point.pop("first")
                 if variant == "stock":
@@ -174,17 +205,38 @@ def run_accel(cfg: AccelConfig, docs_dir: Path | None = None, log: Callable[[str
                 point["deviation_255"] = int(np.abs(image - reference[batch]).max()) if batch in reference else None
                 by_batch[str(batch)] = point
                 log(f"  batch {batch}: {point['images_per_s']:.3f} images/s, deviation {point['deviation_255']}")
-            points[variant] = {"family": family, "side": side, "applied": applied, "batches": by_batch}
+            cap = knee({int(b): p["seconds_per_call"] for b, p in by_batch.items()}, margin)
+            points[variant] = {
+                "family": family,
+                "side": side,
+                "exact": exact,
+                "applied": applied,
+                "knee": cap,
+                "batches": by_batch,
+            }
             del runner
             gc.collect()
             if cfg.cuda:
                 torch.cuda.empty_cache()
         results["models"][name] = points
     results["figures"] = figures(results)
+    results["skipped"] = budget.skipped
+    results["elapsed_s"] = budget.elapsed
     write_json(cfg.out, results)
     if docs_dir is not None:
         merge_figures(docs_dir / "benchmarks.json", {k: v for k, v in results["figures"].items() if v is not None})
     return results
+
+
+def _exact(runner: Any) -> str:
+    """The exact accelerations ``runner`` runs with (``gpu_worker.accelerations``, the prompt cache)."""
+    on = [f"compiled, buckets {list(runner.buckets)}"] if runner.buckets else ["eager"]
+    if runner.settings.prompt_cache_entries:
+        on.append("prompt cache")
+    channels_last = runner.settings.channels_last
+    if channels_last if channels_last is not None else runner.device.type == "cuda":
+        on.append("channels-last")
+    return ", ".join(on)
 
 
 def _speedup(results: dict[str, Any], model: str, variant: str, batch: int) -> float | None:
@@ -215,11 +267,12 @@ def figures(results: dict[str, Any]) -> dict[str, float | None]:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    """Images/s by model, variant and batch, with the speed-up over stock and the deviation."""
+    """Images/s by model, variant and batch, with the speed-up over stock and the deviation; the batch caps."""
     lines = [
         "| model | variant | applied | batch | images/s | x stock | deviation /255 |",
         "|---|---|---|---|---|---|---|",
     ]
+    caps = []
     for model, points in results["models"].items():
         if "skipped" in points:
             lines.append(f"| {model} | - | - | - | skipped: {points['skipped']} | | |")
@@ -228,6 +281,7 @@ def markdown(results: dict[str, Any]) -> str:
             if "skipped" in run:
                 lines.append(f"| {model} | {variant} | - | - | skipped: {run['skipped']} | | |")
                 continue
+            caps.append(f"{model} {variant}: {run.get('knee')}")
             for batch, point in run["batches"].items():
                 gain = _speedup(results, model, variant, int(batch))
                 where = f"{model} ({run['family']}, {run['side']} px)"
@@ -236,4 +290,8 @@ def markdown(results: dict[str, Any]) -> str:
                     f"{point['images_per_s']:.3f} | {'-' if gain is None else f'{gain:.2f}'} | "
                     f"{'-' if point['deviation_255'] is None else point['deviation_255']} |"
                 )
+    if caps:
+        lines += ["", "Batch cap the knee gives (seconds per call by batch, default margin): " + "; ".join(caps)]
+    if results.get("skipped"):
+        lines += ["", "Skipped (time budget): " + "; ".join(results["skipped"])]
     return "\n".join(lines)

@@ -8,7 +8,9 @@ real ``from_pretrained`` path, the pipeline alone through the worker's own runne
 figures it feeds are then null); it writes ``bench-results/gpu.json`` and ``bench-results/gpu.md``. Without a CUDA
 device, ``--device cuda`` (the default) exits 2 with a one-line message; ``--device cpu --tiny --size 64 --steps 2
 --batches 1,2 --seqs 1,2`` runs the same thing on the CPU in well under a minute
-(tests/integration/test_bench_gpu.py keeps that path working).
+(tests/integration/test_bench_gpu.py keeps that path working). ``compile_denoiser`` runs the pipeline alone and
+the fleet with the exact accelerations' compiled denoiser (its buckets compiled at each worker's start, no batch
+cap): P1/P2 with them. ``ensure_sd3_model`` builds the DiT of ``bench/gpu.sh accel`` (SD3 Medium's architecture).
 """
 
 from __future__ import annotations
@@ -32,9 +34,12 @@ from bench.targets import FusefleetTarget
 
 DEFAULT_BUDGET_S = 480.0
 SD15_DIRNAME = "sd15-arch-random-fp16"
+SD3_DIRNAME = "sd3-medium-arch-random-fp16"
 _GIB = 1024**3
 FLEET_START_ALLOWANCE_S = 30.0
 """What a fleet start (processes, the worker loading the model) is expected to take at most, for the budget."""
+COMPILE_ALLOWANCE_S = 60.0
+"""What a fleet start adds with a compiled denoiser (every bucket compiled at start, inductor's cache warm)."""
 
 
 class NoCudaError(RuntimeError):
@@ -57,6 +62,7 @@ class GpuRunConfig:
     poisson_seconds: float = 15.0
     poisson_load: float = 0.8
     wait_ms: float = 20.0
+    compile_denoiser: bool = False
     budget_s: float = DEFAULT_BUDGET_S
     torch_threads: int | None = None
     cache_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "fusefleet")
@@ -175,7 +181,7 @@ def build_sd15_random_pipeline() -> Any:
             bos_token_id=0,
             eos_token_id=1,
             pad_token_id=1,
-        )
+        ),
     )
     return StableDiffusionPipeline(  # type: ignore[no-untyped-call]
         vae=vae,
@@ -199,6 +205,96 @@ def ensure_sd15_model(cache_dir: Path) -> tuple[Path, bool]:
     target = Path(cache_dir) / SD15_DIRNAME
     built = save_once(target, lambda: build_sd15_random_pipeline().to(torch.float16))
     gc.collect()
+    return target, built
+
+
+def build_sd3_random_pipeline(device: str = "cpu") -> Any:
+    """A StableDiffusion3Pipeline with SD3 Medium's architecture (transformer 2.0 B parameters, CLIP-L and CLIP-G;
+    without T5, as SD3 runs without it: zeros in its place) and seeded random weights, in fp32 on ``device`` (a
+    GPU builds it in seconds), not saved."""
+    import torch
+    from diffusers import AutoencoderKL, SD3Transformer2DModel, StableDiffusion3Pipeline
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+
+    from demo_models.components import flow_scheduler, seeded
+    from demo_models.tokenizers import clip_tokenizer
+
+    def clip(hidden: int, layers: int, heads: int, act: str) -> Any:  # ids of the tiny tokenizer, as SD 1.5's
+        config = CLIPTextConfig(
+            vocab_size=49408,
+            hidden_size=hidden,
+            intermediate_size=4 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            max_position_embeddings=77,
+            hidden_act=act,
+            projection_dim=hidden,
+            bos_token_id=0,
+            eos_token_id=1,
+            pad_token_id=1,
+        )
+        return seeded(CLIPTextModelWithProjection, config)
+
+    with torch.device(device):
+        transformer = seeded(  # stabilityai/stable-diffusion-3-medium-diffusers transformer/config.json
+            SD3Transformer2DModel,
+            sample_size=128,
+            patch_size=2,
+            in_channels=16,
+            num_layers=24,
+            attention_head_dim=64,
+            num_attention_heads=24,
+            joint_attention_dim=4096,
+            caption_projection_dim=1536,
+            pooled_projection_dim=2048,
+            out_channels=16,
+            pos_embed_max_size=192,
+        )
+        vae = seeded(  # its vae/config.json: 16 latent channels, no quant convs
+            AutoencoderKL,
+            in_channels=3,
+            out_channels=3,
+            down_block_types=["DownEncoderBlock2D"] * 4,
+            up_block_types=["UpDecoderBlock2D"] * 4,
+            block_out_channels=[128, 256, 512, 512],
+            layers_per_block=2,
+            latent_channels=16,
+            norm_num_groups=32,
+            act_fn="silu",
+            sample_size=1024,
+            scaling_factor=1.5305,
+            shift_factor=0.0609,
+            use_quant_conv=False,
+            use_post_quant_conv=False,
+        )
+        text_encoder = clip(768, 12, 12, "quick_gelu")  # CLIP ViT-L/14
+        text_encoder_2 = clip(1280, 32, 20, "gelu")  # OpenCLIP ViT-bigG/14
+    return StableDiffusion3Pipeline(  # type: ignore[no-untyped-call]
+        transformer=transformer,
+        scheduler=flow_scheduler(shift=3.0),
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=clip_tokenizer(77),
+        text_encoder_2=text_encoder_2,
+        tokenizer_2=clip_tokenizer(77),
+        text_encoder_3=None,
+        tokenizer_3=None,
+    )
+
+
+def ensure_sd3_model(cache_dir: Path, device: str = "cpu") -> tuple[Path, bool]:
+    """The folder of the fp16 SD3-Medium-architecture random pipeline under ``cache_dir`` (the DiT of
+    ``bench/gpu.sh accel``), built on ``device`` and saved there first when missing. Returns (folder, whether it
+    was built now)."""
+    import torch
+
+    from demo_models.catalog import save_once
+
+    target = Path(cache_dir) / SD3_DIRNAME
+    built = save_once(target, lambda: build_sd3_random_pipeline(device).to(torch.float16).to("cpu"))
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
     return target, built
 
 
@@ -229,6 +325,18 @@ def _no_abort(step: int, total: int) -> bool:
     return False
 
 
+def _compile_settings(cfg: GpuRunConfig) -> dict[str, Any]:
+    """The settings of a compiled denoiser (``compile_denoiser``), for the pipeline alone and the fleet alike: its
+    buckets up to the largest batch, inductor's cache in the model cache folder; none without it."""
+    if not cfg.compile_denoiser:
+        return {}
+    return {
+        "compile_denoiser": True,
+        "max_num_seqs": max(cfg.pipeline_batches),
+        "compile_cache_dir": cfg.cache_dir / "inductor",
+    }
+
+
 def measure_pipeline_alone(cfg: GpuRunConfig, model_dir: Path, budget: Budget) -> dict[str, Any]:
     """Images/s and peak accelerator memory of the worker's runner at each batch size, in this process."""
     import torch
@@ -236,7 +344,13 @@ def measure_pipeline_alone(cfg: GpuRunConfig, model_dir: Path, budget: Budget) -
     from gpu_worker.diffusers_runner import DiffusersRunner
     from shared.settings import Settings
 
-    settings = Settings(model=str(model_dir), device=cfg.device, torch_dtype=cfg.dtype_name, torch_threads=cfg.threads)
+    settings = Settings(
+        model=str(model_dir),
+        device=cfg.device,
+        torch_dtype=cfg.dtype_name,
+        torch_threads=cfg.threads,
+        **_compile_settings(cfg),
+    )
     started = time.perf_counter()
     runner = DiffusersRunner(settings)
     points: dict[str, Any] = {"load_s": time.perf_counter() - started, "batches": {}}
@@ -290,22 +404,35 @@ def _brief(summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def fleet_env(cfg: GpuRunConfig, model_dir: Path) -> dict[str, str]:
+    """The environment of the fleets' processes: the model, device and dtype; with ``compile_denoiser`` the
+    compiled denoiser, inductor's cache shared with the pipeline alone, every bucket compiled at the worker's start
+    (``batch_knee_warmup``) and no batch cap, so that a fleet's batches are max_num_seqs' size as the pipeline
+    alone's are."""
+    env = {"FUSEFLEET_MODEL": str(model_dir), "FUSEFLEET_DEVICE": cfg.device, "FUSEFLEET_TORCH_DTYPE": cfg.dtype_name}
+    if cfg.compile_denoiser:
+        env |= {
+            "FUSEFLEET_COMPILE_DENOISER": "true",
+            "FUSEFLEET_COMPILE_CACHE_DIR": str(cfg.cache_dir / "inductor"),
+            "FUSEFLEET_BATCH_KNEE_WARMUP": f"{cfg.size}x{cfg.size}",
+            "FUSEFLEET_BATCH_KNEE_CAP": "false",
+        }
+    return env
+
+
 def measure_fleet(
     cfg: GpuRunConfig, model_dir: Path, pipe_rates: dict[int, float], budget: Budget
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Closed-loop saturating runs at each max_num_seqs; the Poisson run on the fleet of the largest one."""
-    env = {
-        "FUSEFLEET_MODEL": str(model_dir),
-        "FUSEFLEET_DEVICE": cfg.device,
-        "FUSEFLEET_TORCH_DTYPE": cfg.dtype_name,
-    }
+    env = fleet_env(cfg, model_dir)
+    start_allowance = FLEET_START_ALLOWANCE_S + (COMPILE_ALLOWANCE_S if cfg.compile_denoiser else 0.0)
     largest = max(cfg.seqs)
     fleet: dict[str, Any] = {}
     poisson: dict[str, Any] | None = None
     for seqs in sorted(cfg.seqs):
         rate = pipe_rates.get(seqs)
         if rate is None or not budget.allows(
-            f"fleet, max_num_seqs {seqs}", needs_s=cfg.fleet_seconds + FLEET_START_ALLOWANCE_S
+            f"fleet, max_num_seqs {seqs}", needs_s=cfg.fleet_seconds + start_allowance
         ):
             if rate is None:
                 budget.skipped.append(f"fleet, max_num_seqs {seqs} (no pipeline-alone figure at batch {seqs})")
@@ -440,7 +567,8 @@ def render_markdown(results: dict[str, Any]) -> str:
         "",
         f"{where}, torch {env['torch']}, diffusers {env['diffusers']}; model: {model['kind']}; "
         f"{cfg['size']}x{cfg['size']} px, {cfg['steps']} steps, CFG {cfg['guidance_scale']}, "
-        f"{cfg['device']} {'fp16' if cfg['device'].startswith('cuda') else 'fp32'}; "
+        f"{cfg['device']} {'fp16' if cfg['device'].startswith('cuda') else 'fp32'}"
+        f"{', compiled denoiser' if cfg.get('compile_denoiser') else ''}; "
         f"{results['elapsed_s']:.0f} s of a {cfg['budget_s']:.0f} s budget.",
         "",
         "## The pipeline alone",

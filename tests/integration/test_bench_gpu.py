@@ -1,6 +1,7 @@
 """The one-command GPU run (``python -m bench gpu``) keeps working: its CPU tiny variant end to end (the real
 command as a subprocess: demo model saved and loaded through from_pretrained, pipeline alone, fleets, Poisson),
-and its refusal to run without a CUDA device."""
+its refusal to run without a CUDA device, and the DiT it builds for ``bench/gpu.sh accel`` having SD3 Medium's
+architecture."""
 
 from __future__ import annotations
 
@@ -82,3 +83,15 @@ def test_no_cuda_device_exits_non_zero_with_one_line(tmp_path: Path) -> None:
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: no CUDA device"), done.stderr
     assert not (tmp_path / "gpu.json").exists()
+
+
+def test_the_dit_has_sd3_mediums_architecture() -> None:
+    from bench.gpu import build_sd3_random_pipeline
+
+    pipe = build_sd3_random_pipeline("meta")  # the shapes alone: no memory, no time
+    millions = {
+        name: round(sum(p.numel() for p in getattr(pipe, name).parameters()) / 1e6)
+        for name in ("transformer", "vae", "text_encoder", "text_encoder_2")
+    }
+    assert millions == {"transformer": 2028, "vae": 84, "text_encoder": 124, "text_encoder_2": 695}
+    assert type(pipe).__name__ == "StableDiffusion3Pipeline" and pipe.text_encoder_3 is None

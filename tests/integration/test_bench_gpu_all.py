@@ -1,0 +1,78 @@
+"""The prepared GPU session (``bench/gpu.sh all``) keeps working: its CPU tiny path as the real script (the DiT
+phase: the tiny SD3 demo, stock and exact), every file it writes and nothing else, a phase's figures never wiped by
+a later phase's, and ``--record``: a tiny or CPU run's folder refused, a CUDA run's figures merged into
+docs/benchmarks.json (others kept) and its JSON copied into docs/bench/. The other phases' CPU paths:
+test_bench_accel.py and test_bench_gpu.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench.gpu import GpuRunConfig, fleet_env
+from bench.gpu_all import main, record
+from shared.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_the_cpu_tiny_dit_phase_writes_its_files_and_figure(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [
+            *("bash", "bench/gpu.sh", "all", "--device", "cpu", "--tiny", "--no-compile", "--phases", "dit"),
+            *("--cache-dir", str(tmp_path / "cache"), "--out", str(out), "--log-dir", str(tmp_path / "logs")),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["accel-dit.json", "summary.json", "summary.md"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tiny"] is True and summary["device"] == "cpu" and set(summary["phase_s"]) == {"dit"}
+    assert summary["figures"]["P6_exact_speedup_dit_b4"] > 0 and summary["skipped"] == []
+    assert set(summary["images_per_s"]["dit"]) == {"stock", "exact"}
+    assert set(summary["images_per_s"]["dit"]["exact"]) == {"1", "4"}
+    assert "`P6_exact_speedup_dit_b4`" in (out / "summary.md").read_text()
+    assert main(["--record", str(out), "--docs-dir", str(tmp_path / "docs")]) == 2  # a tiny CPU run: refused
+    assert not (tmp_path / "docs").exists()
+
+
+def test_record_merges_a_cuda_runs_figures_and_copies_its_json(tmp_path: Path) -> None:
+    out, docs = tmp_path / "out", tmp_path / "docs"
+    out.mkdir()
+    docs.mkdir()
+    (docs / "benchmarks.json").write_text(json.dumps({"P1": 0.83, "P6_exact_speedup_dit_b4": 9.0}))
+    figures = {"P6_exact_speedup_sd15_b8": 1.91234, "P6_exact_speedup_dit_b4": None, "P1_gpu_exact": 1.01}
+    (out / "summary.json").write_text(json.dumps({"tiny": False, "device": "cuda", "figures": figures}))
+    (out / "accel-sd15.json").write_text("{}")
+    assert record(out, docs, "accel-h200") == {"P6_exact_speedup_sd15_b8": 1.91234, "P1_gpu_exact": 1.01}
+    merged = json.loads((docs / "benchmarks.json").read_text())
+    assert merged == {
+        "P1": 0.83,
+        "P6_exact_speedup_dit_b4": 9.0,
+        "P6_exact_speedup_sd15_b8": 1.9123,
+        "P1_gpu_exact": 1.01,
+    }
+    assert sorted(p.name for p in (docs / "bench").iterdir()) == [
+        "accel-h200-accel-sd15.json",
+        "accel-h200-summary.json",
+    ]
+
+
+def test_the_compiled_fleets_environment_is_settings_the_worker_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = GpuRunConfig(size=512, compile_denoiser=True, cache_dir=Path("/tmp/cache"))
+    for name, value in fleet_env(cfg, Path("/models/sd15")).items():
+        monkeypatch.setenv(name, value)
+    settings = Settings()
+    assert settings.model == "/models/sd15" and settings.compile_denoiser is True
+    assert settings.knee_warmup_sizes == [(512, 512)] and settings.batch_knee_cap is False
+    assert settings.compile_cache_dir == Path("/tmp/cache/inductor")
+    assert "FUSEFLEET_COMPILE_DENOISER" not in fleet_env(GpuRunConfig(), Path("/m"))
