@@ -2,7 +2,8 @@
 
 ``StepEngine(pipe, width, height)`` runs rows (``Row``; ``rows_of(spec)`` makes a request's) through one fused
 denoiser call per ``step()``; rows join and leave at step boundaries. ``step_key`` says which requests may share a
-running set. Stable Diffusion 1.x/2.x and Stable Diffusion 3 have adapters; every other family stays request-level.
+running set. ``ADAPTERS`` names the families with adapters, and each adapter's ``tasks`` the tasks its rows carry
+(docs/step_mode.md, *Per-family adapters*); every other family stays request-level.
 """
 
 from gpu_worker.step_engine.engine import ADAPTERS, StepEngine, UnsupportedPipeline, step_tasks, supports

@@ -3,7 +3,9 @@ Qwen-Image, LTX-Video at 9 frames): real api, scheduler and worker processes (``
 ``FUSEFLEET_DEMO_FAMILY``) on each family's tiny demo pipeline, black-box. Requests with other step counts and
 guidance scales (and, where the family takes them, negative prompts; with a true CFG scale of their own where the
 family has true CFG) join a long request's running set at a step boundary and leave it when done, each image (each
-video's every frame) equal to its solo run within 1/255; the long request, aborted, leaves the set.
+video's every frame) equal to its solo run within 1/255; the long request, aborted, leaves the set. Where the
+family's adapter carries image tasks, an image-to-image and an inpainting request join a text set at their strengths
+and equal their solo runs within 1/255.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from demo_models import ensure_demo_model
 from gpu_worker.diffusers_runner import DiffusersRunner
@@ -23,7 +26,7 @@ from gpu_worker.step_engine import ADAPTERS
 from shared.contracts import RequestSpec, Task
 from shared.settings import Settings
 from tests.integration.conftest import Fleet, running_fleet
-from tests.integration.test_image_tasks import encoded, picture
+from tests.integration.test_image_tasks import encoded, mask, picture
 from tests.support.redis_server import RedisServer
 from tests.support.solo import no_stop, png_array, solo_image
 
@@ -111,29 +114,30 @@ def test_mixed_requests_join_a_running_set_and_equal_their_solo_runs(
         assert difference <= 1, f"{family}: {rid} differs from its solo run by {difference}/255"
 
 
-def test_an_image_to_image_request_joins_the_running_set_at_its_strength(
-    family_fleet: tuple[str, Fleet], model_cache: Path, lora_dir: Path
+def assert_an_image_request_joins(
+    family_fleet: tuple[str, Fleet], model_cache: Path, lora_dir: Path, task: Task, inputs: InputImages, **body: Any
 ) -> None:
-    """Where the family's step adapter carries image-to-image rows (``FamilyAdapter.tasks``: Flux here; SD3 and
-    Qwen-Image in the unit tests and under -m soak), an image-to-image request joins a text-to-image set at its own
-    strength and equals its solo run (the img2img pipeline's call, request-level) within 1/255."""
+    """An image request of ``task`` (``inputs`` of the set's size: an image, and a mask for inpainting) joins a
+    long text-to-image request's running set where the family's step adapter carries its task
+    (``FamilyAdapter.tasks``; skipped elsewhere), succeeds on that set's worker while the long one runs (aborted
+    after), and equals its solo run (``DiffusersRunner.run`` with ``inputs``, request-level) within 1/255."""
     family, fleet = family_fleet
-    if Task.IMAGE_TO_IMAGE not in ADAPTERS[family].tasks:
-        pytest.skip(f"{family}'s step rows carry text-to-image only: its image requests run request-level")
+    if task not in ADAPTERS[family].tasks:
+        pytest.skip(f"{family}'s step rows do not carry {task}: its {task} requests run request-level")
     long = fleet.submit(prompt="the long one", num_inference_steps=LONG_STEPS, width=SIDE, height=SIDE)
     fleet.wait_running(long, min_step=2, timeout=120)
-    body = {"prompt": "a harbour", "num_inference_steps": 5, "guidance_scale": 3.0, "seed": 41, "strength": 0.6}
-    joiner = fleet.submit(**body, width=SIDE, height=SIDE, image=encoded(picture(41, SIDE)))
+    images = {"image": encoded(inputs.image)} | ({"mask_image": encoded(inputs.mask)} if inputs.mask else {})
+    joiner = fleet.submit(**body, **images, width=SIDE, height=SIDE)
     state = fleet.wait_done([joiner], timeout=180)[joiner]
     assert state["status"] == "succeeded", state
-    assert fleet.get(long)["status"] == "running", "the image request waited for the long one instead of joining it"
+    assert fleet.get(long)["status"] == "running", f"the {task} request waited for the long one instead of joining it"
     workers = {fleet.redis.hget(fleet.keys.request(rid), "worker") for rid in (long, joiner)}
     assert len(workers) == 1, workers
     fleet.http.post(f"/v1/requests/{long}/abort")
     assert fleet.wait_done([long], timeout=30)[long]["status"] == "aborted"
 
     params = state["params"]
-    assert params["task"] == Task.IMAGE_TO_IMAGE and params["strength"] == 0.6
+    assert params["task"] == task and params["strength"] == body["strength"], params
     solo_runner = DiffusersRunner(
         Settings(model_cache_dir=model_cache, lora_dir=lora_dir, torch_threads=2, demo_family=family)
     )
@@ -146,10 +150,26 @@ def test_an_image_to_image_request_joins_the_running_set_at_its_strength(
         height=SIDE,
         num_inference_steps=params["num_inference_steps"],
         guidance_scale=params["guidance_scale"],
-        task=Task.IMAGE_TO_IMAGE,
-        strength=0.6,
+        task=task,
+        strength=params["strength"],
         created_at=0.0,
     )
-    ((solo,),) = solo_runner.run([spec], no_stop, inputs={"solo": InputImages(picture(41, SIDE))})
+    ((solo,),) = solo_runner.run([spec], no_stop, inputs={"solo": inputs})
     difference = np.abs(png_array(fleet.image(joiner)) - np.asarray(solo, dtype=np.int16)).max()
-    assert difference <= 1, f"{family}: the image request differs from its solo run by {difference}/255"
+    assert difference <= 1, f"{family}: the {task} request differs from its solo run by {difference}/255"
+
+
+def test_an_image_to_image_request_joins_the_running_set_at_its_strength(
+    family_fleet: tuple[str, Fleet], model_cache: Path, lora_dir: Path
+) -> None:
+    body = {"prompt": "a harbour", "num_inference_steps": 5, "guidance_scale": 3.0, "seed": 41, "strength": 0.6}
+    inputs = InputImages(picture(41, SIDE))
+    assert_an_image_request_joins(family_fleet, model_cache, lora_dir, Task.IMAGE_TO_IMAGE, inputs, **body)
+
+
+def test_an_inpainting_request_joins_the_running_set_at_its_strength(
+    family_fleet: tuple[str, Fleet], model_cache: Path, lora_dir: Path
+) -> None:
+    body = {"prompt": "a window", "num_inference_steps": 5, "guidance_scale": 3.0, "seed": 43, "strength": 0.75}
+    inputs = InputImages(picture(43, SIDE), mask(3).resize((SIDE, SIDE), Image.Resampling.NEAREST))
+    assert_an_image_request_joins(family_fleet, model_cache, lora_dir, Task.INPAINT, inputs, **body)
