@@ -166,17 +166,34 @@ def fairness(
     seqs: Annotated[int, typer.Option(help="FUSEFLEET_MAX_NUM_SEQS of the fleet.")] = 4,
     requests: Annotated[int, typer.Option(help="The probe key's requests per run.")] = 40,
     load: Annotated[float, typer.Option(help="The probe key's rate, a fraction of the fleet's capacity.")] = 0.3,
-    docs: Annotated[bool, typer.Option(help="Merge fair_p99_ratio into docs/benchmarks.json.")] = False,
+    modes: Annotated[str, typer.Option(help="request_level, step (FUSEFLEET_STEP_MODE=1), comma separated.")] = (
+        "request_level,step"
+    ),
+    docs: Annotated[bool, typer.Option(help="Merge the fair_p99_ratio figures into docs/benchmarks.json.")] = False,
     docs_dir: Annotated[Path, typer.Option(help="Where benchmarks.json is.")] = Path("docs"),
 ) -> None:
-    """One key's p99 while another floods, fair order vs fcfs, over its p99 alone (SIMULATED runner): fair_p99_ratio."""
-    from bench.fairness import measure
+    """One key's p99 while another floods, fair order vs fcfs, over its p99 alone, per mode (SIMULATED runner):
+    fair_p99_ratio (the answer mode's), fair_p99_ratio_<mode>."""
+    from bench.fairness import ANSWER, MODES, Mode, measure
     from bench.report import merge_figures
 
-    results = measure(workers=workers, seqs=seqs, requests=requests, load=load, log_dir=LOGS / "fairness")
+    chosen = tuple(m.strip() for m in modes.split(","))
+    if not chosen or any(m not in MODES for m in chosen):
+        raise typer.BadParameter(f"modes must be among {', '.join(MODES)}")
+    results = measure(
+        workers=workers,
+        seqs=seqs,
+        requests=requests,
+        load=load,
+        modes=cast(tuple[Mode, ...], chosen),
+        log_dir=LOGS / "fairness",
+    )
     typer.echo(json.dumps(results, indent=2))
     if docs:
-        merge_figures(docs_dir / "benchmarks.json", {"fair_p99_ratio": results["fair_p99_ratio"]})
+        figures = {f"fair_p99_ratio_{m}": results[f"fair_p99_ratio_{m}"] for m in chosen}
+        if ANSWER in chosen:
+            figures["fair_p99_ratio"] = results[f"fair_p99_ratio_{ANSWER}"]
+        merge_figures(docs_dir / "benchmarks.json", figures)
 
 
 @cli.command()
