@@ -9,8 +9,9 @@
 -- the new objects do not fit, each only while it is still the oldest object not being written; a dropped object is
 -- marked in the same call. If the order changed or the candidates ran out first, it writes nothing and answers
 -- retry (what it dropped stays dropped and marked): the caller reads fresh candidates and calls again.
--- Per call, not per object: one TIME, one HMGET of the old sizes, one GET of the bytes in use, one ZADD of the
--- order, one HSET of the sizes and one SET of the bytes in use; per object only its SET.
+-- Per call, not per object: one TIME, one HMGET of the old sizes, one INCRBY of the bytes in use (by what the
+-- objects add; set again only when objects were dropped, or nothing is written), one ZADD of the order and one HSET
+-- of the sizes; per object only its SET.
 -- KEYS[1] order (zset: object key -> put time ms, made strictly increasing), KEYS[2] sizes (hash: object key ->
 -- bytes), KEYS[3] bytes in use (counter), KEYS[4 .. 3 + n] the n object keys, then per candidate j
 -- KEYS[2 + n + 2j] its object key and KEYS[3 + n + 2j] its request's hash key (the object key again when the
@@ -42,14 +43,15 @@ for i = 1, n do
   if bytes > 0 then table.insert(rewritten, objects[i]) end
   old = old + bytes
 end
-local used = tonumber(redis.call('GET', used_key) or '0')  -- what is stored, the old bytes included
+-- the bytes in use with the objects written (their old bytes off): one INCRBY, put back below if nothing is written
+local used = tonumber(redis.call('INCRBY', used_key, size - old))
 local function oldest_other()
   for _, stored in ipairs(redis.call('ZRANGE', order, 0, n)) do
     if not own[stored] then return stored end
   end
 end
 local dropped, retry = 0, false
-while used - old + size > cap do
+while used > cap do
   local oldest = oldest_other()
   if not oldest then break end  -- nothing else is stored: they are written all the same
   local victim, request, token = candidate(dropped + 1)
@@ -67,7 +69,7 @@ while used - old + size > cap do
   dropped = dropped + 1
 end
 if retry then
-  if dropped > 0 then redis.call('SET', used_key, used) end
+  redis.call('SET', used_key, used - size + old)  -- the objects are not written: the dropped ones' bytes only are off
   return {dropped, 0}
 end
 if #rewritten > 0 then redis.call('ZREM', order, unpack(rewritten)) end  -- a retried put: they were stored
@@ -86,5 +88,5 @@ for i = 1, n do
 end
 redis.call('ZADD', order, unpack(scored))
 redis.call('HSET', sizes, unpack(sized))
-redis.call('SET', used_key, used - old + size)
-return {dropped, 1, used - old + size}
+if dropped > 0 then redis.call('SET', used_key, used) end
+return {dropped, 1, used}
