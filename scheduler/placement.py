@@ -1,23 +1,27 @@
-"""Where a batch goes in a fleet whose workers hold some of their models resident (pure: no I/O, no clock).
+"""Which worker a batch goes to in a fleet of several models (pure: no I/O, no clock).
 
 A worker that serves several models keeps at most ``max_resident_models`` loaded (``gpu_worker.residency``) and
 announces, per model, whether it is resident, the seconds its load took and a moving average of its batches'
-seconds (``ModelCapabilities``). A batch published to its model's queue is taken by whichever worker serving the
-model frees first, which may be one that must load it first (a cold load); a batch published to one worker's own
-queue (``shared.routing.worker_queue``) runs where its model is resident. ``place`` chooses by a cost model:
+seconds (``ModelCapabilities``). The scheduler places every batch on one worker's own queue
+(``shared.routing.worker_queue``), so it knows what occupies each worker: the batches it placed there that still
+occupy it (running, or waiting in that queue; ``Holder.occupied``). ``place`` chooses by a cost model:
 
-- every live worker of the model holds it resident, or none does: the model's queue (no load to avoid, or none
-  to prefer);
-- otherwise, a resident worker when one is free for the batch now (``busy``, the model's batches occupying
-  workers, below the resident workers); else the expected wait at the resident workers of the model's backlog,
-  ``((busy + backlog) // resident workers) x batch seconds`` (``backlog``: the batches the model's requests still
-  waiting in the scheduler make; each resident worker takes one at a time), against the cheapest announced load:
-  a cold load is taken (the model's queue, where an idle worker that must load it, or the first resident worker
-  to free up, takes it) only when the wait exceeds ``LOAD_MARGIN`` times the load seconds; else the resident
-  worker this scheduler placed the fewest batches in flight on (ties by name).
+- a **free** worker (nothing of this scheduler's occupies it) that holds the model resident, when there is one (ties
+  by name): the batch runs now, with no load;
+- else a free worker that must load the model (a cold load: the one of cheapest announced load, ties by name),
+  when no live worker holds the model resident, or when the expected wait at its resident workers of the model's
+  backlog, ``((busy + backlog) // resident workers) x batch seconds`` (``busy``: the model's batches occupying
+  workers; ``backlog``: the batches its requests waiting in the scheduler make), exceeds ``LOAD_MARGIN`` times
+  that load;
+- else **no worker now** (None): every worker that could take the batch is busy, so its requests wait in the
+  scheduler (aside, ``scheduler.capacity``), where later arrivals make its batch fuller, until one frees. A batch
+  already scheduled that must go somewhere (published again) takes its model's queue then, where the first worker
+  of the model to free takes it.
 
-The margin keeps a model from being loaded for a wait that a small change in the figures would undo; with the
-workers' minimum residency (``min_residency_s``) it is what keeps the fleet from thrashing.
+Placing on a busy resident worker (a batch waiting in its queue while another worker idles) is what this avoids:
+the scheduler's own count says which workers are free, whatever model occupies the others. The margin keeps a
+model from being loaded for a wait that a small change in the figures would undo; with the workers' minimum
+residency (``min_residency_s``) it is what keeps the fleet from thrashing.
 """
 
 from __future__ import annotations
@@ -41,17 +45,17 @@ class Holder:
     resident: bool
     load_s: float | None = None  # its last load of the model (None: unknown)
     batch_s: float | None = None  # its moving average of the model's batch seconds (None: none ran)
-    placed: int = 0  # batches this scheduler placed on it that are still in flight
+    occupied: int = 0  # batches this scheduler placed on it that occupy it now (any model's; 0: it is free)
 
 
-def holders(model: str, announced: Mapping[str, WorkerCapabilities], placed: Mapping[str, int]) -> list[Holder]:
-    """The workers of ``announced`` (worker -> its announcement) that serve ``model``, with the batches placed on
-    each (``placed``: worker -> count)."""
+def holders(model: str, announced: Mapping[str, WorkerCapabilities], occupied: Mapping[str, int]) -> list[Holder]:
+    """The workers of ``announced`` (worker -> its announcement) that serve ``model``, with the batches occupying
+    each (``occupied``: worker -> count)."""
     out = []
     for worker, capabilities in sorted(announced.items()):
         for served in capabilities.served:
             if served.model == model:
-                out.append(Holder(worker, served.resident, served.load_s, served.batch_s, placed.get(worker, 0)))
+                out.append(Holder(worker, served.resident, served.load_s, served.batch_s, occupied.get(worker, 0)))
     return out
 
 
@@ -66,15 +70,19 @@ def expected_wait_s(busy: int, resident: Sequence[Holder]) -> float:
 
 
 def place(candidates: Sequence[Holder], busy: int, backlog: int = 0) -> str | None:
-    """The worker to place a batch of the model on (its own queue), or None for the model's queue (module
-    docstring). ``candidates``: the live workers that serve the model; ``busy``: its batches occupying workers;
-    ``backlog``: the batches its requests waiting behind this one make."""
+    """The worker to place a batch of the model on now (its own queue), or None when none should take it now
+    (module docstring). ``candidates``: the live workers that serve the model; ``busy``: its batches occupying
+    workers; ``backlog``: the batches its requests waiting behind this one make."""
     resident = [holder for holder in candidates if holder.resident]
-    cold = [holder for holder in candidates if not holder.resident]
-    if not resident or not cold:
+    free = [holder for holder in resident if holder.occupied <= 0]
+    if free:
+        return min(free, key=lambda holder: holder.worker).worker
+    cold = [holder for holder in candidates if not holder.resident and holder.occupied <= 0]
+    if not cold:
         return None
-    loads = [holder.load_s for holder in cold if holder.load_s is not None]
-    waiting = busy + backlog if busy >= len(resident) else 0  # a resident worker free now: no wait for this one
-    if loads and expected_wait_s(waiting, resident) > LOAD_MARGIN * min(loads):
-        return None
-    return min(resident, key=lambda holder: (holder.placed, holder.worker)).worker
+    cheapest = min(cold, key=lambda holder: (holder.load_s is None, holder.load_s or 0.0, holder.worker))
+    if not resident:
+        return cheapest.worker  # a cold load is the only way
+    if cheapest.load_s is not None and expected_wait_s(busy + backlog, resident) > LOAD_MARGIN * cheapest.load_s:
+        return cheapest.worker
+    return None

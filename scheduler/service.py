@@ -16,22 +16,20 @@ import logging
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 
 from celery import Celery
 
-from scheduler.capacity import ModelSlots, serving
+from scheduler.capacity import ModelSlots, decide_by_model
 from scheduler.deadlines import overdue
 from scheduler.knees import KNEES_TTL_S, KneeCaps
 from scheduler.lease import LeaderLoop, Lease
-from scheduler.placement import holders, place
 from scheduler.policy import Dispatch, PolicyConfig, WaitingRequest, decide
 from scheduler.queue import QueuedRequest, queue_of
 from scheduler.store import LeaseLost, RunningSet, SchedulerStore, StreamEntry
 from shared.celery_config import RUN_BATCH_TASK, publish_options
 from shared.compat import compat_key, pixel_cost
-from shared.contracts import BatchMessage, RequestSpec, RequestStatus, WorkerCapabilities
+from shared.contracts import BatchMessage, RequestSpec, RequestStatus
 from shared.logging_setup import ids as ids_of
 from shared.routing import model_queue, worker_queue
 from shared.settings import Settings
@@ -74,9 +72,8 @@ class SchedulerService:
         self._window = max(HEAD_WINDOW_MIN, 4 * self._config.widest)
         self._queue = queue_of(settings)  # the requests read and not yet dispatched
         self._fresh: set[str] = set()  # queued and unaborted as far as we know: see _head_window
-        self._slots: ModelSlots | None = None  # each model's room (None: a fleet of one model, not counted)
+        self._slots: ModelSlots | None = None  # what occupies each worker (None: a fleet of one model, not counted)
         self._batch_models: dict[str, str] = {}  # batch id -> its model, for the batches in flight
-        self._announced: dict[str, WorkerCapabilities] = {}  # live worker -> what it serves and holds resident
         self._placed: dict[str, str] = {}  # batch id -> the worker it was placed on (its own queue), in flight
         self._free: int | None = None  # free worker slots as last counted (minus our dispatches since)
         self._free_at = 0.0
@@ -236,7 +233,9 @@ class SchedulerService:
             fields = ids_of(batch_id=batch_id, request_ids=ids)
             log.warning("publishing batch %s (%d requests) again: %s", batch_id, len(ids), why, extra=fields)
             if len(self._settings.catalog) > 1:  # placed again on what the workers hold now (handed back, lost)
-                self._announced = self._store.worker_models()
+                self._placed.pop(batch_id, None)  # where it went occupies that worker no more
+                self._forget_capacity()
+                self._free_slots()
             self._publish(batch_id, ids)
 
     # --- dispatching -----------------------------------------------------------------------------------------
@@ -251,7 +250,7 @@ class SchedulerService:
             head = self._head_window(check=free > 0 or bool(room))
             if room and self._join_head(head, room):
                 continue
-            decision = decide(head, free, self._clock(), self._config)
+            decision = (decide if self._slots is None else decide_by_model)(head, free, self._clock(), self._config)
             self._forget(decision.dropped_ids)
             if not isinstance(decision, Dispatch):
                 if decision.dropped_ids:  # aborted requests left the window: look at the requests behind them
@@ -286,26 +285,38 @@ class SchedulerService:
         now = self._clock()
         if self._free is None or now - self._free_at > CAPACITY_TTL_S:
             self._free, self._free_at = self._store.free_slots(), now
-            if len(self._settings.catalog) > 1:  # with the count: each model's own room (scheduler.capacity)
+            if len(self._settings.catalog) > 1:  # with the count: what occupies each worker (scheduler.capacity)
                 busy = self._store.busy_models(self._batch_models)
-                self._announced = self._store.worker_models()
-                self._slots = ModelSlots.count(serving(self._announced), busy)
                 for batch_id in set(self._placed) - set(self._batch_models):  # out of flight
                     del self._placed[batch_id]
+                self._slots = ModelSlots.count(self._store.worker_models(), busy, self._placed)
         return self._free
 
-    def _servable(self, request: QueuedRequest) -> bool:
-        """Whether a worker of the request's model is free (a fleet of several models: the others wait aside, so
-        they neither block the head of their level nor publish batches that wait for a busy worker, or for none,
-        while another model's worker is idle)."""
-        return self._slots is None or self._slots.has_room(getattr(request.key, "model", None))
+    def _backlog(self, model: str, leaving: int | None = None) -> int:
+        """The batches, of its cap, that the waiting requests of ``model`` make besides the ``leaving`` of them
+        (None: its next batch's, up to its cap)."""
+        cap = self._config.by_model.get(model, self._config).max_num_seqs
+        waiting = self._queue.waiting_of(model)
+        return -(-max(0, waiting - (min(cap, waiting) if leaving is None else leaving)) // cap)
 
     def _servable_head(self) -> list[QueuedRequest]:
-        """The first ``_window`` waiting requests, in service order, of models with a free worker."""
+        """The first ``_window`` waiting requests, in service order, of models with a worker to take their next batch
+        now (a fleet of several models: the others wait aside, so they neither block the head of their level nor
+        publish batches that wait for a busy worker, or for none, while another worker is idle)."""
+        assert self._slots is not None
+        rooms: dict[object, bool] = {}
+
+        def servable(request: QueuedRequest) -> bool:
+            model = getattr(request.key, "model", None)
+            if model not in rooms:
+                assert self._slots is not None
+                rooms[model] = isinstance(model, str) and self._slots.has_room(model, self._backlog(model))
+            return rooms[model]
+
         looked = self._window
         while True:
             head = self._queue.head(looked)
-            window = [request for request in head if self._servable(request)]
+            window = [request for request in head if servable(request)]
             if len(window) >= self._window or len(head) < looked:
                 return window[: self._window]
             looked *= 4
@@ -345,9 +356,9 @@ class SchedulerService:
         batch_id, joined = self._schedule(decision.request_ids)
         if joined:
             model = self._model_of(decision.request_ids)
-            self._publish(batch_id, joined, model)
+            worker = self._publish(batch_id, joined, model)
             if self._slots is not None:
-                self._slots.take(model)
+                self._slots.take(model, worker)
         if len(joined) < len(decision.request_ids):  # some had ended unseen (not by the aborted set): look again
             self._fresh.clear()
         self._forget(decision.request_ids)
@@ -371,9 +382,11 @@ class SchedulerService:
     def _message(batch_id: str, request_ids: list[str], model: str | None = None) -> BatchMessage:
         return BatchMessage(batch_id=batch_id, request_ids=tuple(request_ids), created_at=time.time(), model=model)
 
-    def _publish(self, batch_id: str, request_ids: list[str], model: str | None = None) -> None:
-        """Publish the batch to its model's queue (``shared.routing``; ``model`` None: read from its requests, a
-        batch published again); only workers that serve the model consume it."""
+    def _publish(self, batch_id: str, request_ids: list[str], model: str | None = None) -> str | None:
+        """Publish the batch (``model`` None: read from its requests, a batch published again): in a fleet of several
+        models on the own queue of the worker placement names, else (one model, or none named) on its model's queue
+        (``shared.routing``), which only workers that serve the model consume. Returns that worker (None: the
+        model's queue)."""
         several = len(self._settings.catalog) > 1  # one model: every batch is its, nothing to read
         model = model or (self._store.model_of(request_ids) if several else None) or self._settings.model_id
         if several:  # for the model's room (busy_models forgets it once out of flight)
@@ -390,6 +403,7 @@ class SchedulerService:
         fields = ids_of(batch_id=batch_id, request_ids=request_ids)
         where = f" on {worker}" if worker is not None else ""
         log.info("published batch %s with %d requests%s", batch_id, len(request_ids), where, extra=fields)
+        return worker
 
     def _place_again_from_gone_workers(self) -> None:
         """Publish again, placed anew, the batches in flight placed on a worker that is no longer live: its own queue
@@ -404,15 +418,12 @@ class SchedulerService:
             self._republish(batch_id, f"it was placed on {worker}, which is gone")
 
     def _place(self, batch_id: str, request_ids: Sequence[str], model: str) -> str | None:
-        """The worker holding ``model`` resident to place the batch on, or None for the model's queue
-        (``scheduler.placement``: a cold load only when it wins, the model's backlog counted), from the
-        announcements last read."""
-        placed = Counter(self._placed.values())
-        in_flight = self._slots.busy[model] if self._slots is not None else 0
-        # the backlog behind this batch (its own requests leave the queue after the publish), in batches of its cap
-        waiting = self._queue.waiting_of(model) - sum(rid in self._queue for rid in request_ids)
-        cap = self._config.by_model.get(model, self._config).max_num_seqs
-        worker = place(holders(model, self._announced, placed), in_flight, -(-waiting // cap))
+        """The worker to place the batch on, or None for the model's queue (``scheduler.placement``: a free resident
+        worker, else a cold load only when it wins, the model's backlog counted; None only for a batch published
+        again while no worker is free for it), from the counts last made."""
+        # the backlog behind this batch (its own requests leave the queue after the publish)
+        backlog = self._backlog(model, sum(rid in self._queue for rid in request_ids))
+        worker = self._slots.target(model, backlog) if self._slots is not None else None
         self._placed.pop(batch_id, None)
         if worker is not None:
             self._placed[batch_id] = worker

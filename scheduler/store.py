@@ -258,11 +258,11 @@ class SchedulerStore:
         """The ids of the batches in flight (one round trip)."""
         return {str(batch_id) for batch_id in self._redis.zrange(self.keys.inflight, 0, -1)}
 
-    def busy_models(self, known: dict[str, str]) -> list[str | None]:
-        """The model of each batch in flight that occupies a worker (not in the storing zset: its forward is
-        running or it waits for one), from ``known`` (batch id -> model: this call drops the batches no longer in
-        flight and adds those it read) or else its requests' specs (``model_of``, for those batches only); None
-        where no spec is left. One round trip, plus one per batch not known."""
+    def busy_models(self, known: dict[str, str]) -> dict[str, str | None]:
+        """Each batch in flight that occupies a worker (not in the storing zset: its forward is running or it waits
+        for one) -> its model, from ``known`` (batch id -> model: this call drops the batches no longer in flight
+        and adds those it read) or else its requests' specs (``model_of``, for those batches only); None where no
+        spec is left. One round trip, plus one per batch not known."""
         pipe = self._redis.pipeline(transaction=False)
         pipe.zrange(self.keys.inflight, 0, -1)
         pipe.zrange(self.keys.storing, 0, -1)
@@ -276,7 +276,7 @@ class SchedulerStore:
                 model = self.model_of(str(self._redis.hget(self.keys.batch(batch_id), "ids") or "").split())
                 if model is not None:
                     known[batch_id] = model
-        return [known.get(batch_id) for batch_id in occupying]
+        return {str(batch_id): known.get(batch_id) for batch_id in occupying}
 
     def ack(self, entry_ids: Iterable[str]) -> None:
         """Acknowledge and delete stream entries whose requests no longer need the scheduler."""

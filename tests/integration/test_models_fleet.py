@@ -5,7 +5,7 @@ Every image equals its model's solo run (within 1/255); each request ran on the 
 announces or runs a model it was not given; ``GET /v1/models`` lists both; an unknown model is refused (422 naming
 ``model`` natively, 404 ``model_not_found`` on the OpenAI surface). Last, a worker whose configuration routes the
 default model's queue to it (another default model: a rolling change) fences the batches of the model it does not
-serve: they are handed back, routed again, and run on the right worker with no attempt lost; and a worker of both
+serve that reach it there: they are handed back and run nothing, no attempt counted; and a worker of both
 models (each loaded at start) runs each request on its own model's pipeline.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import io
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,7 +25,9 @@ from PIL import Image
 
 from demo_models import ensure_demo_model
 from gpu_worker.diffusers_runner import DiffusersRunner
-from shared.contracts import WorkerCapabilities
+from shared.celery_config import RUN_BATCH_TASK, make_celery
+from shared.contracts import BatchMessage, WorkerCapabilities
+from shared.routing import model_queue
 from shared.settings import Settings
 from tests.integration.conftest import Fleet, running_fleet
 from tests.support.processes import wait_for
@@ -149,18 +152,32 @@ def test_an_unknown_model_is_refused_on_both_surfaces(fleet: Fleet, client: open
     assert (missing.value.code, missing.value.param) == ("model_not_found", "model")
 
 
-def test_a_worker_routed_another_models_batches_fences_them(fleet: Fleet) -> None:
-    # this worker takes the default model's queue for px (its default): the scheduler sends sd batches there
+def test_a_worker_routed_another_models_batches_fences_them(fleet: Fleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    # this worker takes the default model's queue for px (its default), so sd batches that go there reach it: the
+    # scheduler places each batch on a worker of its model, so only copies of a delivery (a broker's redelivery, a
+    # batch published again while no worker of its model was free) do
     rogue = fleet.add_worker("rogue", FUSEFLEET_WORKER_MODELS="px", FUSEFLEET_DEFAULT_MODEL="px")
-    sides = [64, 80, 96, 112]  # one batch each: several wait in the sd queue, which the rogue worker also reads
+    sides = [64, 80, 96, 112]  # one batch each
     ids = [fleet.submit(model="sd", width=side, height=side, seed=side) for side in sides]
     states = fleet.wait_done(ids, timeout=180)
     for rid in ids:
         assert states[rid]["status"] == "succeeded", states[rid]
         assert states[rid]["worker"] == node(fleet, "sd")
         batch = fleet.keys.batch(states[rid]["batch_id"])
-        assert fleet.redis.hget(batch, "attempts") == "1"  # the one run that ran it: a fenced delivery counts none
-    wait_for(lambda: "handed back: its model sd is not served here" in rogue.log(), 5, "the rogue worker to fence")
+        assert fleet.redis.hget(batch, "attempts") == "1"  # the one run that ran it
+    for name, value in fleet.env.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings()
+    celery = make_celery(settings)
+    for rid in ids:  # each batch delivered again on sd's queue, which the sd worker and the rogue one read
+        message = BatchMessage(batch_id=states[rid]["batch_id"], request_ids=(rid,), created_at=time.time(), model="sd")
+        celery.send_task(
+            RUN_BATCH_TASK, args=[message.model_dump(mode="json")], queue=model_queue(settings, "sd"), task_id=rid
+        )
+    wait_for(lambda: "handed back: its model sd is not served here" in rogue.log(), 10, "the rogue worker to fence")
+    for rid in ids:  # the copies ran nothing again
+        assert fleet.redis.hget(fleet.keys.batch(states[rid]["batch_id"]), "attempts") == "1"
+        assert fleet.redis.hget(fleet.keys.request(rid), "status") == "succeeded"
     rogue.stop()
 
 

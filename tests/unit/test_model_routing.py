@@ -1,7 +1,7 @@
 """Routing by model on the scheduler's side (fakeredis, the real scripts; Celery's publish recorded): each batch goes
-to its model's queue and says its model, a batch published again (handed back by a worker that fences it) goes to
-its model's queue too, and the requests of a model without a free worker (or with none) wait aside while another
-model's worker takes its own."""
+to the own queue of a free worker of its model and says its model, a batch published again (handed back by a worker
+that fences it) is placed again, and the requests of a model without a free worker (or with none) wait aside while
+another model's worker takes its own."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from typing import Any
 import fakeredis
 
 from gpu_worker.store import WorkerStore
-from scheduler.capacity import ModelSlots
 from scheduler.store import SchedulerStore
 from shared.contracts import ModelCapabilities, Task, WorkerCapabilities
 from shared.settings import Settings
@@ -31,7 +30,7 @@ class QueuedBatches:
         self.sent.append((queue, args[0]))
 
 
-def test_each_batch_goes_to_its_models_queue_and_a_handed_back_one_again() -> None:
+def test_each_batch_goes_to_a_worker_of_its_model_and_a_handed_back_one_again() -> None:
     settings = Settings(key_prefix="t", models=MODELS, max_num_seqs=4, request_batch_max_wait_ms=0)
     client = fakeredis.FakeRedis(decode_responses=True)
     store = SchedulerStore(client, settings)
@@ -44,13 +43,13 @@ def test_each_batch_goes_to_its_models_queue_and_a_handed_back_one_again() -> No
         announce(client, store, "w2", "px")
         assert wait_until(lambda: len(celery.sent) == 2, 5), celery.sent
         sent = {message["model"]: (queue, message) for queue, message in celery.sent}
-        assert sent["sd"][0] == "t.batches" and sent["sd"][1]["request_ids"] == ["s1"]  # the default model
-        assert sent["px"][0] == "t.batches.px" and sent["px"][1]["request_ids"] == ["p1"]
+        assert sent["sd"][0] == "t.batches@w1" and sent["sd"][1]["request_ids"] == ["s1"]
+        assert sent["px"][0] == "t.batches@w2" and sent["px"][1]["request_ids"] == ["p1"]
         # a worker that does not serve px took its message: it hands it back unclaimed, and the reaper routes it
         WorkerStore(client, settings).give_back(sent["px"][1]["batch_id"], None)
         assert wait_until(lambda: len(celery.sent) == 3, 5), celery.sent
     queue, message = celery.sent[2]
-    assert (queue, message["model"], message["request_ids"]) == ("t.batches.px", "px", ["p1"])
+    assert (queue, message["model"], message["request_ids"]) == ("t.batches@w2", "px", ["p1"])  # free again
     assert message["batch_id"] == sent["px"][1]["batch_id"]
     assert client.hget(store.keys.batch(message["batch_id"]), "attempts") in (None, "0")  # no attempt counted
 
@@ -99,11 +98,11 @@ def test_a_model_no_live_worker_serves_waits_aside_without_blocking_or_holding_a
         announce(client, store, "w2", "sd")
         assert wait_until(lambda: len(celery.sent) == 1, 5), celery.sent
         time.sleep(0.5)  # two free slots, and still only sd's batch went
-        assert [(q, m["request_ids"]) for q, m in celery.sent] == [("t.batches", ["s1"])]
+        assert [(q, m["request_ids"]) for q, m in celery.sent] == [("t.batches@w1", ["s1"])]
         assert client.zcard(store.keys.inflight) == 1
         announce(client, store, "w3", "px")
         assert wait_until(lambda: len(celery.sent) == 2, 5), celery.sent
-    assert (celery.sent[1][0], celery.sent[1][1]["request_ids"]) == ("t.batches.px", ["p1"])
+    assert (celery.sent[1][0], celery.sent[1][1]["request_ids"]) == ("t.batches@w3", ["p1"])
 
 
 def test_a_batch_waits_for_a_worker_of_its_model_while_another_models_worker_takes_its_own() -> None:
@@ -120,7 +119,7 @@ def test_a_batch_waits_for_a_worker_of_its_model_while_another_models_worker_tak
         announce(client, store, "w2", "px")
         assert wait_until(lambda: len(celery.sent) == 2, 5), celery.sent
         time.sleep(0.5)  # two slots, both taken: one batch of each model, the other sd batches wait aside
-        assert [(q, m["request_ids"]) for q, m in celery.sent] == [("t.batches", ["s0"]), ("t.batches.px", ["p1"])]
+        assert [(q, m["request_ids"]) for q, m in celery.sent] == [("t.batches@w1", ["s0"]), ("t.batches@w2", ["p1"])]
         finish_the_batch(client, store, celery.sent[0][1]["batch_id"])
         assert wait_until(lambda: len(celery.sent) == 3, 5), celery.sent
         time.sleep(0.5)
@@ -135,18 +134,6 @@ def finish_the_batch(client: fakeredis.FakeRedis, store: SchedulerStore, batch_i
     client.xadd(store.keys.events, {"type": "batch_done"})
 
 
-def test_model_slots_count_each_models_room() -> None:
-    slots = ModelSlots.count({"sd": 2, "px": 1}, ["sd", "px", None])
-    assert (slots.has_room("sd"), slots.has_room("px"), slots.has_room("other"), slots.has_room(None)) == (
-        True,
-        False,
-        False,
-        False,
-    )
-    slots.take("sd")
-    assert not slots.has_room("sd")
-
-
 def test_busy_models_reads_what_it_does_not_know_and_forgets_what_left() -> None:
     settings = Settings(key_prefix="t", models=MODELS)
     client = fakeredis.FakeRedis(decode_responses=True)
@@ -156,7 +143,7 @@ def test_busy_models_reads_what_it_does_not_know_and_forgets_what_left() -> None
     client.zadd(store.keys.inflight, {"b1": 1, "b2": 2, "b3": 3})
     client.zadd(store.keys.storing, {"b3": 3})  # its forward is over: it frees its worker
     known = {"b2": "sd", "gone": "sd"}
-    assert store.busy_models(known) == ["px", "sd"]
+    assert store.busy_models(known) == {"b1": "px", "b2": "sd"}
     assert known == {"b1": "px", "b2": "sd"}
 
 
@@ -181,18 +168,24 @@ def test_a_batch_goes_to_a_worker_holding_its_model_resident_and_back_to_its_mod
     assert client.hget(store.keys.batch(celery.sent[1][1]["batch_id"]), "attempts") in (None, "0")
 
 
-def test_with_every_worker_of_the_model_holding_it_the_batch_takes_the_models_queue() -> None:
+def test_with_every_worker_of_the_model_holding_it_each_batch_takes_a_free_one() -> None:
     settings = Settings(key_prefix="t", models=MODELS, max_num_seqs=4, request_batch_max_wait_ms=0)
     client = fakeredis.FakeRedis(decode_responses=True)
     store = SchedulerStore(client, settings)
     store.ensure_groups()
-    submit(client, store.keys, "p1", model="px")
+    submit(client, store.keys, "p1", model="px", width=64, height=64)
+    submit(client, store.keys, "p2", model="px", width=80, height=80)  # another size: a batch of its own
+    submit(client, store.keys, "p3", model="px", width=96, height=96)
     celery = QueuedBatches()
+    announce(client, store, "w1", "px")
+    announce(client, store, "w2", "px")
     with running(scheduler(client, settings, celery)):  # type: ignore[arg-type]
-        announce(client, store, "w1", "px")
-        announce(client, store, "w2", "px")
-        assert wait_until(lambda: len(celery.sent) == 1, 5), celery.sent
-    assert celery.sent[0][0] == "t.batches.px"  # any of them: the first free takes it
+        assert wait_until(lambda: len(celery.sent) == 2, 5), celery.sent
+        time.sleep(0.5)  # both busy: p3 waits in the scheduler, not behind one of them
+        assert [(q, m["request_ids"]) for q, m in celery.sent] == [("t.batches@w1", ["p1"]), ("t.batches@w2", ["p2"])]
+        finish_the_batch(client, store, celery.sent[1][1]["batch_id"])
+        assert wait_until(lambda: len(celery.sent) == 3, 5), celery.sent
+    assert (celery.sent[2][0], celery.sent[2][1]["request_ids"]) == ("t.batches@w2", ["p3"])  # the one that freed
 
 
 def test_a_cold_load_is_taken_once_the_wait_at_the_resident_worker_is_over_twice_the_load() -> None:
@@ -207,10 +200,10 @@ def test_a_cold_load_is_taken_once_the_wait_at_the_resident_worker_is_over_twice
         announce(client, store, "mux", "sd", "px", cold=("px",))  # would load px in 1 s
         announce(client, store, "w2", "px", batch_s=10.0)  # holds px; its batches take 10 s
         assert wait_until(lambda: len(celery.sent) == 2, 5), celery.sent
-    # p1: w2 is idle (no wait); p2: one px batch ahead at w2, 10 s > 2 x 1 s: the model's queue, where mux loads it
+    # p1: w2 is idle (no wait); p2: one px batch ahead at w2, 10 s > 2 x 1 s: mux, free, loads it
     assert [(queue, message["request_ids"]) for queue, message in celery.sent] == [
         ("t.batches@w2", ["p1"]),
-        ("t.batches.px", ["p2"]),
+        ("t.batches@mux", ["p2"]),
     ]
 
 
@@ -227,9 +220,9 @@ def test_the_models_backlog_counts_toward_a_cold_load_not_only_its_batches_in_fl
     with running(scheduler(client, settings, celery)):  # type: ignore[arg-type]
         assert wait_until(lambda: len(celery.sent) == 2, 5), celery.sent  # two workers serve px: two slots
     # the first batch: w2 is free, so there; the second: one batch in flight at w2 and one more behind it, 2 x 2 s
-    # > 2 x 1 s of load: the model's queue, where mux loads px (counting only the batch in flight, 2 s is not over
-    # the 2 s margin, and it waited at w2: a backlog never spread px to a second worker)
-    assert [queue for queue, _ in celery.sent] == ["t.batches@w2", "t.batches.px"]
+    # > 2 x 1 s of load: mux loads px (counting only the batch in flight, 2 s is not over the 2 s margin, and it
+    # waited for w2: a backlog never spread px to a second worker)
+    assert [queue for queue, _ in celery.sent] == ["t.batches@w2", "t.batches@mux"]
 
 
 def test_a_batch_placed_on_a_worker_that_went_is_placed_again_without_waiting_for_the_claim_timeout() -> None:
@@ -246,6 +239,6 @@ def test_a_batch_placed_on_a_worker_that_went_is_placed_again_without_waiting_fo
         assert celery.sent[0][0] == "t.batches@w2"
         client.zadd(store.keys.workers, {"w2": (client.time()[0] - 60) * 1000})  # its last beat: a minute ago
         assert wait_until(lambda: len(celery.sent) == 2, 5), celery.sent
-    assert (celery.sent[1][0], celery.sent[1][1]["request_ids"]) == ("t.batches.px", ["p1"])  # mux loads px
+    assert (celery.sent[1][0], celery.sent[1][1]["request_ids"]) == ("t.batches@mux", ["p1"])  # mux loads px
     assert celery.sent[1][1]["batch_id"] == celery.sent[0][1]["batch_id"]
     assert settings.batch_claim_timeout_s >= 30  # published again long before the reaper's claim timeout

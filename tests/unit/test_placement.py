@@ -1,8 +1,10 @@
-"""Placement (``scheduler.placement``): a batch goes to a worker holding its model resident unless a cold load
-saves more than ``LOAD_MARGIN`` times its seconds of waiting; with no choice to make (every worker of the model holds
-it, or none does) it goes to the model's queue."""
+"""Placement (``scheduler.placement``): a batch goes to a free worker holding its model resident; with none free, to
+a free worker that loads it when no worker holds it or when the load saves more than ``LOAD_MARGIN`` times its
+seconds of waiting; else to no worker now (its requests wait in the scheduler)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -11,47 +13,64 @@ from shared.contracts import ModelCapabilities, Task, WorkerCapabilities
 
 HOT = Holder("hot", resident=True, batch_s=1.0)
 COLD = Holder("cold", resident=False, load_s=3.0)
+BUSY_HOT = replace(HOT, occupied=1)
 
 
-def test_no_choice_to_make_is_the_models_queue() -> None:
-    assert place([HOT, Holder("hot2", resident=True)], busy=10) is None  # every worker holds it
-    assert place([COLD], busy=0) is None  # none does: a cold load is the only way
+def test_a_free_resident_worker_takes_the_batch_whatever_the_backlog() -> None:
+    assert place([HOT, COLD], busy=0) == "hot"
+    assert place([HOT, COLD], busy=3, backlog=50) == "hot"  # free now: no wait for this one
+    assert place([COLD, Holder("b", resident=True), Holder("a", resident=True)], busy=0) == "a"  # ties by name
+
+
+def test_a_busy_resident_worker_is_passed_over_for_a_free_one_whatever_model_occupies_it() -> None:
+    # the suspicion of issue 21: "hot" runs another model's batch (busy counts none of this model's), "hot2" idles
+    hot2 = Holder("hot2", resident=True)
+    assert place([BUSY_HOT, hot2, COLD], busy=0) == "hot2"
+    assert place([replace(BUSY_HOT, worker="a"), replace(hot2, worker="b")], busy=0) == "b"
+
+
+def test_with_every_resident_worker_busy_the_batch_waits_unless_a_load_wins() -> None:
+    assert place([BUSY_HOT, COLD], busy=0) is None  # no wait worth a load: the requests wait in the scheduler
+    assert place([BUSY_HOT, COLD], busy=6) is None  # 6 s of wait = LOAD_MARGIN x 3 s: not over it
+    assert LOAD_MARGIN * COLD.load_s == 6.0  # type: ignore[operator]
+    assert place([BUSY_HOT, COLD], busy=7) == "cold"  # 7 s > 6 s: the free worker loads it
+    assert place([BUSY_HOT, replace(COLD, occupied=1)], busy=70) is None  # no free worker at all
+    assert place([BUSY_HOT, Holder("h2", resident=True, occupied=2)], busy=70) is None  # resident everywhere
+
+
+def test_a_model_resident_nowhere_is_loaded_by_a_free_worker_of_cheapest_load() -> None:
+    unknown = Holder("a-unknown", resident=False)
+    slow = Holder("b-slow", resident=False, load_s=9.0)
+    assert place([unknown, slow, COLD], busy=0) == "cold"
+    assert place([unknown, slow, replace(COLD, occupied=1)], busy=0) == "b-slow"  # a known load first
+    assert place([unknown], busy=0) == "a-unknown"
+    assert place([replace(COLD, occupied=1)], busy=0) is None
     assert place([], busy=0) is None
 
 
-def test_a_resident_worker_wins_while_the_wait_there_is_under_the_margin_of_a_load() -> None:
-    assert place([HOT, COLD], busy=0) == "hot"  # idle resident worker: no wait
-    assert place([HOT, COLD], busy=6) == "hot"  # 6 s of wait = LOAD_MARGIN x 3 s: not over it
-    assert LOAD_MARGIN * COLD.load_s == 6.0  # type: ignore[operator]
-
-
-def test_a_cold_load_wins_once_the_wait_exceeds_the_margin() -> None:
-    assert place([HOT, COLD], busy=7) is None  # 7 s of wait > 6: the model's queue, where the cold worker loads it
-
-
 def test_the_wait_is_shared_by_the_resident_workers() -> None:
-    hot2 = Holder("hot2", resident=True, batch_s=3.0)
+    hot2 = Holder("hot2", resident=True, batch_s=3.0, occupied=1)
     assert expected_wait_s(7, [HOT, hot2]) == 3 * 2.0  # 7 // 2 batches ahead of each, 2 s each on average
-    assert place([HOT, hot2, COLD], busy=7) == "hot"  # 6 s: not over the margin
-    assert place([HOT, hot2, COLD], busy=8) is None  # 4 ahead x 2 s = 8 s > 6 s
+    assert place([BUSY_HOT, hot2, COLD], busy=7) is None  # 6 s: not over the margin
+    assert place([BUSY_HOT, hot2, COLD], busy=8) == "cold"  # 4 ahead x 2 s = 8 s > 6 s
 
 
-def test_unknown_figures_default_and_an_unknown_load_is_never_taken() -> None:
+def test_unknown_figures_default_and_an_unknown_load_is_never_taken_where_the_model_is_resident() -> None:
     assert expected_wait_s(3, [Holder("h", resident=True)]) == 3 * DEFAULT_BATCH_S
     assert expected_wait_s(0, []) == float("inf")
-    assert place([Holder("h", resident=True), Holder("c", resident=False)], busy=1000) == "h"
-
-
-def test_the_resident_worker_with_the_fewest_placed_batches_is_chosen() -> None:
-    a = Holder("a", resident=True, placed=2)
-    b = Holder("b", resident=True, placed=1)
-    c = Holder("c", resident=True, placed=1)
-    assert place([a, b, c, COLD], busy=0) == "b"  # fewest, ties by name
+    assert place([Holder("h", resident=True, occupied=1), Holder("c", resident=False)], busy=1000) is None
 
 
 @pytest.mark.parametrize("busy", [0, 3, 6])
 def test_a_cold_load_is_never_chosen_below_the_margin(busy: int) -> None:
+    assert place([BUSY_HOT, COLD], busy=busy) is None
     assert place([HOT, COLD], busy=busy) == "hot"
+
+
+def test_the_backlog_counts_toward_a_load() -> None:
+    # one batch ahead at the one resident worker (1 s) is not over 6 s; with 6 more behind it, 7 s is
+    assert place([BUSY_HOT, COLD], busy=1, backlog=5) is None
+    assert place([BUSY_HOT, COLD], busy=1, backlog=6) == "cold"
 
 
 def test_holders_reads_each_workers_announcement() -> None:
@@ -66,17 +85,9 @@ def test_holders_reads_each_workers_announcement() -> None:
         "w3": WorkerCapabilities.of((caps("px", True),)),
     }
     assert holders("sd", announced, {"w1": 2}) == [
-        Holder("w1", resident=True, placed=2),
+        Holder("w1", resident=True, occupied=2),
         Holder("w2", resident=False, load_s=4.0),
     ]
     assert [h.worker for h in holders("px", announced, {})] == ["w2", "w3"]
     one = WorkerCapabilities(model="sd", pipeline="P", tasks=())  # an announcement of before: resident
     assert holders("sd", {"old": one}, {}) == [Holder("old", resident=True)]
-
-
-def test_a_backlog_counts_once_no_resident_worker_is_free() -> None:
-    # a resident worker free now takes the batch whatever waits behind it (the next batches see it busy)
-    assert place([HOT, COLD], busy=0, backlog=50) == "hot"
-    # busy: one batch ahead at the one resident worker (1 s) is not over 6 s; with 6 more behind, 7 s is
-    assert place([HOT, COLD], busy=1, backlog=5) == "hot"
-    assert place([HOT, COLD], busy=1, backlog=6) is None
