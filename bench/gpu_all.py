@@ -4,19 +4,19 @@ docs/benchmarks.md's *Prepared GPU session* in one command that fits one device 
 Phases (``PHASES``, in this order, each with its share of ``--budget-s``; a point that would start past its
 phase's share is skipped and listed, so the command ends in time whatever this GPU's speed):
 
-1. ``sd15``: ``bench.accel`` on SD 1.5's architecture at 512 px, 20 steps: stock, exact, approx, cached, quantized
-   (the figures' variants first) at batch 1/4/8/16: ``P6_exact_speedup_sd15_b8``, ``P6_approx_speedup_sd15_b8``,
-   ``P6_approx_deviation_sd15_b8``;
-2. ``dit``: ``bench.accel`` on SD3 Medium's architecture at 1024 px: stock and exact at batch 1/4:
-   ``P6_exact_speedup_dit_b4``;
-3. ``fleet``: ``bench.gpu`` with the compiled denoiser (pipeline alone at 1/8, fleets at max_num_seqs 1/8, a
+1. ``sd15``: ``bench.accel`` on SD 1.5's architecture at 512 px, 20 steps, stock and exact at batch 1/4/8/16:
+   ``P6_exact_speedup_sd15_b8`` and the images/s table;
+2. ``sd15-approx``: stock, approx, cached and quantized at batch 8 (the compiled graphs of batch 8 only):
+   ``P6_approx_speedup_sd15_b8``, ``P6_approx_deviation_sd15_b8``;
+3. ``dit``: SD3 Medium's architecture at 1024 px, stock and exact at batch 1/4: ``P6_exact_speedup_dit_b4``;
+4. ``fleet``: ``bench.gpu`` with the compiled denoiser (pipeline alone at 1/8, fleets at max_num_seqs 1/8, a
    short Poisson run): ``P1_gpu_exact``, ``P2_gpu_exact``.
 
-It writes ``<out>/accel-sd15.json``, ``accel-dit.json``, ``gpu-exact.json`` and ``.md``, ``summary.json`` (the
-figures, images/s by model, variant and batch, each phase's time) and ``summary.md``: six files, nothing else
+It writes ``<out>/accel-<phase>.json`` for the first three, ``gpu-exact.json`` and ``.md``, ``summary.json`` (the
+figures, images/s by phase, variant and batch, each phase's time) and ``summary.md``: seven files, nothing else
 under ``<out>`` (the fleets' logs go to ``--log-dir``). ``--record DIR`` (where no GPU is needed) merges the
-non-null figures of such a directory into docs/benchmarks.json and copies its JSON into ``docs/bench/`` as
-``<prefix>-*.json``; it refuses a directory a ``--tiny`` or CPU run wrote. ``--device cpu --tiny --no-compile``
+non-null figures of such a directory into docs/benchmarks.json and copies its JSON files into ``docs/bench/`` as
+``<prefix>-<name>``; it refuses a directory a ``--tiny`` or CPU run wrote. ``--device cpu --tiny --no-compile``
 runs the same phases at a tiny size (tests/integration/test_bench_gpu_all.py).
 """
 
@@ -37,67 +37,63 @@ from bench.accel import markdown as accel_markdown
 from bench.gpu import GpuRunConfig, NoCudaError, check_device, run_gpu
 from bench.report import merge_figures, write_json
 
-PHASES: dict[str, float] = {"sd15": 0.42, "dit": 0.25, "fleet": 0.33}
+PHASES: dict[str, float] = {"sd15": 0.36, "sd15-approx": 0.2, "dit": 0.22, "fleet": 0.22}
 """Each phase's share of the budget (an unused share passes to the phases after it)."""
 
-DEFAULT_BUDGET_S = 480.0
+DEFAULT_BUDGET_S = 500.0
 SUMMARY = "summary.json"
 
 
 def phase_configs(
     device: str, tiny: bool, compile: bool, cache_dir: Path, out: Path, log_dir: Path
-) -> tuple[AccelConfig, AccelConfig, GpuRunConfig]:
-    """The three phases' configurations (``budget_s`` set per phase by ``run_all``); ``tiny``: the tiny demos at
-    32 px, 2 steps, no timed window beyond two calls."""
+) -> dict[str, AccelConfig | GpuRunConfig]:
+    """Each phase's configuration (``budget_s`` set by ``run_all``); ``tiny``: the tiny demos at 32/64 px, 2 steps,
+    no timed window beyond two calls."""
     sd15 = AccelConfig(
         device=device,
         tiny=tiny,
         size=32 if tiny else 512,
+        dit_size=32 if tiny else 1024,
         steps=2 if tiny else 20,
         batches=(1, 4, 8, 16),
         seconds=0.0 if tiny else 1.5,
         compile=compile,
         cache_dir=cache_dir,
         models=("sd15",),
-        variants=("stock", "exact", "approx", "cached", "quantized"),
+        variants=("stock", "exact"),
         out=out / "accel-sd15.json",
     )
-    dit = replace(
-        sd15,
-        size=32 if tiny else 512,
-        dit_size=32 if tiny else 1024,
-        batches=(1, 4),
-        models=("dit",),
-        variants=("stock", "exact"),
-        out=out / "accel-dit.json",
-    )
-    fleet = GpuRunConfig(
-        device=device,
-        tiny=tiny,
-        size=64 if tiny else 512,
-        steps=2 if tiny else 20,
-        batches=(1, 8),
-        seqs=(1, 8) if not tiny else (1, 2),
-        seconds=0.5 if tiny else 3.0,
-        fleet_seconds=1.5 if tiny else 8.0,
-        poisson_seconds=1.5 if tiny else 8.0,
-        compile_denoiser=compile,
-        cache_dir=cache_dir,
-        out=out / "gpu-exact.json",
-        markdown=out / "gpu-exact.md",
-        log_dir=log_dir,
-    )
-    return sd15, dit, fleet
-
-
-def _images_per_s(results: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
-    """Images/s by model, variant and batch of one accel run."""
     return {
-        model: {
-            variant: {batch: round(p["images_per_s"], 4) for batch, p in run.get("batches", {}).items()}
-            for variant, run in points.items()
-        }
-        for model, points in results["models"].items()
+        "sd15": sd15,
+        "sd15-approx": replace(
+            sd15, batches=(8,), variants=("stock", "approx", "cached", "quantized"), out=out / "accel-sd15-approx.json"
+        ),
+        "dit": replace(sd15, batches=(1, 4), models=("dit",), out=out / "accel-dit.json"),
+        "fleet": GpuRunConfig(
+            device=device,
+            tiny=tiny,
+            size=64 if tiny else 512,
+            steps=2 if tiny else 20,
+            batches=(1, 8),
+            seqs=(1, 2) if tiny else (1, 8),
+            seconds=0.5 if tiny else 3.0,
+            fleet_seconds=1.5 if tiny else 8.0,
+            poisson_seconds=1.5 if tiny else 8.0,
+            compile_denoiser=compile,
+            cache_dir=cache_dir,
+            out=out / "gpu-exact.json",
+            markdown=out / "gpu-exact.md",
+            log_dir=log_dir,
+        ),
+    }
+
+
+def _images_per_s(results: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Images/s by variant and batch of one accel run (of one model)."""
+    return {
+        variant: {batch: round(p["images_per_s"], 4) for batch, p in run.get("batches", {}).items()}
+        for points in results["models"].values()
+        for variant, run in points.items()
     }
 
 
@@ -115,7 +111,7 @@ def run_all(
     """Every phase of ``phases`` in order; writes ``out``'s files; returns the summary."""
     check_device(device)
     out.mkdir(parents=True, exist_ok=True)
-    sd15, dit, fleet = phase_configs(device, tiny, compile, cache_dir, out, log_dir)
+    configs = phase_configs(device, tiny, compile, cache_dir, out, log_dir)
     started = time.monotonic()
     summary: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -135,20 +131,21 @@ def run_all(
         share = left * PHASES[phase] / sum(PHASES[p] for p in list(PHASES)[position:] if p in phases)
         begun = time.monotonic()
         log(f"== {phase}: {share:.0f} s of the {left:.0f} s left")
-        if phase in ("sd15", "dit"):
-            results = run_accel(replace(sd15 if phase == "sd15" else dit, budget_s=share), log=log)
+        cfg = configs[phase]
+        if isinstance(cfg, AccelConfig):
+            results = run_accel(replace(cfg, budget_s=share), log=log)
             summary["figures"] |= {k: v for k, v in results["figures"].items() if k not in summary["figures"] or v}
-            summary["images_per_s"] |= _images_per_s(results)
+            summary["images_per_s"][phase] = _images_per_s(results)
             summary["skipped"] += results["skipped"]
             tables.append(accel_markdown(results))
         else:
-            results = run_gpu(replace(fleet, budget_s=share), log=log)
+            results = run_gpu(replace(cfg, budget_s=share), log=log)
             summary["figures"] |= {"P1_gpu_exact": results["figures"]["P1"], "P2_gpu_exact": results["figures"]["P2"]}
-            summary["images_per_s"]["pipeline_alone"] = {
+            summary["images_per_s"][phase] = {
                 batch: round(p["images_per_s"], 4) for batch, p in results["pipeline"]["batches"].items()
             }
             summary["skipped"] += results["skipped"]
-            tables.append(fleet.markdown.read_text())
+            tables.append(cfg.markdown.read_text())
         summary["phase_s"][phase] = round(time.monotonic() - begun, 1)
     summary["elapsed_s"] = round(time.monotonic() - started, 1)
     write_json(out / SUMMARY, summary)
