@@ -13,6 +13,9 @@ The figures (the pure part: ``command_costs``, ``RedisCost``):
 - **Redis CPU per request**: the server process's CPU time (``used_cpu_user + used_cpu_sys``) over the window, per
   request: what bounds one Redis core's requests/s. The by-command table gives each command's ``usec`` (a
   script's includes the commands it calls, so the rows overlap and their sum, also printed, exceeds the CPU time).
+- **socket reads per request**: ``INFO stats`` ``total_reads_processed`` over the window (the server's reads of
+  its clients' sockets: about one per round trip, a pipeline's commands or a script's in one), what the
+  server spends on the network beside the commands (tens of µs a read on a small VM, more than most commands);
 - **the fleet's idle rate**: after the window the fleet runs on without requests for ``idle_s``; the server's CPU
   per second then (heartbeats, leases, the scheduler's and workers' blocking reads timing out, the server's own
   cron) times the window's length is the part of the CPU per request that is time, not requests (``idle_share``).
@@ -79,6 +82,7 @@ class RedisCost:
     window_s: float = 0.0  # the window's wall time
     idle_cpu_rate: float = 0.0  # the server's CPU seconds per second with the fleet up and no requests
     scripts: tuple[ScriptCost, ...] = ()  # by script (``--by-script`` runs only)
+    reads: int = 0  # the server's socket reads over the window (``total_reads_processed``)
 
     def __post_init__(self) -> None:
         if self.requests < 1:
@@ -88,6 +92,11 @@ class RedisCost:
     def cmds_per_request(self) -> float:
         """Every command's calls over the requests (script-called commands included)."""
         return sum(row.calls for row in self.commands) / self.requests
+
+    @property
+    def reads_per_request(self) -> float:
+        """The server's socket reads over the requests: about its round trips per request."""
+        return self.reads / self.requests
 
     @property
     def us_per_request(self) -> float:
@@ -124,6 +133,7 @@ class RedisCost:
             "requests": self.requests,
             "cmds_per_request": self.cmds_per_request,
             "us_per_request": self.us_per_request,
+            "reads_per_request": self.reads_per_request,
             "command_us_per_request": self.command_us_per_request,
             "window_s": self.window_s,
             "idle_share_us": self.idle_share_us,
@@ -188,6 +198,10 @@ def script_costs(entries: Sequence[Mapping[str, Any]], names: Mapping[str, str])
     ]
 
 
+def _reads(client: redis.Redis) -> int:
+    return int(client.info("stats")["total_reads_processed"])
+
+
 def _cpu_s(client: redis.Redis) -> float:
     cpu = client.info("cpu")
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
@@ -225,9 +239,10 @@ def measure(
                     client.config_set("slowlog-log-slower-than", 0)
                     client.slowlog_reset()
                 client.config_resetstat()
-                before, started = _cpu_s(client), time.monotonic()
+                reads_before, before, started = _reads(client), _cpu_s(client), time.monotonic()
                 _run(target, LoadSpec(pattern="closed", count=requests, concurrency=concurrency, steps=steps))
                 cpu_s, window_s = _cpu_s(client) - before, time.monotonic() - started
+                reads = _reads(client) - reads_before - 3  # less the benchmark's own: two INFO cpu, this INFO stats
                 commands = tuple(command_costs(client.info("commandstats")))
                 scripts: tuple[ScriptCost, ...] = ()
                 if by_script:
@@ -238,7 +253,7 @@ def measure(
                     idle_before = _cpu_s(client)
                     time.sleep(idle_s)
                     idle_rate = (_cpu_s(client) - idle_before) / idle_s
-                cost = RedisCost(requests, commands, cpu_s, window_s, idle_rate, scripts)
+                cost = RedisCost(requests, commands, cpu_s, window_s, idle_rate, scripts, reads)
         finally:
             server.stop()
     return cost
@@ -269,7 +284,8 @@ def report(results: Mapping[str, RedisCost], top: int | None = 15) -> str:
             f"### {runner} runner: {cost.requests} requests",
             "",
             f"{cost.cmds_per_request:.1f} commands and {cost.us_per_request:.0f} µs of Redis CPU per request "
-            f"(commandstats usec summed: {cost.command_us_per_request:.0f} µs, scripts counted with what they call); "
+            f"(commandstats usec summed: {cost.command_us_per_request:.0f} µs, scripts counted with what they call), "
+            f"{cost.reads_per_request:.2f} socket reads (round trips); "
             f"window {cost.window_s:.1f} s, of which the fleet's idle rate ({cost.idle_cpu_rate * 1e3:.2f} ms/s) "
             f"makes {cost.idle_share_us:.0f} µs a request",
             "",

@@ -25,8 +25,9 @@ def test_commandstats_rows_drop_the_benchmarks_own_commands_and_other_sections()
 
 
 def test_per_request_figures_and_the_table_most_costly_first() -> None:
-    cost = RedisCost(requests=20, commands=tuple(command_costs(STATS)), cpu_s=0.005)
+    cost = RedisCost(requests=20, commands=tuple(command_costs(STATS)), cpu_s=0.005, reads=90)
     assert cost.cmds_per_request == pytest.approx((40 + 300 + 60) / 20)
+    assert cost.reads_per_request == pytest.approx(4.5)  # the server's socket reads: its round trips
     assert cost.us_per_request == pytest.approx(250.0)  # 5 ms of server CPU over 20 requests
     assert cost.command_us_per_request == pytest.approx((4000 + 210 + 330) / 20)
     assert [row.name for row in cost.by_cost()] == ["evalsha", "xadd", "hget"]
