@@ -32,6 +32,7 @@ class ModelSlots:
     announced: Mapping[str, WorkerCapabilities]  # live worker -> what it serves and holds resident
     occupied: Counter[str] = field(default_factory=Counter)  # worker -> batches placed on it occupying it
     busy: Counter[str] = field(default_factory=Counter)  # model -> its batches occupying a worker
+    placed: set[tuple[str, str]] = field(default_factory=set)  # (worker, model) of each batch occupying a worker
 
     @classmethod
     def count(
@@ -44,14 +45,17 @@ class ModelSlots:
         occupies a worker) runs, ``placed`` (batch id -> worker) saying where each went. A batch whose worker is
         not known (placed by an earlier leader, or on its model's queue) counts for its model only."""
         occupied = Counter(placed[batch] for batch in busy if batch in placed)
-        return cls(announced, occupied, Counter(model for model in busy.values() if model is not None))
+        models = Counter(model for model in busy.values() if model is not None)
+        where = {(placed[batch], model) for batch, model in busy.items() if batch in placed and model is not None}
+        return cls(announced, occupied, models, where)
 
     def target(self, model: str | None, backlog: int = 0) -> str | None:
         """The worker to place a batch of ``model`` on now (``placement.place``), None when none should take it:
         ``backlog`` is the batches its other waiting requests make."""
         if model is None:
             return None
-        return place(holders(model, self.announced, self.occupied), self.busy[model], backlog)
+        loading = {worker for worker, of in self.placed if of == model}  # resident by now, or loading it
+        return place(holders(model, self.announced, self.occupied, loading), self.busy[model], backlog)
 
     def has_room(self, model: str | None, backlog: int = 0) -> bool:
         """Whether a batch of ``model`` has a worker to take it now."""
@@ -63,6 +67,8 @@ class ModelSlots:
             self.busy[model] += 1
         if worker is not None:
             self.occupied[worker] += 1
+            if model is not None:
+                self.placed.add((worker, model))
 
 
 def by_model(waiting: Sequence[WaitingRequest]) -> list[list[WaitingRequest]]:

@@ -8,8 +8,9 @@ occupy it (running, or waiting in that queue; ``Holder.occupied``). ``place`` ch
 
 - a **free** worker (nothing of this scheduler's occupies it) that holds the model resident, when there is one (ties
   by name): the batch runs now, with no load;
-- else a free worker that must load the model (a cold load: the one of cheapest announced load, ties by name),
-  when no live worker holds the model resident, or when the expected wait at its resident workers of the model's
+- else a free worker that must load the model (a cold load: one that holds no other model's only resident copy
+  first, so that a load does not leave another model resident nowhere, then the cheapest announced load, ties by
+  name), when no live worker holds the model resident, or when the expected wait at its resident workers of the model's
   backlog, ``((busy + backlog) // resident workers) x batch seconds`` (``busy``: the model's batches occupying
   workers; ``backlog``: the batches its requests waiting in the scheduler make), exceeds ``LOAD_MARGIN`` times
   that load;
@@ -17,6 +18,10 @@ occupy it (running, or waiting in that queue; ``Holder.occupied``). ``place`` ch
   scheduler (aside, ``scheduler.capacity``), where later arrivals make its batch fuller, until one frees. A batch
   already scheduled that must go somewhere (published again) takes its model's queue then, where the first worker
   of the model to free takes it.
+
+A worker a batch of the model was placed on to load it counts as resident from then on (busy), so a model resident
+nowhere is loaded by one worker, not by every free one while the first load runs; the next worker loads it only
+when the wait at those exceeds the margin, as for any resident worker.
 
 Placing on a busy resident worker (a batch waiting in its queue while another worker idles) is what this avoids:
 the scheduler's own count says which workers are free, whatever model occupies the others. The margin keeps a
@@ -26,7 +31,8 @@ residency (``min_residency_s``) it is what keeps the fleet from thrashing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from shared.contracts import WorkerCapabilities
@@ -46,16 +52,27 @@ class Holder:
     load_s: float | None = None  # its last load of the model (None: unknown)
     batch_s: float | None = None  # its moving average of the model's batch seconds (None: none ran)
     occupied: int = 0  # batches this scheduler placed on it that occupy it now (any model's; 0: it is free)
+    sole: bool = False  # it holds the only resident copy among the live workers of another model it serves
 
 
-def holders(model: str, announced: Mapping[str, WorkerCapabilities], occupied: Mapping[str, int]) -> list[Holder]:
+def holders(
+    model: str,
+    announced: Mapping[str, WorkerCapabilities],
+    occupied: Mapping[str, int],
+    loading: Collection[str] = (),
+) -> list[Holder]:
     """The workers of ``announced`` (worker -> its announcement) that serve ``model``, with the batches occupying
-    each (``occupied``: worker -> count)."""
+    each (``occupied``: worker -> count); those of ``loading`` (a batch of the model placed there is loading it)
+    count as resident."""
+    copies = Counter(served.model for caps in announced.values() for served in caps.served if served.resident)
     out = []
     for worker, capabilities in sorted(announced.items()):
+        sole = any(s.resident and s.model != model and copies[s.model] == 1 for s in capabilities.served)
         for served in capabilities.served:
             if served.model == model:
-                out.append(Holder(worker, served.resident, served.load_s, served.batch_s, occupied.get(worker, 0)))
+                resident = served.resident or worker in loading
+                busy = occupied.get(worker, 0)
+                out.append(Holder(worker, resident, served.load_s, served.batch_s, busy, sole))
     return out
 
 
@@ -80,7 +97,7 @@ def place(candidates: Sequence[Holder], busy: int, backlog: int = 0) -> str | No
     cold = [holder for holder in candidates if not holder.resident and holder.occupied <= 0]
     if not cold:
         return None
-    cheapest = min(cold, key=lambda holder: (holder.load_s is None, holder.load_s or 0.0, holder.worker))
+    cheapest = min(cold, key=lambda h: (h.sole, h.load_s is None, h.load_s or 0.0, h.worker))
     if not resident:
         return cheapest.worker  # a cold load is the only way
     if cheapest.load_s is not None and expected_wait_s(busy + backlog, resident) > LOAD_MARGIN * cheapest.load_s:

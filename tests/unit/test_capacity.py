@@ -91,4 +91,16 @@ def test_aborted_requests_are_reported_across_the_models_looked_at() -> None:
     waiting += [req("b2", "b"), req("b3", "b"), req("y", "c", aborted=True)]
     assert decide_by_model(waiting, 1, 1.0, CONFIG) == Dispatch(("b0", "b1", "b2", "b3"), ("x",))
     wait = decide_by_model(waiting[:2], 1, 1.0, CONFIG)
-    assert isinstance(wait, Wait) and (wait.until, wait.dropped_ids) == (pytest.approx(1.0 + 0.004), ("x",))
+    assert isinstance(wait, Wait) and wait.dropped_ids == ("x",)
+    assert wait.until == pytest.approx(1.0 + 0.004)
+
+
+def test_a_model_resident_nowhere_is_loaded_by_one_worker_not_by_every_free_one() -> None:
+    announced = {name: worker("px", cold=("sd",)) for name in ("w1", "w2", "w3")}
+    slots = ModelSlots.count(announced, {}, {})
+    assert slots.target("sd") == "w1"  # the only way: a cold load
+    slots.take("sd", "w1")
+    assert slots.target("sd") is None  # w1 loads it: the next batch waits for w1 (a short wait), not a second load
+    assert slots.target("sd", backlog=6) == "w2"  # 7 batches x 1 s at w1 > 2 x 3 s: a second load wins
+    counted = ModelSlots.count(announced, {"b1": "sd"}, {"b1": "w1"})  # the same, counted again from Redis
+    assert counted.target("sd") is None and counted.target("px") == "w2"

@@ -91,3 +91,29 @@ def test_holders_reads_each_workers_announcement() -> None:
     assert [h.worker for h in holders("px", announced, {})] == ["w2", "w3"]
     one = WorkerCapabilities(model="sd", pipeline="P", tasks=())  # an announcement of before: resident
     assert holders("sd", {"old": one}, {}) == [Holder("old", resident=True)]
+
+
+def test_a_cold_load_prefers_a_worker_whose_eviction_leaves_every_other_model_resident_somewhere() -> None:
+    sole = Holder("a-sole", resident=False, load_s=1.0, sole=True)
+    spare = Holder("b-spare", resident=False, load_s=3.0)
+    assert place([sole, spare], busy=0) == "b-spare"  # before a cheaper load that may evict a model's last copy
+    assert place([BUSY_HOT, sole, spare], busy=7) == "b-spare"
+    assert place([sole, replace(spare, occupied=1)], busy=0) == "a-sole"  # the only way left
+
+
+def test_holders_marks_the_only_resident_copy_of_another_model_and_the_workers_loading_this_one() -> None:
+    def caps(*models: tuple[str, bool]) -> WorkerCapabilities:
+        served = (ModelCapabilities(model=m, pipeline="P", tasks=(Task.TEXT_TO_IMAGE,), resident=r) for m, r in models)
+        return WorkerCapabilities.of(tuple(served))
+
+    announced = {
+        "w1": caps(("sd", False), ("px", True), ("fx", True)),  # the only px
+        "w2": caps(("sd", False), ("fx", True)),
+        "w3": caps(("sd", True), ("px", False)),
+    }
+    assert [(h.worker, h.resident, h.sole) for h in holders("sd", announced, {}, loading={"w2"})] == [
+        ("w1", False, True),
+        ("w2", True, False),  # a batch of sd placed there loads it: resident for the next batch
+        ("w3", True, False),
+    ]
+    assert [(h.worker, h.sole) for h in holders("px", announced, {})] == [("w1", False), ("w3", True)]  # the only sd
