@@ -156,6 +156,32 @@ def run_accel(cfg: AccelConfig, docs_dir: Path | None = None, log: Callable[[str
         "device_name": torch.cuda.get_device_name() if cfg.cuda else "cpu",
         "models": {},
     }
+
+    def _variant(
+        name: str, variant: str, settings: Settings, side: int, reference: dict[int, np.ndarray]
+    ) -> dict[str, Any]:
+        """One variant loaded and measured at every batch the budget allows; ``reference``: stock's first images."""
+        started = time.perf_counter()
+        runner = DiffusersRunner(settings)
+        family = runner.family.name
+        applied = runner.approximations.describe()
+        exact = _exact(runner)
+        loaded_s = time.perf_counter() - started
+        log(f"{name} {variant}: {runner.pipeline_name} loaded in {loaded_s:.1f} s ({exact}; {applied})")
+        by_batch: dict[str, Any] = {}
+        for batch in cfg.batches:
+            if not budget.allows(f"{name} {variant} batch {batch}", needs_s=cfg.seconds):
+                continue
+            point = _measure(runner, _specs(family, batch, side, cfg.steps), cfg.seconds, sync)
+            image = point.pop("first")
+            if variant == "stock":
+                reference[batch] = image
+            point["deviation_255"] = int(np.abs(image - reference[batch]).max()) if batch in reference else None
+            by_batch[str(batch)] = point
+            log(f"  batch {batch}: {point['images_per_s']:.3f} images/s, deviation {point['deviation_255']}")
+        cap = knee({int(b): p["seconds_per_call"] for b, p in by_batch.items()}, margin)
+        return {"family": family, "side": side, "exact": exact, "applied": applied, "knee": cap, "batches": by_batch}
+
     for name, model in _models(cfg).items():
         if isinstance(model, str):
             results["models"][name] = {"skipped": model}
@@ -178,43 +204,14 @@ def run_accel(cfg: AccelConfig, docs_dir: Path | None = None, log: Callable[[str
                 max_num_seqs=max(cfg.batches),
                 **overrides,
             )
-            started = time.perf_counter()
             try:
-                runner = DiffusersRunner(settings)
-            except ValueError as exc:  # an approximation this machine cannot run (fp8 without torchao or sm_89)
-                if variant in ("stock", "exact"):
-                    raise
-                points[variant] = {"skipped": str(exc)}
-                log(f"{name} {variant}: skipped ({exc})")
-                continue
-            family = runner.family.name
-            applied = runner.approximations.describe()
-            exact = _exact(runner)
-            log(
-                f"{name} {variant}: {runner.pipeline_name} loaded in {time.perf_counter() - started:.1f} s "
-                f"({exact}; {applied})"
-            )
-            by_batch: dict[str, Any] = {}
-            for batch in cfg.batches:
-                if not budget.allows(f"{name} {variant} batch {batch}", needs_s=cfg.seconds):
-                    continue
-                point = _measure(runner, _specs(family, batch, side, cfg.steps), cfg.seconds, sync)
-                image = point.pop("first")
+                points[variant] = _variant(name, variant, settings, side, reference)
+            except Exception as exc:  # noqa: BLE001 - one variant that fails (fp8 without torchao or sm_89, a
+                # compile error, out of memory) is reported and the run goes on; without stock nothing compares
                 if variant == "stock":
-                    reference[batch] = image
-                point["deviation_255"] = int(np.abs(image - reference[batch]).max()) if batch in reference else None
-                by_batch[str(batch)] = point
-                log(f"  batch {batch}: {point['images_per_s']:.3f} images/s, deviation {point['deviation_255']}")
-            cap = knee({int(b): p["seconds_per_call"] for b, p in by_batch.items()}, margin)
-            points[variant] = {
-                "family": family,
-                "side": side,
-                "exact": exact,
-                "applied": applied,
-                "knee": cap,
-                "batches": by_batch,
-            }
-            del runner
+                    raise
+                points[variant] = {"skipped": f"{type(exc).__name__}: {exc}"}
+                log(f"{name} {variant}: skipped ({type(exc).__name__}: {exc})")
             gc.collect()
             if cfg.cuda:
                 torch.cuda.empty_cache()

@@ -13,11 +13,12 @@ phase's share is skipped and listed, so the command ends in time whatever this G
    short Poisson run): ``P1_gpu_exact``, ``P2_gpu_exact``.
 
 It writes ``<out>/accel-<phase>.json`` for the first three, ``gpu-exact.json`` and ``.md``, ``summary.json`` (the
-figures, images/s by phase, variant and batch, each phase's time) and ``summary.md``: seven files, nothing else
-under ``<out>`` (the fleets' logs go to ``--log-dir``). ``--record DIR`` (where no GPU is needed) merges the
-non-null figures of such a directory into docs/benchmarks.json and copies its JSON files into ``docs/bench/`` as
-``<prefix>-<name>``; it refuses a directory a ``--tiny`` or CPU run wrote. ``--device cpu --tiny --no-compile``
-runs the same phases at a tiny size (tests/integration/test_bench_gpu_all.py).
+figures, images/s by phase, variant and batch, each phase's time, what was skipped and each failed phase's error;
+rewritten after every phase) and ``summary.md``: seven files, nothing else under ``<out>`` (the fleets' logs go to
+``--log-dir``). A phase that fails is reported and the next one runs; the command then exits 1. ``--record DIR``
+(where no GPU is needed) merges the non-null figures of such a directory into docs/benchmarks.json and copies its
+JSON files into ``docs/bench/`` as ``<prefix>-<name>``; it refuses a directory a ``--tiny`` or CPU run wrote.
+``--device cpu --tiny --no-compile`` runs the same phases at a tiny size (tests/integration/test_bench_gpu_all.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import json
 import shutil
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -122,6 +124,7 @@ def run_all(
         "images_per_s": {},
         "phase_s": {},
         "skipped": [],
+        "errors": {},
     }
     tables: list[str] = []
     for position, phase in enumerate(PHASES):
@@ -132,26 +135,39 @@ def run_all(
         begun = time.monotonic()
         log(f"== {phase}: {share:.0f} s of the {left:.0f} s left")
         cfg = configs[phase]
-        if isinstance(cfg, AccelConfig):
-            results = run_accel(replace(cfg, budget_s=share), log=log)
-            summary["figures"] |= {k: v for k, v in results["figures"].items() if k not in summary["figures"] or v}
-            summary["images_per_s"][phase] = _images_per_s(results)
+        try:
+            if isinstance(cfg, AccelConfig):
+                results = run_accel(replace(cfg, budget_s=share), log=log)
+                summary["figures"] |= {k: v for k, v in results["figures"].items() if k not in summary["figures"] or v}
+                summary["images_per_s"][phase] = _images_per_s(results)
+                tables.append(accel_markdown(results))
+            else:
+                results = run_gpu(replace(cfg, budget_s=share), log=log)
+                summary["figures"] |= {
+                    "P1_gpu_exact": results["figures"]["P1"],
+                    "P2_gpu_exact": results["figures"]["P2"],
+                }
+                summary["images_per_s"][phase] = {
+                    batch: round(p["images_per_s"], 4) for batch, p in results["pipeline"]["batches"].items()
+                }
+                tables.append(cfg.markdown.read_text())
             summary["skipped"] += results["skipped"]
-            tables.append(accel_markdown(results))
-        else:
-            results = run_gpu(replace(cfg, budget_s=share), log=log)
-            summary["figures"] |= {"P1_gpu_exact": results["figures"]["P1"], "P2_gpu_exact": results["figures"]["P2"]}
-            summary["images_per_s"][phase] = {
-                batch: round(p["images_per_s"], 4) for batch, p in results["pipeline"]["batches"].items()
-            }
-            summary["skipped"] += results["skipped"]
-            tables.append(cfg.markdown.read_text())
+        except Exception as exc:  # noqa: BLE001 - a phase that fails is reported; the phases after it still run
+            summary["errors"][phase] = f"{type(exc).__name__}: {exc}"
+            log(f"{phase} failed: {traceback.format_exc()}")
         summary["phase_s"][phase] = round(time.monotonic() - begun, 1)
-    summary["elapsed_s"] = round(time.monotonic() - started, 1)
+        summary["elapsed_s"] = round(time.monotonic() - started, 1)
+        _write_summary(out, summary, tables)  # after each phase: a run stopped from outside keeps what it measured
+    return summary
+
+
+def _write_summary(out: Path, summary: dict[str, Any], tables: list[str]) -> None:
     write_json(out / SUMMARY, summary)
     figures = "\n".join(f"- `{k}`: {'-' if v is None else f'{v:.4g}'}" for k, v in summary["figures"].items())
-    (out / "summary.md").write_text(f"# Per-GPU speed, {summary['started']}\n\n{figures}\n\n" + "\n\n".join(tables))
-    return summary
+    errors = "".join(f"\n- {phase} failed: {error}" for phase, error in summary["errors"].items())
+    (out / "summary.md").write_text(
+        f"# Per-GPU speed, {summary['started']}\n\n{figures}{errors}\n\n" + "\n\n".join(tables)
+    )
 
 
 def record(results_dir: Path, docs_dir: Path, prefix: str) -> dict[str, float]:
@@ -213,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print((args.out / "summary.md").read_text())
     print(f"figures: {json.dumps(summary['figures'])}; {summary['elapsed_s']} s; results in {args.out}")
-    return 0
+    return 1 if summary["errors"] else 0
 
 
 if __name__ == "__main__":

@@ -97,3 +97,27 @@ def test_a_variant_the_machine_cannot_run_is_skipped_saying_why() -> None:
     }
     assert figures(results)["P6_approx_speedup_sd15_b8"] is None
     assert "| sd15 | approx | - | - | skipped: weight_quantization=fp8 needs torchao | | |" in markdown(results)
+
+
+def test_a_variant_that_fails_is_skipped_saying_why_and_the_run_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench import accel
+
+    monkeypatch.setitem(accel.VARIANTS, "quantized", {"weight_quantization": "fp8"})  # refused off a recent GPU
+    cfg = AccelConfig(
+        device="cpu",
+        tiny=True,
+        size=32,
+        steps=1,
+        batches=(1,),
+        seconds=0.0,
+        torch_threads=1,
+        models=("sd15",),
+        variants=("stock", "quantized", "cached"),
+        cache_dir=tmp_path / "cache",
+        out=tmp_path / "accel.json",
+    )
+    sd15 = run_accel(cfg, log=lambda line: None)["models"]["sd15"]
+    assert sd15["quantized"]["skipped"].startswith("ValueError: weight_quantization=fp8")
+    assert sd15["cached"]["batches"]["1"]["images_per_s"] > 0  # the variant after it still ran

@@ -1,8 +1,8 @@
 """The prepared GPU session (``bench/gpu.sh all``) keeps working: its CPU tiny path as the real script (the DiT
 phase: the tiny SD3 demo, stock and exact), every file it writes and nothing else, a phase's figures never wiped by
-a later phase's, and ``--record``: a tiny or CPU run's folder refused, a CUDA run's figures merged into
-docs/benchmarks.json (others kept) and its JSON copied into docs/bench/. The other phases' CPU paths:
-test_bench_accel.py and test_bench_gpu.py."""
+a later phase's, a failed phase reported while the next still runs, and ``--record``: a tiny or CPU run's folder
+refused, a CUDA run's figures merged into docs/benchmarks.json (others kept) and its JSON copied into docs/bench/.
+The other phases' CPU paths: test_bench_accel.py and test_bench_gpu.py."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from bench import gpu_all
 from bench.gpu import GpuRunConfig, fleet_env
-from bench.gpu_all import main, record
+from bench.gpu_all import main, record, run_all
 from shared.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,3 +77,22 @@ def test_the_compiled_fleets_environment_is_settings_the_worker_reads(monkeypatc
     assert settings.knee_warmup_sizes == [(512, 512)] and settings.batch_knee_cap is False
     assert settings.compile_cache_dir == Path("/tmp/cache/inductor")
     assert "FUSEFLEET_COMPILE_DENOISER" not in fleet_env(GpuRunConfig(), Path("/m"))
+
+
+def test_a_failing_phase_is_reported_and_the_next_one_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran = []
+
+    def run_accel(cfg: object, log: object) -> dict[str, object]:
+        ran.append(cfg)
+        if len(ran) == 1:
+            raise RuntimeError("compile failed")
+        return {"figures": {"P6_exact_speedup_dit_b4": 1.5}, "models": {}, "skipped": []}
+
+    monkeypatch.setattr(gpu_all, "run_accel", run_accel)
+    monkeypatch.setattr(gpu_all, "accel_markdown", lambda results: "table")
+    summary = run_all("cpu", True, False, tmp_path, tmp_path / "out", tmp_path / "logs", phases=("sd15", "dit"))
+    assert len(ran) == 2 and summary["errors"] == {"sd15": "RuntimeError: compile failed"}
+    assert summary["figures"] == {"P6_exact_speedup_dit_b4": 1.5}
+    written = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert written["errors"] == summary["errors"] and set(written["phase_s"]) == {"sd15", "dit"}
+    assert "sd15 failed: RuntimeError: compile failed" in (tmp_path / "out" / "summary.md").read_text()
