@@ -117,11 +117,15 @@ def test_a_compiled_unet_of_several_block_widths_takes_every_bucket(fresh_dynamo
             assert torch.allclose(unet(sample, 10, text).sample, eager[batch], atol=1e-5), batch
 
 
-@pytest.mark.soak  # ~50 s on two CPU cores: inductor compiles the UNet's blocks for two buckets
-def test_a_compiled_denoiser_equals_its_solo_runs_and_the_eager_one(cache_dir: Path, tmp_path: Path) -> None:
-    eager = family_runner("stable-diffusion", cache_dir)
+@pytest.mark.soak  # ~50 s per family on two CPU cores: inductor compiles the blocks for two buckets
+@pytest.mark.parametrize("family", ["stable-diffusion", "flux"])
+def test_a_compiled_denoiser_equals_its_solo_runs_and_the_eager_one(
+    family: str, cache_dir: Path, tmp_path: Path
+) -> None:
+    eager = family_runner(family, cache_dir)
     settings = Settings(
         model=None,
+        demo_family=family,
         model_cache_dir=cache_dir,
         torch_threads=2,
         compile_denoiser=True,
@@ -130,7 +134,7 @@ def test_a_compiled_denoiser_equals_its_solo_runs_and_the_eager_one(cache_dir: P
     )
     compiled = DiffusersRunner(settings)
     assert compiled.buckets == (1, 2)
-    specs = _specs("stable-diffusion", ["a red fox", "a blue whale"])
+    specs = _specs(family, ["a red fox", "a blue whale"])
     fused = _run(compiled, specs)
     reference = _run(eager, specs)
     for spec, images, stock in zip(specs, fused, reference, strict=True):
