@@ -180,6 +180,7 @@ def run_accel(cfg: AccelConfig, docs_dir: Path | None = None, log: Callable[[str
             by_batch[str(batch)] = point
             log(f"  batch {batch}: {point['images_per_s']:.3f} images/s, deviation {point['deviation_255']}")
         cap = knee({int(b): p["seconds_per_call"] for b, p in by_batch.items()}, margin)
+        by_batch = dict(sorted(by_batch.items(), key=lambda item: int(item[0])))  # measured in cfg's order
         return {"family": family, "side": side, "exact": exact, "applied": applied, "knee": cap, "batches": by_batch}
 
     for name, model in _models(cfg).items():
