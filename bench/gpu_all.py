@@ -186,15 +186,15 @@ def record(results_dir: Path, docs_dir: Path, prefix: str) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--device", default="cuda")
+    parser = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].split()))
+    parser.add_argument("--device", default="cuda", help="cuda (default; exits 2 without one), cuda:N or cpu")
     parser.add_argument("--tiny", action="store_true", help="the tiny demo models at 32/64 px (a CPU check)")
     parser.add_argument("--no-compile", dest="compile", action="store_false", help="leave compilation out (CPU)")
     parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="all phases together")
     parser.add_argument("--phases", default=",".join(PHASES), help=f"a subset of {','.join(PHASES)}")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where the models are built once")
-    parser.add_argument("--out", type=Path, default=Path("bench-results/gpu-all"))
-    parser.add_argument("--log-dir", type=Path, default=Path("bench-results/logs/gpu-all"))
+    parser.add_argument("--out", type=Path, default=Path("bench-results/gpu-all"), help="the seven result files")
+    parser.add_argument("--log-dir", type=Path, default=Path("bench-results/logs/gpu-all"), help="the fleets' logs")
     parser.add_argument("--record", type=Path, default=None, help="record this results folder in docs/ and exit")
     parser.add_argument("--prefix", default="accel-gpu", help="--record: the docs/bench/ file names' prefix")
     parser.add_argument("--docs-dir", type=Path, default=Path("docs"))

@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench import gpu_all
 from bench.gpu import GpuRunConfig, fleet_env
@@ -96,3 +97,16 @@ def test_a_failing_phase_is_reported_and_the_next_one_runs(tmp_path: Path, monke
     written = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert written["errors"] == summary["errors"] and set(written["phase_s"]) == {"sd15", "dit"}
     assert "sd15 failed: RuntimeError: compile failed" in (tmp_path / "out" / "summary.md").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a CUDA device: the command would really run")
+def test_no_cuda_device_exits_2_before_writing_anything(tmp_path: Path) -> None:
+    done = subprocess.run(
+        ["bash", "bench/gpu.sh", "all", "--out", str(tmp_path / "out")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert done.returncode == 2 and done.stderr.strip().startswith("error: no CUDA device"), done.stderr
+    assert not (tmp_path / "out").exists()
