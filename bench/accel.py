@@ -19,7 +19,8 @@ Models (``AccelConfig.models``): ``sd15`` (Stable Diffusion 1.5's architecture w
 (``bench.gpu.ensure_sd3_model``); ``--tiny``: the tiny Stable Diffusion 3 demo.
 
 Per point: images/s over at least two calls and ``--seconds`` (after one warm-up call that also compiles its
-bucket), and each variant's largest pixel deviation from ``stock`` on the same requests (/255); per variant the
+bucket), each variant's largest pixel deviation from ``stock`` on the same requests (/255), and its first request's
+deviation from the same request run alone (its batch-1 point: fused vs solo, /255); per variant the
 batch cap its times give (``gpu_worker.batch_knee.knee`` at the default margin, from seconds per call). A point
 that would start past ``budget_s`` is skipped and listed under ``skipped``. Figures: ``P6_exact_speedup_sd15_b8``
 and ``P6_exact_speedup_dit_b4`` (exact / stock images/s), ``P6_approx_speedup_sd15_b8`` (approx / stock, with
@@ -169,6 +170,7 @@ def run_accel(cfg: AccelConfig, docs_dir: Path | None = None, log: Callable[[str
         loaded_s = time.perf_counter() - started
         log(f"{name} {variant}: {runner.pipeline_name} loaded in {loaded_s:.1f} s ({exact}; {applied})")
         by_batch: dict[str, Any] = {}
+        firsts: dict[int, np.ndarray] = {}
         for batch in cfg.batches:
             if not budget.allows(f"{name} {variant} batch {batch}", needs_s=cfg.seconds):
                 continue
@@ -178,7 +180,10 @@ def run_accel(cfg: AccelConfig, docs_dir: Path | None = None, log: Callable[[str
                 reference[batch] = image
             point["deviation_255"] = int(np.abs(image - reference[batch]).max()) if batch in reference else None
             by_batch[str(batch)] = point
+            firsts[batch] = image
             log(f"  batch {batch}: {point['images_per_s']:.3f} images/s, deviation {point['deviation_255']}")
+        for size, point in by_batch.items():  # the first request is the same in every batch: fused vs solo
+            point["solo_deviation_255"] = int(np.abs(firsts[int(size)] - firsts[1]).max()) if 1 in firsts else None
         cap = knee({int(b): p["seconds_per_call"] for b, p in by_batch.items()}, margin)
         by_batch = dict(sorted(by_batch.items(), key=lambda item: int(item[0])))  # measured in cfg's order
         return {"family": family, "side": side, "exact": exact, "applied": applied, "knee": cap, "batches": by_batch}
@@ -267,17 +272,17 @@ def figures(results: dict[str, Any]) -> dict[str, float | None]:
 def markdown(results: dict[str, Any]) -> str:
     """Images/s by model, variant and batch, with the speed-up over stock and the deviation; the batch caps."""
     lines = [
-        "| model | variant | applied | batch | images/s | x stock | deviation /255 |",
-        "|---|---|---|---|---|---|---|",
+        "| model | variant | applied | batch | images/s | x stock | deviation /255 | fused vs solo /255 |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     caps = []
     for model, points in results["models"].items():
         if "skipped" in points:
-            lines.append(f"| {model} | - | - | - | skipped: {points['skipped']} | | |")
+            lines.append(f"| {model} | - | - | - | skipped: {points['skipped']} | | | |")
             continue
         for variant, run in points.items():
             if "skipped" in run:
-                lines.append(f"| {model} | {variant} | - | - | skipped: {run['skipped']} | | |")
+                lines.append(f"| {model} | {variant} | - | - | skipped: {run['skipped']} | | | |")
                 continue
             caps.append(f"{model} {variant}: {run.get('knee')}")
             for batch, point in run["batches"].items():
@@ -286,7 +291,8 @@ def markdown(results: dict[str, Any]) -> str:
                 lines.append(
                     f"| {where} | {variant} | {run.get('applied', '-')} | {batch} | "
                     f"{point['images_per_s']:.3f} | {'-' if gain is None else f'{gain:.2f}'} | "
-                    f"{'-' if point['deviation_255'] is None else point['deviation_255']} |"
+                    f"{'-' if point['deviation_255'] is None else point['deviation_255']} | "
+                    f"{'-' if point.get('solo_deviation_255') is None else point['solo_deviation_255']} |"
                 )
     if caps:
         lines += ["", "Batch cap the knee gives (seconds per call by batch, default margin): " + "; ".join(caps)]

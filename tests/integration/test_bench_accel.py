@@ -47,6 +47,7 @@ def test_the_cpu_tiny_run_compares_stock_exact_and_approximate(tmp_path: Path) -
             for batch, point in variant["batches"].items():
                 assert point["images_per_s"] > 0 and point["calls"] >= 2
                 assert point["deviation_255"] <= approximate[name] + (0 if batch == "1" else 1), (name, batch)
+                assert point["solo_deviation_255"] <= 1, (name, batch)  # a fused row equals its solo run
     sd15 = results["models"]["sd15"]
     assert sd15["exact"]["applied"] == "exact" and sd15["exact"]["exact"] == "eager, prompt cache"  # --no-compile
     assert sd15["stock"]["exact"] == "eager"
@@ -96,7 +97,7 @@ def test_a_variant_the_machine_cannot_run_is_skipped_saying_why() -> None:
         }
     }
     assert figures(results)["P6_approx_speedup_sd15_b8"] is None
-    assert "| sd15 | approx | - | - | skipped: weight_quantization=fp8 needs torchao | | |" in markdown(results)
+    assert "| sd15 | approx | - | - | skipped: weight_quantization=fp8 needs torchao | | | |" in markdown(results)
 
 
 def test_a_variant_that_fails_is_skipped_saying_why_and_the_run_goes_on(
