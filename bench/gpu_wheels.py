@@ -6,8 +6,10 @@
 what fusefleet's api, scheduler and worker import beyond what a PyTorch CUDA image ships (torch, numpy,
 transformers, accelerate, safetensors, peft, pillow, huggingface-hub, httpx, typer, ...), about 20 MB.
 ``python bench/gpu_wheels.py install .whl /tmp/fusefleet-site`` installs (``pip --target``, no index, no
-dependencies) each wheel whose distribution the running Python does not have, so a carried wheel never shadows
-the host's own build; put the target first on ``PYTHONPATH`` (``bench/gpu.sh all`` does both).
+dependencies) each wheel whose distribution the running Python does not have, and each of ``FALLBACK`` (pure
+Python, carried too) whose host version does not satisfy what the wheels installed require (celery wants click
+8.3.1 or newer, pydantic typing-extensions 4.16 or newer): otherwise a carried wheel never shadows the host's own
+build. Put the target first on ``PYTHONPATH`` (``bench/gpu.sh all`` does both).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import importlib.metadata
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 CARRIED = (
@@ -27,6 +30,10 @@ CARRIED = (
 )
 """What fusefleet[worker] needs that a PyTorch CUDA image lacks (PyAV, for video results, is left out: the GPU
 session serves images)."""
+
+FALLBACK = ("typing-extensions", "click", "anyio", "h11", "python-dateutil", "zipp")
+"""Pure-Python packages a PyTorch CUDA image has, perhaps older than the carried wheels require: carried, and
+installed only where the host's version falls short."""
 
 TORCHAO = "0.18.0"
 """torchao for ``weight_quantization=fp8`` (the ``quant`` extra)."""
@@ -40,7 +47,8 @@ def _normal(name: str) -> str:
 
 def pins() -> list[str]:
     """``name==version`` of every carried wheel: this environment's versions, torchao's ``TORCHAO``."""
-    return [f"{name}=={importlib.metadata.version(name)}" for name in CARRIED] + [f"torchao=={TORCHAO}"]
+    carried = [*CARRIED, *FALLBACK]
+    return [f"{name}=={importlib.metadata.version(name)}" for name in carried] + [f"torchao=={TORCHAO}"]
 
 
 def download(folder: Path) -> None:
@@ -50,15 +58,47 @@ def download(folder: Path) -> None:
     subprocess.run(command, check=True)
 
 
+def _requirements(wheel: Path) -> list[str]:
+    """The unconditional ``Requires-Dist`` lines of ``wheel`` (those with an ``extra`` marker left out)."""
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = next(name for name in archive.namelist() if name.endswith(".dist-info/METADATA"))
+        lines = archive.read(metadata).decode().splitlines()
+    return [
+        line.split(":", 1)[1].strip() for line in lines if line.startswith("Requires-Dist:") and "extra" not in line
+    ]
+
+
+def _short(name: str, requirements: list[str]) -> bool:
+    """Whether this Python's ``name`` fails one of ``requirements`` (as far as ``packaging``, if here, can tell)."""
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:
+        return False
+    installed = importlib.metadata.version(name)
+    for line in requirements:
+        requirement = Requirement(line)
+        if _normal(requirement.name) != name or (requirement.marker and not requirement.marker.evaluate()):
+            continue
+        if not requirement.specifier.contains(installed, prereleases=True):
+            return True
+    return False
+
+
 def missing(folder: Path) -> list[Path]:
-    """The wheels of ``folder`` whose distribution this Python does not have."""
-    wanted = []
+    """The wheels of ``folder`` to install: those whose distribution this Python does not have, then each
+    ``FALLBACK`` one whose installed version fails what those require."""
+    wanted, present = [], {}
     for wheel in sorted(folder.glob("*.whl")):
+        name = _normal(wheel.name.split("-")[0])
         try:
-            importlib.metadata.distribution(_normal(wheel.name.split("-")[0]))
+            importlib.metadata.distribution(name)
         except importlib.metadata.PackageNotFoundError:
             wanted.append(wheel)
-    return wanted
+        else:
+            present[name] = wheel
+    requirements = [line for wheel in wanted for line in _requirements(wheel)]
+    fallbacks = {_normal(name) for name in FALLBACK}
+    return wanted + [w for name, w in present.items() if name in fallbacks and _short(name, requirements)]
 
 
 def install(folder: Path, target: Path) -> None:
