@@ -4,7 +4,7 @@
 ``python bench/gpu_wheels.py download .whl`` fetches, for CPython 3.12 on manylinux x86-64, the wheels of
 ``CARRIED`` at the versions this environment has (``TORCHAO``'s for torchao, which the worker extra leaves out):
 what fusefleet's api, scheduler and worker import beyond what a PyTorch CUDA image ships (torch, numpy,
-transformers, accelerate, safetensors, peft, pillow, huggingface-hub, httpx, typer, ...), about 20 MB.
+transformers, accelerate, safetensors, peft, pillow, huggingface-hub, httpx, typer, ...), 19 MB.
 ``python bench/gpu_wheels.py install .whl /tmp/fusefleet-site`` installs (``pip --target``, no index, no
 dependencies) each wheel whose distribution the running Python does not have, and each of ``FALLBACK`` (pure
 Python, carried too) whose host version does not satisfy what the wheels installed require (celery wants click
