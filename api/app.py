@@ -95,7 +95,6 @@ def create_app(
             yield
         finally:
             await app.state.waiter.stop()
-            await app.state.store.close()  # the accepted count this process has not yet written (api.accepted_tally)
             for client in owned:
                 await client.aclose()
             if binary is not None:

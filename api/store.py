@@ -11,7 +11,6 @@ from typing import Literal, Protocol, TypeVar, cast
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from api.accepted_tally import AcceptedTally
 from api.input_images import StoredInputs
 from api.outage import REDIS_FAILURES, StoreUnavailable
 from shared.contracts import RequestSpec, RequestState, RequestStatus, WorkerCapabilities
@@ -115,8 +114,6 @@ class RequestStore:
         self._capabilities_read: asyncio.Future[list[WorkerCapabilities]] | None = None  # the read under way
         self.counters: SubmissionCounters | None = None  # set by api.metrics at start-up
         self._submit = redis.register_script(SUBMIT)
-        self.accepted_tally = AcceptedTally(lambda count: self._bounded(redis.hincrby(keys.metrics, "accepted", count)))
-        """What this process accepted and has not yet added to the fleet's count (``api.accepted_tally``)."""
         self._abort = redis.register_script(ABORT)
         self._forget = redis.register_script(FORGET)
         self._rate_limit = redis.register_script(RATE_LIMIT)
@@ -139,9 +136,6 @@ class RequestStore:
                 limited, max_queued = "1", submitter.max_queued
         keys = submit_keys(self._keys, [spec.id for spec in specs], self._keys.api_key_unfinished(name))
         budget = "" if self._max_input_bytes is None else self._max_input_bytes
-        taken = self.accepted_tally.take(
-            len(specs)
-        )  # what the script adds to the fleet's accepted count when it accepts
         args: list[str | bytes | int | float] = [
             self._max_queue_len,
             name,
@@ -150,7 +144,6 @@ class RequestStore:
             self._result_ttl_s,
             budget,
             share,
-            taken,
         ]
         for spec, stored in zip(specs, inputs or [None] * len(specs), strict=True):
             image = stored.image if stored else b""
@@ -159,20 +152,8 @@ class RequestStore:
         if webhooks is not None and any(webhooks):
             for webhook in webhooks:
                 args += [webhook.url, webhook.on] if webhook else ["", ""]
-        try:
-            outcome = _SUBMIT_OUTCOMES[int(await self._bounded(self._submit(keys=keys, args=args)))]
-        except BaseException:
-            self.accepted_tally.failed(len(specs), taken)
-            raise
-        if outcome == "accepted":
-            self.accepted_tally.accepted(len(specs), taken)
-        else:
-            self.accepted_tally.refused(len(specs), taken)
-        return outcome
-
-    async def close(self) -> None:
-        """Write what this process accepted and has not yet counted (at shutdown; errors logged)."""
-        await self.accepted_tally.close()
+        outcome = await self._bounded(self._submit(keys=keys, args=args))
+        return _SUBMIT_OUTCOMES[int(outcome)]
 
     async def take_tokens(self, name: str, rate_per_s: float, burst: int, cost: int) -> float:
         """Take ``cost`` tokens from API key ``name``'s bucket (``burst`` tokens, refilled at ``rate_per_s``):

@@ -16,9 +16,7 @@
 -- KEYS[1] request stream, KEYS[2] metrics hash, KEYS[3] input bytes counter, KEYS[4] the API key's unfinished set
 -- (touched only with ARGV[3] = '1'), then one stride per request (``request_keys``: hash, events, packed).
 -- ARGV[1] max queue length, ARGV[2] API key name, ARGV[3] '1' = the key has a max queued, ARGV[4] its max queued,
--- ARGV[5] the set's TTL (s), ARGV[6] the input budget (bytes), ARGV[7] the key's share, ARGV[8] how many to add
--- to the metrics hash's ``accepted`` when accepted (the api's tally, api/accepted_tally.py: these requests and
--- those accepted before them not yet counted, or 0 while they wait); then per request: id, spec
+-- ARGV[5] the set's TTL (s), ARGV[6] the input budget (bytes), ARGV[7] the key's share; then per request: id, spec
 -- json, created_at, input image bytes ('' = none), input mask bytes ('' = none); then optionally, per request (KEYS
 -- order), its webhook URL ('' = none) and the stream events it subscribes to (field webhook_on, shared/webhooks.py).
 -- Returns 1 when accepted, 0 when the queue is full, -1 when the key's max queued is reached, -2 when the input
@@ -26,9 +24,9 @@
 -- The set holds hash keys: the one place a script reads key names from data (the key's own requests, to count).
 local stream, metrics, inputs_key, unfinished_set = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local FIXED = 4
-local FIXED_ARGS = 8
+local FIXED_ARGS = 7
 local max_len, key_name, has_max_queued, max_queued = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4]
-local set_ttl, budget, share, counted_accepted = ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
+local set_ttl, budget, share = ARGV[5], ARGV[6], ARGV[7]
 local n = request_count(FIXED)
 local function request_args(j) return FIXED_ARGS + 1 + (j - 1) * 5 end  -- id, spec, created_at, image, mask
 local function hook_args(j) return FIXED_ARGS + n * 5 + (j - 1) * 2 end  -- url, events (webhook_on)
@@ -84,5 +82,5 @@ for j = 1, n do
 end
 if has_max_queued then redis.call('EXPIRE', unfinished_set, set_ttl) end
 if inputs > 0 then redis.call('INCRBY', inputs_key, inputs) end
-if counted_accepted > 0 then redis.call('HINCRBY', metrics, 'accepted', counted_accepted) end  -- shared/metrics.py
+if n > 0 then redis.call('HINCRBY', metrics, 'accepted', n) end  -- shared/metrics.py
 return 1

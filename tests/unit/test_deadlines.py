@@ -42,7 +42,7 @@ def spec(rid: str, **fields: Any) -> RequestSpec:
 
 def submit(client: fakeredis.FakeRedis, keys: k.RedisKeys, *specs: RequestSpec) -> None:
     """``submit.lua`` as the api calls it (``api.store.RequestStore.submit``), without an API key."""
-    args: list[object] = [1000, "", "", 0, 60, "", "", len(specs)]  # '': no input budget, share 1; all counted
+    args: list[object] = [1000, "", "", 0, 60, "", ""]  # '': no input budget, share 1
     for one in specs:
         args += [one.id, one.model_dump_json(), repr(one.created_at), "", ""]
     script = client.register_script(k.SUBMIT)

@@ -35,7 +35,7 @@ def submit(
     """``submit.lua`` for requests whose ids are also their prompts; under API key ``key`` ('' = none), with its
     ``max_queued`` (0 = the key has none); ``spec_fields`` replace the defaults of their specs (64x64, 4 steps,
     guidance 5)."""
-    args: list[object] = [max_len, key, "1" if max_queued else "", max_queued, 60, "", share, len(ids)]  # '': no budget
+    args: list[object] = [max_len, key, "1" if max_queued else "", max_queued, 60, "", share]  # '': no budget
     for rid in ids:
         defaults: dict[str, object] = {"width": 64, "height": 64, "num_inference_steps": 4, "guidance_scale": 5.0}
         fields = {"id": rid, "model": "demo", "prompt": rid, "seed": 1, "created_at": time.time()}
