@@ -6,7 +6,8 @@ runs which batch: ``FleetReader.running``)."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -14,6 +15,17 @@ from redis.exceptions import RedisError
 from shared.contracts import RequestStatus, WorkerCapabilities
 from shared.keys import RedisKeys
 from shared.metrics import RECENT_WINDOW_S, FleetCounters, parse_counters, recent_images
+
+
+def accepted_count(stream_info: Any, counters: dict[str, str]) -> int:
+    """Requests the fleet ever accepted: the entries ever added to the request stream (``XINFO STREAM``'s
+    ``entries-added``: one by ``submit.lua`` per request it accepts, atomically with it, and one by ``requeue.lua`` per
+    request it puts back, which counts it in ``P:metrics`` as ``requeued``) less the requeued ones. No command of the
+    submission counts it; 0 before the stream exists (``stream_info`` then the error its ``XINFO`` answered)."""
+    if isinstance(stream_info, Exception) or not isinstance(stream_info, dict):
+        return 0
+    added = int(stream_info.get("entries-added") or 0)
+    return max(0, added - int(float(counters.get("requeued") or 0)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +101,14 @@ class FleetReader:
         pipe.hgetall(self._keys.metrics)
         pipe.hgetall(self._keys.metrics_recent)
         pipe.get(self._keys.input_bytes)
+        pipe.xinfo_stream(self._keys.requests)  # its entries added: the accepted count (``accepted_count``)
         try:
             async with asyncio.timeout(self._timeout_s):
-                replies = await pipe.execute()
+                replies = await pipe.execute(raise_on_error=False)
         except (RedisError, OSError):  # down, stalled (timeout) or loading: no snapshot
+            return None
+        *replies, stream = replies
+        if any(isinstance(reply, Exception) for reply in replies):
             return None
         (seconds, micros), depth, first, inflight, storing, workers, announced, counters, ring, inputs = replies
         storing_set = set(storing)
@@ -116,7 +132,7 @@ class FleetReader:
             len(inflight),
             states,
             busy_batches=tuple(str(batch) for batch in inflight if batch not in storing_set),
-            counters=parse_counters(counters),
+            counters=replace(parse_counters(counters), accepted=accepted_count(stream, counters)),
             recent_images=recent_images(ring, int(seconds)),
             input_bytes=int(inputs or 0),
         )

@@ -242,7 +242,7 @@ WEBHOOK_OUTCOME = _lua("webhook_outcome")
 
 def submit_keys(keys: RedisKeys, request_ids: Iterable[str], unfinished: str) -> list[str]:
     """``KEYS`` of ``SUBMIT``: ``unfinished`` is the API key's unfinished set (touched only with a max queued)."""
-    return [keys.requests, keys.metrics, keys.input_bytes, unfinished, *keys.request_strides(request_ids)]
+    return [keys.requests, keys.input_bytes, unfinished, *keys.request_strides(request_ids)]
 
 
 def abort_keys(keys: RedisKeys, request_id: str) -> list[str]:

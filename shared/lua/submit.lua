@@ -13,8 +13,10 @@
 -- submission is refused as a whole when its own would take it past ARGV[6] ('' = counted, no budget), else they
 -- are added to it, and each hash records its share (field ``input_bytes``): every script that ends a request takes
 -- that off again (lib_drop_inputs.lua).
--- KEYS[1] request stream, KEYS[2] metrics hash, KEYS[3] input bytes counter, KEYS[4] the API key's unfinished set
--- (touched only with ARGV[3] = '1'), then one stride per request (``request_keys``: hash, events, packed).
+-- The fleet's accepted count is this stream's entries added (XINFO STREAM), less requeue.lua's: no counter here
+-- (shared/fleet_state.py accepted_count).
+-- KEYS[1] request stream, KEYS[2] input bytes counter, KEYS[3] the API key's unfinished set (touched only with
+-- ARGV[3] = '1'), then one stride per request (``request_keys``: hash, events, packed).
 -- ARGV[1] max queue length, ARGV[2] API key name, ARGV[3] '1' = the key has a max queued, ARGV[4] its max queued,
 -- ARGV[5] the set's TTL (s), ARGV[6] the input budget (bytes), ARGV[7] the key's share; then per request: id, spec
 -- json, created_at, input image bytes ('' = none), input mask bytes ('' = none); then optionally, per request (KEYS
@@ -22,8 +24,8 @@
 -- Returns 1 when accepted, 0 when the queue is full, -1 when the key's max queued is reached, -2 when the input
 -- budget is.
 -- The set holds hash keys: the one place a script reads key names from data (the key's own requests, to count).
-local stream, metrics, inputs_key, unfinished_set = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local FIXED = 4
+local stream, inputs_key, unfinished_set = KEYS[1], KEYS[2], KEYS[3]
+local FIXED = 3
 local FIXED_ARGS = 7
 local max_len, key_name, has_max_queued, max_queued = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4]
 local set_ttl, budget, share = ARGV[5], ARGV[6], ARGV[7]
@@ -82,5 +84,4 @@ for j = 1, n do
 end
 if has_max_queued then redis.call('EXPIRE', unfinished_set, set_ttl) end
 if inputs > 0 then redis.call('INCRBY', inputs_key, inputs) end
-if n > 0 then redis.call('HINCRBY', metrics, 'accepted', n) end  -- shared/metrics.py
 return 1
