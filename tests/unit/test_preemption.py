@@ -21,8 +21,8 @@ from scheduler.store import SchedulerStore
 from shared import keys as k
 from shared.compat import step_key
 from shared.contracts import BatchMessage, RequestSpec, StepEviction
-from shared.settings import Settings
 from shared.fleet_state import accepted_count
+from shared.settings import Settings
 from tests.unit.test_scheduler_service import PublishedBatches, running, scheduler, wait_until
 from tests.unit.test_scripts import submit
 
@@ -188,9 +188,11 @@ def test_requeue_moves_a_running_request_back_to_queued_under_its_claim_only() -
     assert not client.hexists(keys.step_levels(WORKER), "r")
     assert {"type": "room_free", "worker": WORKER} in [f for _, f in client.xrange(keys.events)]
     assert client.hget(keys.metrics, "requeued") == "1"
+    assert accepted_count(client.xinfo_stream(keys.requests), client.hgetall(keys.metrics)) == 1  # accepted once
 
     assert store.requeue("r", token, WORKER) == 1  # a retry after a lost reply: answered again, done once
     assert client.xlen(keys.requests) == 1 and client.hget(keys.step_rows, WORKER) == "1"
+    assert accepted_count(client.xinfo_stream(keys.requests), client.hgetall(keys.metrics)) == 1
     # its batch no longer counts it: released, the batch leaves flight
     assert store.batch_done("B1", token)
     assert client.zscore(keys.inflight, "B1") is None
@@ -218,11 +220,9 @@ def test_requests_requeued_one_after_another_are_served_in_their_original_order(
         assert store.requeue(rid, "tok", WORKER) == 1
     assert store.batch_done("B1", "tok")  # B1 no longer counts them: it leaves flight
     assert store.step_close(WORKER)  # and the emptied set closes: the worker's slot is free
-    assert accepted_count(client.xinfo_stream(keys.requests), client.hgetall(keys.metrics)) == 1  # accepted once
     arrivals = {client.hget(store.keys.request(rid), "arrival") for rid in "abc"}
     assert len(arrivals) == 3  # each its first entry's id (the one submit.lua wrote)
     submit(client, store.keys, "later")
-    assert accepted_count(client.xinfo_stream(keys.requests), client.hgetall(keys.metrics)) == 1
     celery = PublishedBatches()
     client.zadd(store.keys.workers, {WORKER: time.time() * 1000})
     with running(scheduler(client, s, celery)):
