@@ -169,12 +169,24 @@ def test_a_worker_routed_another_models_batches_fences_them(fleet: Fleet, monkey
         monkeypatch.setenv(name, value)
     settings = Settings()
     celery = make_celery(settings)
-    for rid in ids:  # each batch delivered again on sd's queue, which the sd worker and the rogue one read
+    fenced = "handed back: its model sd is not served here"
+    # batches delivered again on sd's queue, which the sd worker and the rogue one both read: copies until the rogue
+    # worker has taken (and fenced) one; either worker may take any copy, so at most 40 (each ~1/2: never all 40)
+    for copy in range(40):
+        rid = ids[copy % len(ids)]
         message = BatchMessage(batch_id=states[rid]["batch_id"], request_ids=(rid,), created_at=time.time(), model="sd")
         celery.send_task(
-            RUN_BATCH_TASK, args=[message.model_dump(mode="json")], queue=model_queue(settings, "sd"), task_id=rid
+            RUN_BATCH_TASK,
+            args=[message.model_dump(mode="json")],
+            queue=model_queue(settings, "sd"),
+            task_id=f"{rid}-{copy}",
         )
-    wait_for(lambda: "handed back: its model sd is not served here" in rogue.log(), 10, "the rogue worker to fence")
+        settled = time.monotonic() + 1.0
+        while fenced not in rogue.log() and time.monotonic() < settled:
+            time.sleep(0.05)
+        if fenced in rogue.log():
+            break
+    wait_for(lambda: fenced in rogue.log(), 10, "the rogue worker to fence")
     for rid in ids:  # the copies ran nothing again
         assert fleet.redis.hget(fleet.keys.batch(states[rid]["batch_id"]), "attempts") == "1"
         assert fleet.redis.hget(fleet.keys.request(rid), "status") == "succeeded"
