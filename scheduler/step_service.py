@@ -55,6 +55,7 @@ class StepSchedulerService(SchedulerService):
     _sets: list[RunningSet] | None = None  # running sets as last read (plus our joins since)
     _sets_at = 0.0
     _members_at: float | None = None  # when the sets' members were last read (None: read when needed)
+    _members_for: str | None = None  # the head they were read for (another head reads them again)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -141,13 +142,16 @@ class StepSchedulerService(SchedulerService):
     def _preempt(self, head: list[WaitingRequest], sets: Sequence[RunningSet], free: int) -> None:
         """Priority levels: when the head can neither join a set nor start one, ask a set of its key to evict a
         request of a lower level (``scheduler.policy.preempt``). The sets' members are read (one round trip) at
-        most once per ``CAPACITY_TTL_S`` unless an event woke the loop."""
+        most once per ``CAPACITY_TTL_S`` for one head unless an event woke the loop; a new head (a higher level's
+        arrival) reads them at once: it would otherwise wait for the next worker event, as nothing else wakes the
+        loop while every slot is busy."""
         first = next((r for r in head if not r.aborted), None)
         preemption = self._settings.scheduling_policy != "fcfs"  # priority and fair keep levels; fcfs: one level
         if not preemption or first is None or not isinstance(first.key, StepKey):
             return
         now = self._clock()
-        if self._members_at is not None and now - self._members_at < CAPACITY_TTL_S:
+        fresh = self._members_at is not None and now - self._members_at < CAPACITY_TTL_S
+        if fresh and self._members_for == first.id:  # nothing woke the loop since this head looked
             return
         placeable = self._placeable(sets, head)
         open_workers = {s.worker for s in placeable}  # a set closed or sealed since: its eviction is moot
@@ -155,7 +159,7 @@ class StepSchedulerService(SchedulerService):
         workers = [s.worker for s in placeable if s.key == first.key and not s.sealed]
         if not workers:
             return
-        self._members_at = now
+        self._members_at, self._members_for = now, first.id
         members = self._store.step_levels(workers)
         for worker in workers:  # an eviction is done once its request left the set's levels (requeued or ended)
             if worker in self._evicting and self._evicting[worker] not in {m.request_id for m in members[worker]}:

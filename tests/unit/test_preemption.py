@@ -17,6 +17,7 @@ from gpu_worker.store import Claimed, WorkerStore
 from scheduler.lease import Lease
 from scheduler.policy import Member, OpenSet, PolicyConfig, Preempt, WaitingRequest, preempt
 from scheduler.queue import FcfsQueue, PriorityQueue, QueuedRequest, RequestQueue
+from scheduler.step_service import StepSchedulerService
 from scheduler.store import SchedulerStore
 from shared import keys as k
 from shared.compat import step_key
@@ -321,3 +322,24 @@ def test_the_scheduler_never_preempts_within_a_level_and_joins_the_freed_room() 
         assert wait_until(lambda: client.llen(keys.step_inbox(WORKER)) == 1, 3)
     [raw] = client.lrange(keys.step_inbox(WORKER), 0, -1)
     assert BatchMessage.model_validate_json(raw).request_ids == ("high",)
+
+
+@pytest.mark.parametrize("policy", ["priority", "fair"])
+def test_a_new_head_looks_for_a_victim_at_once_though_a_stuck_head_just_looked(policy: str) -> None:
+    s = loop_settings(policy)
+    client = fakeredis.FakeRedis(decode_responses=True)
+    keys = k.RedisKeys("t")
+    full_set(client, keys, {"low1": -2, "low2": -2})
+    celery = PublishedBatches()
+    store = SchedulerStore(client, s)
+    lease = Lease(client, store.keys.scheduler_lease, s.scheduler_lease_ms)
+    # its clock barely moves: the members' throttle never lapses here, so only a new head reads them again
+    slow = StepSchedulerService(s, store, lease, celery, clock=lambda: time.monotonic() / 1000)  # type: ignore[arg-type]
+    with running(slow):
+        submit(client, keys, "peer", priority=-2)  # stuck (its own level runs there): it reads the members
+        time.sleep(0.3)
+        assert client.llen(keys.step_inbox(WORKER)) == 0
+        submit(client, keys, "high", priority=2)  # the new head: no worker event comes to wake the loop
+        assert wait_until(lambda: client.llen(keys.step_inbox(WORKER)) > 0, 3)
+    inbox = client.lrange(keys.step_inbox(WORKER), 0, -1)
+    assert [StepEviction.model_validate_json(m).evict for m in inbox] == ["low2"]
