@@ -2,9 +2,10 @@
 
 One pub/sub subscription per API process listens on ``P:finished`` (published by the Lua scripts when requests
 reach a terminal status: a message is one or more request ids, space-separated, one message per script call) and
-resolves the futures of the requests waited on. A missed message (reconnect)
-costs nothing but latency: every wait is bounded and the route reads the state again afterwards. While Redis is
-down the listener keeps resubscribing; long polls then simply last ``wait_s``.
+resolves the futures of the requests waited on. Messages published while the subscription is down are missed, so
+each subscription the server confirms wakes every wait (False: read the request again): a long poll whose request
+ended meanwhile answers about ``RECONNECT_DELAY_S`` (plus a subscribe and a read) after the loss, not at
+``wait_s``. While Redis is down the listener keeps resubscribing; long polls then simply last ``wait_s``.
 
 Requests this process accepted while subscribed (``epoch``, ``accepted``): each subscription confirmed by the server
 opens an epoch, and a request submitted during one (its submit script ran after the confirmation) has its ending
@@ -89,8 +90,9 @@ class CompletionWaiter:
                 log.warning("completion listener did not stop within %.1f s; leaving it behind", STOP_TIMEOUT_S)
 
     def register(self, request_id: str) -> asyncio.Future[bool]:
-        """A future resolved when ``request_id`` finishes (True) or, noted by ``accepted``, its note no longer holds
-        (False: read it now); register before reading the state (no lost wake-up)."""
+        """A future resolved when ``request_id`` finishes (True) or when its ending may have been missed (False: read
+        it now): its note (``accepted``) no longer holds, or a subscription was confirmed anew. Register before
+        reading the state (no lost wake-up)."""
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiters[request_id].append(future)
         return future
@@ -123,6 +125,7 @@ class CompletionWaiter:
                     elif kind == "subscribe":  # the server's confirmation: endings published from now on reach us
                         self._lost()  # a resubscription redis-py made by itself may have missed some
                         self._epoch = next(self._epochs)
+                        self._read_again()
             except (RedisError, OSError, TimeoutError) as exc:
                 self._lost()
                 if not lost:
@@ -146,6 +149,14 @@ class CompletionWaiter:
         self._ended.clear()
         for request_id in noted:
             for future in self._waiters.get(request_id, []):
+                if not future.done():
+                    future.set_result(False)
+
+    def _read_again(self) -> None:
+        """Wake every wait (False): an ending published before this subscription was confirmed may have been missed,
+        and the read each wait then makes comes after the confirmation, so a later ending reaches its new future."""
+        for futures in self._waiters.values():
+            for future in futures:
                 if not future.done():
                     future.set_result(False)
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from typing import cast
 
 import fakeredis
 import pytest
+import redis.asyncio as aioredis
 
 from api.waiter import CompletionWaiter
 
@@ -93,3 +96,64 @@ async def test_a_lost_subscription_drops_every_note_and_wakes_their_waits_to_rea
     finally:
         await waiter.stop()
         await redis.aclose()
+
+
+class _ScriptedPubSub:
+    """A subscription whose server the test plays: ``subscribe`` is confirmed at once, ``fail`` drops the connection
+    (the listener's next read raises), ``publish`` delivers a message."""
+
+    def __init__(self) -> None:
+        self._inbox: asyncio.Queue[dict[str, object] | Exception] = asyncio.Queue()
+
+    async def subscribe(self, channel: str) -> None:
+        self._inbox.put_nowait({"type": "subscribe", "channel": channel, "data": 1})
+
+    async def listen(self) -> AsyncIterator[dict[str, object]]:
+        while True:
+            item = await self._inbox.get()
+            if isinstance(item, Exception):
+                raise item
+            yield item
+
+    def publish(self, data: str) -> None:
+        self._inbox.put_nowait({"type": "message", "data": data})
+
+    def fail(self) -> None:
+        self._inbox.put_nowait(ConnectionError("Connection closed by server."))
+
+    async def aclose(self) -> None:
+        pass
+
+
+class _ScriptedRedis:
+    def __init__(self) -> None:
+        self.subscriptions: list[_ScriptedPubSub] = []
+
+    def pubsub(self, **_: object) -> _ScriptedPubSub:
+        self.subscriptions.append(_ScriptedPubSub())
+        return self.subscriptions[-1]
+
+
+@pytest.mark.anyio
+async def test_a_new_subscription_wakes_every_wait_to_read_what_it_may_have_missed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An ending published while the subscription was down never comes: a wait on a request that was not noted here
+    (accepted by another api, or already read once) must still read it again, after the new confirmation."""
+    monkeypatch.setattr("api.waiter.RECONNECT_DELAY_S", 0.01)
+    redis = _ScriptedRedis()
+    waiter = CompletionWaiter(cast(aioredis.Redis, redis), "t:finished")
+    await waiter.start()
+    try:
+        first = await _subscribed(waiter)
+        elsewhere = waiter.register("elsewhere")  # not noted: only its ending (or a new subscription) wakes it
+        redis.subscriptions[0].fail()  # CLIENT KILL TYPE pubsub; "elsewhere" ends while nobody listens
+        assert await asyncio.wait_for(elsewhere, timeout=2) is False  # woken by the new subscription: read it
+        assert waiter.epoch is not None and waiter.epoch > first and len(redis.subscriptions) == 2
+        later = waiter.register("later")  # registered after the confirmation: its ending reaches it
+        await asyncio.sleep(0.05)
+        assert not later.done()
+        redis.subscriptions[1].publish("later")
+        assert await asyncio.wait_for(later, timeout=2) is True
+    finally:
+        await waiter.stop()
