@@ -124,10 +124,53 @@ class Budget:
 # --- 1. the model ------------------------------------------------------------------------------------------------
 
 
+def _sd_vae(latent_channels: int, sample_size: int, **config: Any) -> Any:
+    """Stable Diffusion's VAE architecture (four blocks of 128-512 channels) with seeded random weights: SD 1.5's
+    with 4 latent channels, SD3's with 16 (and its scaling, shift and no quant convs in ``config``)."""
+    from diffusers import AutoencoderKL
+
+    from demo_models.components import seeded
+
+    return seeded(
+        AutoencoderKL,
+        in_channels=3,
+        out_channels=3,
+        down_block_types=["DownEncoderBlock2D"] * 4,
+        up_block_types=["UpDecoderBlock2D"] * 4,
+        block_out_channels=[128, 256, 512, 512],
+        layers_per_block=2,
+        latent_channels=latent_channels,
+        norm_num_groups=32,
+        act_fn="silu",
+        sample_size=sample_size,
+        **config,
+    )
+
+
+def _clip_text_config(hidden: int, layers: int, heads: int, act: str) -> Any:
+    """A CLIP text encoder's config of this width and depth, with the ids of the tiny tokenizer (as SD 1.5's)."""
+    from transformers import CLIPTextConfig
+
+    return CLIPTextConfig(
+        vocab_size=49408,
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        max_position_embeddings=77,
+        hidden_act=act,
+        layer_norm_eps=1e-5,
+        projection_dim=hidden,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
+
+
 def build_sd15_random_pipeline() -> Any:
     """A StableDiffusionPipeline with SD1.5's architecture and seeded random weights (fp32, on the CPU, not saved)."""
-    from diffusers import AutoencoderKL, StableDiffusionPipeline, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel
+    from diffusers import StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextModel
 
     from demo_models.components import seeded
     from demo_models.stable_diffusion import sd_scheduler
@@ -153,36 +196,9 @@ def build_sd15_random_pipeline() -> Any:
         freq_shift=0,
         mid_block_scale_factor=1,
     )
-    vae = seeded(  # SD's vae/config.json
-        AutoencoderKL,
-        in_channels=3,
-        out_channels=3,
-        down_block_types=["DownEncoderBlock2D"] * 4,
-        up_block_types=["UpDecoderBlock2D"] * 4,
-        block_out_channels=[128, 256, 512, 512],
-        layers_per_block=2,
-        latent_channels=4,
-        norm_num_groups=32,
-        act_fn="silu",
-        sample_size=512,
-    )
-    text_encoder = seeded(  # openai/clip-vit-large-patch14's text config; ids of the tiny tokenizer
-        CLIPTextModel,
-        CLIPTextConfig(
-            vocab_size=49408,
-            hidden_size=768,
-            intermediate_size=3072,
-            num_hidden_layers=12,
-            num_attention_heads=12,
-            max_position_embeddings=77,
-            hidden_act="quick_gelu",
-            layer_norm_eps=1e-5,
-            projection_dim=768,
-            bos_token_id=0,
-            eos_token_id=1,
-            pad_token_id=1,
-        ),
-    )
+    vae = _sd_vae(4, 512)  # SD's vae/config.json
+    # openai/clip-vit-large-patch14's text config; ids of the tiny tokenizer
+    text_encoder = seeded(CLIPTextModel, _clip_text_config(768, 12, 12, "quick_gelu"))
     return StableDiffusionPipeline(  # type: ignore[no-untyped-call]
         vae=vae,
         text_encoder=text_encoder,
@@ -213,27 +229,14 @@ def build_sd3_random_pipeline(device: str = "cpu") -> Any:
     without T5, as SD3 runs without it: zeros in its place) and seeded random weights, in fp32 on ``device`` (a
     GPU builds it in seconds), not saved."""
     import torch
-    from diffusers import AutoencoderKL, SD3Transformer2DModel, StableDiffusion3Pipeline
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+    from diffusers import SD3Transformer2DModel, StableDiffusion3Pipeline
+    from transformers import CLIPTextModelWithProjection
 
     from demo_models.components import flow_scheduler, seeded
     from demo_models.tokenizers import clip_tokenizer
 
-    def clip(hidden: int, layers: int, heads: int, act: str) -> Any:  # ids of the tiny tokenizer, as SD 1.5's
-        config = CLIPTextConfig(
-            vocab_size=49408,
-            hidden_size=hidden,
-            intermediate_size=4 * hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            max_position_embeddings=77,
-            hidden_act=act,
-            projection_dim=hidden,
-            bos_token_id=0,
-            eos_token_id=1,
-            pad_token_id=1,
-        )
-        return seeded(CLIPTextModelWithProjection, config)
+    def clip(hidden: int, layers: int, heads: int, act: str) -> Any:
+        return seeded(CLIPTextModelWithProjection, _clip_text_config(hidden, layers, heads, act))
 
     with torch.device(device):
         transformer = seeded(  # stabilityai/stable-diffusion-3-medium-diffusers transformer/config.json
@@ -250,22 +253,8 @@ def build_sd3_random_pipeline(device: str = "cpu") -> Any:
             out_channels=16,
             pos_embed_max_size=192,
         )
-        vae = seeded(  # its vae/config.json: 16 latent channels, no quant convs
-            AutoencoderKL,
-            in_channels=3,
-            out_channels=3,
-            down_block_types=["DownEncoderBlock2D"] * 4,
-            up_block_types=["UpDecoderBlock2D"] * 4,
-            block_out_channels=[128, 256, 512, 512],
-            layers_per_block=2,
-            latent_channels=16,
-            norm_num_groups=32,
-            act_fn="silu",
-            sample_size=1024,
-            scaling_factor=1.5305,
-            shift_factor=0.0609,
-            use_quant_conv=False,
-            use_post_quant_conv=False,
+        vae = _sd_vae(  # its vae/config.json: 16 latent channels, no quant convs
+            16, 1024, scaling_factor=1.5305, shift_factor=0.0609, use_quant_conv=False, use_post_quant_conv=False
         )
         text_encoder = clip(768, 12, 12, "quick_gelu")  # CLIP ViT-L/14
         text_encoder_2 = clip(1280, 32, 20, "gelu")  # OpenCLIP ViT-bigG/14
