@@ -40,9 +40,14 @@ def fleet(
 
 
 def test_alternating_models_load_no_sooner_than_the_minimum_residency(fleet: Fleet) -> None:
-    order = ["a", "b", "a", "b"]  # the worker holds b after its start: a, b, a are loads on demand
-    ids = [fleet.submit(model=model, prompt=f"{model} {i}") for i, model in enumerate(order)]
-    states = fleet.wait_done(ids, timeout=60)
+    order = ["a", "b", "a", "b"]  # the worker holds b after its start: a, b, a, b are loads on demand
+    # one at a time, each as soon as the one before has ended (so within the minimum residency of its model's load):
+    # submitted together, the scheduler would batch the two requests of a model together (its policy looks at one
+    # model's requests at a time), and there would be fewer switches to watch
+    ids, states = [], {}
+    for i, model in enumerate(order):
+        ids.append(fleet.submit(model=model, prompt=f"{model} {i}"))
+        states |= fleet.wait_done(ids[-1:], timeout=60)
     assert [states[rid]["status"] for rid in ids] == ["succeeded"] * 4, states
     for rid in ids:
         assert fleet.redis.hget(fleet.keys.batch(states[rid]["batch_id"]), "attempts") == "1"  # hand-backs: none
