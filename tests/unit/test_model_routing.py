@@ -154,9 +154,10 @@ def test_a_batch_goes_to_a_worker_holding_its_model_resident_and_back_to_its_mod
     store.ensure_groups()
     submit(client, store.keys, "p1", model="px")
     celery = QueuedBatches()
+    # announced before the scheduler counts them (a count between the two would see only mux)
+    announce(client, store, "mux", "sd", "px", cold=("px",))  # holds sd, would have to load px
+    announce(client, store, "w2", "px")  # holds px
     with running(scheduler(client, settings, celery)):  # type: ignore[arg-type]
-        announce(client, store, "mux", "sd", "px", cold=("px",))  # holds sd, would have to load px
-        announce(client, store, "w2", "px")  # holds px
         assert wait_until(lambda: len(celery.sent) == 1, 5), celery.sent
         assert celery.sent[0][0] == "t.batches@w2"  # placed where px is resident: no load
         announce(client, store, "w2", "px", cold=("px",))  # w2 evicted px meanwhile (a rolling change)
@@ -196,9 +197,10 @@ def test_a_cold_load_is_taken_once_the_wait_at_the_resident_worker_is_over_twice
     submit(client, store.keys, "p1", model="px", width=64, height=64)
     submit(client, store.keys, "p2", model="px", width=80, height=80)  # another size: a batch of its own
     celery = QueuedBatches()
+    # announced before the scheduler counts them (a count between the two would see only mux)
+    announce(client, store, "mux", "sd", "px", cold=("px",))  # would load px in 1 s
+    announce(client, store, "w2", "px", batch_s=10.0)  # holds px; its batches take 10 s
     with running(scheduler(client, settings, celery)):  # type: ignore[arg-type]
-        announce(client, store, "mux", "sd", "px", cold=("px",))  # would load px in 1 s
-        announce(client, store, "w2", "px", batch_s=10.0)  # holds px; its batches take 10 s
         assert wait_until(lambda: len(celery.sent) == 2, 5), celery.sent
     # p1: w2 is idle (no wait); p2: one px batch ahead at w2, 10 s > 2 x 1 s: mux, free, loads it
     assert [(queue, message["request_ids"]) for queue, message in celery.sent] == [
@@ -232,9 +234,11 @@ def test_a_batch_placed_on_a_worker_that_went_is_placed_again_without_waiting_fo
     store.ensure_groups()
     submit(client, store.keys, "p1", model="px")
     celery = QueuedBatches()
+    # both announced before the scheduler counts them: announced one after the other while it runs, a count between
+    # the two sees only mux, and a model held nowhere is loaded where it can be
+    announce(client, store, "mux", "sd", "px", cold=("px",))
+    announce(client, store, "w2", "px")
     with running(scheduler(client, settings, celery)):  # type: ignore[arg-type]
-        announce(client, store, "mux", "sd", "px", cold=("px",))
-        announce(client, store, "w2", "px")
         assert wait_until(lambda: len(celery.sent) == 1, 5), celery.sent
         assert celery.sent[0][0] == "t.batches@w2"
         client.zadd(store.keys.workers, {"w2": (client.time()[0] - 60) * 1000})  # its last beat: a minute ago
