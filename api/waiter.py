@@ -24,6 +24,7 @@ import contextlib
 import itertools
 import logging
 from collections import OrderedDict, defaultdict
+from collections.abc import Iterable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -147,16 +148,14 @@ class CompletionWaiter:
         self._epoch = None
         noted, self._accepted = self._accepted, OrderedDict()
         self._ended.clear()
-        for request_id in noted:
-            for future in self._waiters.get(request_id, []):
-                if not future.done():
-                    future.set_result(False)
+        self._read_again(noted)
 
-    def _read_again(self) -> None:
-        """Wake every wait (False): an ending published before this subscription was confirmed may have been missed,
-        and the read each wait then makes comes after the confirmation, so a later ending reaches its new future."""
-        for futures in self._waiters.values():
-            for future in futures:
+    def _read_again(self, request_ids: Iterable[str] | None = None) -> None:
+        """Wake the waits of ``request_ids`` (None: every wait) with False, to read their requests again. Every wait
+        on a new subscription's confirmation: an ending published before it may have been missed, and the read each
+        wait then makes comes after the confirmation, so a later ending reaches its new future."""
+        for request_id in list(self._waiters) if request_ids is None else request_ids:
+            for future in self._waiters.get(request_id, []):
                 if not future.done():
                     future.set_result(False)
 

@@ -17,11 +17,12 @@ turn among the models).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduler.placement import holders, place
 from scheduler.policy import Decision, Dispatch, PolicyConfig, Wait, WaitingRequest, decide
+from shared.compat import key_model
 from shared.contracts import WorkerCapabilities
 
 
@@ -74,9 +75,9 @@ class ModelSlots:
 def by_model(waiting: Sequence[WaitingRequest]) -> list[list[WaitingRequest]]:
     """``waiting`` split by model (its key's ``model``), in order within each, the models in the order of their
     first request."""
-    lanes: dict[Hashable, list[WaitingRequest]] = {}
+    lanes: dict[str | None, list[WaitingRequest]] = {}
     for request in waiting:
-        lanes.setdefault(getattr(request.key, "model", None), []).append(request)
+        lanes.setdefault(key_model(request.key), []).append(request)
     return list(lanes.values())
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
+from shared.compat import key_model
 from shared.contracts import WorkerCapabilities
 
 KNEES_TTL_S = 5.0
@@ -35,5 +36,5 @@ class KneeCaps:
 
     def knee(self, key: Hashable, cost: int) -> int | None:
         """The cap of a request of compatibility key ``key`` (its ``model``) and ``cost``; None: none known."""
-        model = getattr(key, "model", None) or self.only_model
+        model = key_model(key) or self.only_model
         return None if model is None else self.caps.get((model, cost))

@@ -22,6 +22,7 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 
+from shared.compat import key_model
 from shared.settings import SchedulingPolicy, Settings
 
 
@@ -39,12 +40,6 @@ class QueuedRequest:
     arrival: tuple[int, int] = (0, 0)  # its first stream entry id (ms, seq): the order of requeued requests
     owner: str = ""  # the API key's name ('' = none): with the key's ``model``, its flow in the fair order
     share: float = 1.0  # the API key's share: times its model's, its flow's weight in the fair order
-
-
-def _model(request: QueuedRequest) -> str | None:
-    """The model of a request's key (``shared.compat.CompatKey.model``); None for a key without one."""
-    model = getattr(request.key, "model", None)
-    return None if model is None else str(model)
 
 
 class _Level:
@@ -104,7 +99,7 @@ class RequestQueue(ABC):
         if level is None:
             level = self._levels[self.level(request)] = self._new_level()
         level.push(request, front)
-        self._by_model[_model(request)] += 1
+        self._by_model[key_model(request.key)] += 1
         if request.deadline is not None:
             heapq.heappush(self._deadlines, (request.deadline, request.id, request.entry_id))
 
@@ -174,7 +169,7 @@ class RequestQueue(ABC):
         self._levels[level].drop(request)
         if not self._levels[level]:
             del self._levels[level]
-        model = _model(request)
+        model = key_model(request.key)
         self._by_model[model] -= 1
         if not self._by_model[model]:
             del self._by_model[model]
@@ -239,7 +234,7 @@ class _FairLevel(_Level):
         if front:
             super().push(request, front)
             return
-        flow = (_model(request), request.owner)
+        flow = (key_model(request.key), request.owner)
         stamp = max(self._round, self._next.get(flow, self._round))
         share = request.share * self._shares(*flow)
         self._next[flow] = stamp + 1.0 / (share if share > 0 else 1e-9)

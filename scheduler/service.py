@@ -28,7 +28,7 @@ from scheduler.policy import Dispatch, PolicyConfig, WaitingRequest, decide
 from scheduler.queue import QueuedRequest, queue_of
 from scheduler.store import LeaseLost, RunningSet, SchedulerStore, StreamEntry
 from shared.celery_config import RUN_BATCH_TASK, publish_options
-from shared.compat import compat_key, pixel_cost
+from shared.compat import compat_key, key_model, pixel_cost
 from shared.contracts import BatchMessage, RequestSpec, RequestStatus
 from shared.logging_setup import ids as ids_of
 from shared.routing import model_queue, worker_queue
@@ -304,13 +304,13 @@ class SchedulerService:
         now (a fleet of several models: the others wait aside, so they neither block the head of their level nor
         publish batches that wait for a busy worker, or for none, while another worker is idle)."""
         assert self._slots is not None
-        rooms: dict[object, bool] = {}
+        rooms: dict[str | None, bool] = {}
 
         def servable(request: QueuedRequest) -> bool:
-            model = getattr(request.key, "model", None)
+            model = key_model(request.key)
             if model not in rooms:
                 assert self._slots is not None
-                rooms[model] = isinstance(model, str) and self._slots.has_room(model, self._backlog(model))
+                rooms[model] = model is not None and self._slots.has_room(model, self._backlog(model))
             return rooms[model]
 
         looked = self._window
@@ -367,8 +367,7 @@ class SchedulerService:
     def _model_of(self, request_ids: Sequence[str]) -> str | None:
         """The model of these waiting requests (one batch holds one: it is in both batch keys); None when unknown."""
         request = self._queue.get(request_ids[0])
-        model = getattr(request.key, "model", None) if request is not None else None
-        return model if isinstance(model, str) else None
+        return key_model(request.key) if request is not None else None
 
     def _schedule(self, request_ids: Sequence[str]) -> tuple[str, list[str]]:
         """Move these requests into a new batch (``SCHEDULE``, fenced by the lease): its id, and the requests it

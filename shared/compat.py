@@ -101,6 +101,12 @@ class CompatKey(_Key):
     """Hashable batching bucket of a request (``compat_key``)."""
 
 
+def key_model(key: object) -> str | None:
+    """The model of a batch key (``CompatKey.model``, ``StepKey.model``); None for a key without one."""
+    model = getattr(key, "model", None)
+    return None if model is None else str(model)
+
+
 def compat_key(spec: RequestSpec) -> CompatKey:
     """The batching bucket of ``spec`` (its LoRA adapter is per row: not in the key)."""
     return CompatKey(*(key_field.value(spec) for key_field in COMPAT_FIELDS))
