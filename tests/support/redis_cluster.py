@@ -22,7 +22,7 @@ from fusefleet.valkey import EmbeddedValkey
 
 BUS_PORT_OFFSET = 10000  # Redis Cluster's bus listens on port + 10000
 NODE_TIMEOUT_MS = 2000  # how long a master may be unreachable before its replica takes over
-START_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 60.0  # a loaded 2-core CI host: replicas' first syncs and gossip take their time
 
 
 def _free(port: int) -> bool:
@@ -121,8 +121,28 @@ class LocalRedisCluster:
         deadline = time.monotonic() + timeout_s
         while not self._ok():
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the Redis Cluster is not ok after {timeout_s} s; logs in {self.nodes[0].data_dir}")
+                raise RuntimeError(f"the Redis Cluster is not ok after {timeout_s} s:\n{self.describe()}")
             time.sleep(0.2)
+
+    def describe(self) -> str:
+        """Each node's state as it says it (cluster state, role, replicas and their link states, the last lines of
+        its log): what a timed-out ``wait_ok`` prints, so a cluster that did not converge says where it stuck."""
+        lines = []
+        for node in self.nodes:
+            head = f"node :{node.port} ({'alive' if node.alive() else 'dead'})"
+            try:
+                with redis.Redis(port=node.port, decode_responses=True, socket_timeout=2) as client:
+                    state = client.cluster("info")["cluster_state"]
+                    info = client.info("replication")
+                replicas = [info.get(f"slave{i}", {}).get("state") for i in range(info.get("connected_slaves", 0))]
+                head += f" cluster_state={state} role={info['role']} replicas={replicas}"
+                if info["role"] == "slave":
+                    head += f" link={info.get('master_link_status')} master=:{info.get('master_port')}"
+            except redis.RedisError as error:
+                head += f" unreachable: {error}"
+            tail = node.log_path.read_text(errors="replace").splitlines()[-4:] if node.log_path.exists() else []
+            lines.append("\n    ".join([head, *tail]))
+        return "\n".join(lines)
 
     def _ok(self) -> bool:
         masters = 0
