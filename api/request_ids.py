@@ -15,8 +15,8 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Path, status
 
-ID_BYTES = 16
-"""128 random bits: 32 hex digits."""
+from shared.shards import ID_BYTES
+
 ID_PATTERN = f"^[0-9a-f]{{{2 * ID_BYTES}}}$"
 """The shape of every id ``new_request_id`` makes (the OpenAPI document states it)."""
 _ID = re.compile(ID_PATTERN)

@@ -23,8 +23,11 @@ MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 """A model name of ``models``: it names the model's Celery queue (``shared.routing``) and appears in URLs."""
 
 
-def _pairs(value: object) -> object:
-    """``name=source`` pairs, comma separated, or a JSON object, as the environment gives them."""
+def _pairs(
+    value: object, field: str = "models", example: str = "name=source (e.g. sd=demo:stable-diffusion)"
+) -> object:
+    """``name=value`` pairs, comma separated, or a JSON object, as the environment gives them (``field`` and
+    ``example`` name them in an error)."""
     if not isinstance(value, str):
         return value
     if value.strip().startswith("{"):
@@ -33,9 +36,9 @@ def _pairs(value: object) -> object:
     for item in filter(None, (part.strip() for part in value.split(","))):
         name, equals, source = item.partition("=")
         if not equals:
-            raise ValueError(f"models: {item!r} is not name=source (e.g. sd=demo:stable-diffusion)")
+            raise ValueError(f"{field}: {item!r} is not {example}")
         if name.strip() in pairs:
-            raise ValueError(f"models: {name.strip()!r} is named twice")
+            raise ValueError(f"{field}: {name.strip()!r} is named twice")
         pairs[name.strip()] = source.strip()
     return pairs
 
@@ -66,6 +69,12 @@ class ModelSettings(SettingsConcern):
     worker_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """The models a worker serves, by name, comma separated: it loads each at start and takes only their batches.
     Empty = every model of the fleet."""
+
+    model_shards: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    """Which Redis shard holds each model's requests: model=shard pairs, comma separated (or a JSON object), e.g.
+    'sd=images,pixart=images,sana=fast'. A shard has keys of its own (one hash slot on a Redis Cluster), its own
+    scheduler lease and reaper; a model named in none stays in the fleet's own keys. A worker's models must share
+    one shard. Empty: one shard, the fleet's keys (docs/architecture.md#shards). Set the same on every service."""
 
     max_resident_models: int | None = Field(None, ge=1)
     """How many of the models a worker serves it keeps loaded at once (least recently used evicted first, a model
@@ -110,6 +119,11 @@ class ModelSettings(SettingsConcern):
     def _models_from_env(cls, value: object) -> object:
         return _pairs(value)
 
+    @field_validator("model_shards", mode="before")
+    @classmethod
+    def _model_shards_from_env(cls, value: object) -> object:
+        return _pairs(value, "model_shards", "model=shard (e.g. sd=images)")
+
     @field_validator("worker_models", mode="before")
     @classmethod
     def _worker_models_from_env(cls, value: object) -> object:
@@ -133,6 +147,19 @@ class ModelSettings(SettingsConcern):
         unknown = [name for name in self.worker_models if name not in known]
         if unknown:
             raise ValueError(f"worker_models names {', '.join(unknown)}, not among models ({', '.join(known)})")
+        unknown = [name for name in self.model_shards if name not in known]
+        if unknown:
+            raise ValueError(f"model_shards names {', '.join(unknown)}, not among models ({', '.join(known)})")
+        for shard in self.model_shards.values():
+            if not MODEL_NAME.fullmatch(shard):
+                raise ValueError(
+                    f"model_shards: {shard!r} is not a shard name (letters, digits, '.', '_', '-'; at most 64, "
+                    "starting with a letter or digit)"
+                )
+        spanned = sorted({self.model_shards.get(name, "") for name in self.served_models})
+        if self.worker_models and len(spanned) > 1:
+            shown = ", ".join(repr(shard) if shard else "the fleet's own" for shard in spanned)
+            raise ValueError(f"worker_models span shards {shown}: a worker's models must share one shard")
         return self
 
     @property
