@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from fastapi import FastAPI
@@ -20,6 +21,7 @@ from api.openai import install as install_openai
 from api.openapi import serve_limits
 from api.outage import StoreUnavailable, store_unavailable_response
 from api.routes import events, fleet, health, requests, ui
+from api.shard_router import ShardedFeed, ShardedFleet, ShardedStore, ShardedWaiter
 from api.store import RequestStore
 from api.stream_slots import StreamSlots
 from api.validation import validation_error_response
@@ -29,6 +31,55 @@ from shared.keys import RedisKeys
 from shared.redis_conn import async_client, sync_client
 from shared.results import ResultStore, build_result_store
 from shared.settings import Settings
+from shared.shards import HOME, Shards
+
+
+@dataclass(frozen=True, slots=True)
+class _ShardParts:
+    """What the api holds of one shard, each built from the shard's settings (``Shards.settings_of``)."""
+
+    store: RequestStore
+    waiter: CompletionWaiter
+    events: EventFeed
+    fleet: FleetReader
+
+
+def _request_store(
+    settings: Settings, text: aioredis.Redis, results: ResultStore | None, binary: SyncRedis | None
+) -> RequestStore:
+    """The request store of ``settings``' keys, with ``results`` (injected) or the result store they name."""
+    if results is None:
+        assert binary is not None
+        # bounded like the api's Redis calls, and by the threads asyncio.to_thread may run (at most 32)
+        results = build_result_store(settings, binary, call_timeout_s=settings.redis_socket_timeout_s, max_calls=32)
+    return RequestStore(
+        text,
+        results,
+        RedisKeys(settings.key_prefix),
+        max_queue_len=settings.max_queue_len,
+        max_input_bytes=settings.max_queued_input_bytes,
+        result_ttl_s=settings.result_ttl_s,
+        call_timeout_s=settings.redis_socket_timeout_s,
+    )
+
+
+def _shard_parts(
+    settings: Settings,
+    text: aioredis.Redis,
+    streams: aioredis.Redis,
+    results: ResultStore | None,
+    binary: SyncRedis | None,
+) -> _ShardParts:
+    """The parts of the shard whose settings are ``settings``; ``streams`` is the event streams' own client."""
+    keys = RedisKeys(settings.key_prefix)
+    store = _request_store(settings, text, results, binary)
+    timeout_s = settings.redis_socket_timeout_s
+    return _ShardParts(
+        store=store,
+        waiter=CompletionWaiter(text, keys.finished),
+        events=EventFeed(streams, store, keys, call_timeout_s=timeout_s),
+        fleet=FleetReader(text, keys, worker_ttl_s=settings.worker_ttl_s, timeout_s=timeout_s),
+    )
 
 
 def create_app(
@@ -49,6 +100,10 @@ def create_app(
     this server's limits (``api.openapi``). With ``settings.api_keys_file`` every route but ``/healthz``,
     ``/metrics`` and the web page's static files (``api.routes.ui``) needs an API key, and a key sees only its
     own requests (``api.auth``); an invalid keys file raises ``KeysFileError`` here.
+
+    Each shard of the fleet (``shared.shards``; one without ``model_shards``) gets its own request store, completion
+    waiter, event feed and fleet reader, built from its settings; a sharded fleet's routes reach them through
+    ``api.shard_router``.
     """
     # (mypy without the pydantic plugin misses the positional Field defaults of Settings)
     settings = settings if settings is not None else Settings()
@@ -60,37 +115,29 @@ def create_app(
         if text is None:
             text = async_client(settings)
             owned.append(text)
-        binary: SyncRedis | None = None
-        store = results
-        if store is None:
-            binary = sync_client(settings, binary=True)  # used by the Redis result store only
-            # bounded like the api's Redis calls, and by the threads asyncio.to_thread may run (at most 32)
-            store = build_result_store(settings, binary, call_timeout_s=settings.redis_socket_timeout_s, max_calls=32)
-        keys = RedisKeys(settings.key_prefix)
-        app.state.waiter = CompletionWaiter(text, keys.finished)
-        await app.state.waiter.start(timeout_s=settings.redis_socket_timeout_s)
-        app.state.store = RequestStore(
-            text,
-            store,
-            keys,
-            max_queue_len=settings.max_queue_len,
-            max_input_bytes=settings.max_queued_input_bytes,
-            result_ttl_s=settings.result_ttl_s,
-            call_timeout_s=settings.redis_socket_timeout_s,
-        )
+        binary = sync_client(settings, binary=True) if results is None else None  # the Redis result store's
         # event streams wait on connections of their own (api.events_feed), never starving the other routes
         streams = redis if redis is not None else async_client(settings, max_connections=settings.max_event_streams)
         if streams is not text:
             owned.append(streams)
-        app.state.events = EventFeed(
-            streams,
-            app.state.store,
-            keys,
-            call_timeout_s=settings.redis_socket_timeout_s,
-        )
-        reader = FleetReader(text, keys, worker_ttl_s=settings.worker_ttl_s, timeout_s=settings.redis_socket_timeout_s)
-        app.state.metrics.attach(app.state.store, reader)
-        app.state.fleet = reader  # GET /v1/fleet (api/routes/fleet.py)
+        shards = Shards(settings)
+        parts = {
+            shard: _shard_parts(shards.settings_of(shard), text, streams, results, binary) for shard in shards.names
+        }
+        if not shards.sharded:  # one shard, the fleet's own keys: its parts themselves
+            (part,) = parts.values()
+            app.state.store = part.store
+            app.state.waiter = part.waiter
+            app.state.events = part.events  # the SSE routes (api/routes/events.py)
+            app.state.fleet = part.fleet  # GET /v1/fleet (api/routes/fleet.py), /metrics
+        else:  # api.shard_router: by model, by id, and the fleet-wide reads over every shard
+            home = parts[HOME].store if HOME in parts else _request_store(settings, text, results, binary)
+            app.state.store = ShardedStore(shards, {shard: part.store for shard, part in parts.items()}, home)
+            app.state.waiter = ShardedWaiter(shards, {shard: part.waiter for shard, part in parts.items()})
+            app.state.events = ShardedFeed(shards, {shard: part.events for shard, part in parts.items()})
+            app.state.fleet = ShardedFleet([part.fleet for part in parts.values()])
+        await app.state.waiter.start(timeout_s=settings.redis_socket_timeout_s)
+        app.state.metrics.attach(app.state.store, app.state.fleet)
         try:
             yield
         finally:

@@ -8,8 +8,7 @@ from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
 
-from api.store import RequestStore
-from api.waiter import CompletionWaiter
+from api.shard_router import Store, Waiter
 from shared.settings import Settings
 
 T = TypeVar("T")
@@ -28,9 +27,20 @@ def app_state(name: str, kind: type[T]) -> Callable[[Request], Awaitable[T]]:
 
 
 get_settings = app_state("settings", Settings)
-get_store = app_state("store", RequestStore)
-get_waiter = app_state("waiter", CompletionWaiter)
+
+
+async def get_store(request: Request) -> Store:
+    """The request store: the fleet's one shard's, or every shard's behind ``api.shard_router``."""
+    store: Store = request.app.state.store
+    return store
+
+
+async def get_waiter(request: Request) -> Waiter:
+    """The completion waiter: the fleet's one shard's, or every shard's behind ``api.shard_router``."""
+    waiter: Waiter = request.app.state.waiter
+    return waiter
+
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-StoreDep = Annotated[RequestStore, Depends(get_store)]
-WaiterDep = Annotated[CompletionWaiter, Depends(get_waiter)]
+StoreDep = Annotated[Store, Depends(get_store)]
+WaiterDep = Annotated[Waiter, Depends(get_waiter)]

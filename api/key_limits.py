@@ -21,7 +21,7 @@ from fastapi import status
 from api.auth import KeyRefused
 from api.limits import ErrorDict, Loc
 from api.outage import RETRY_AFTER_DOC, retry_after_headers
-from api.store import RequestStore
+from api.shard_router import Store
 from shared.api_keys import ApiKey
 from shared.wire import ErrorMessage
 
@@ -55,7 +55,7 @@ def batch_errors(count: int, key: ApiKey | None, loc: Loc) -> list[ErrorDict]:
     ]
 
 
-async def take_tokens(store: RequestStore, key: ApiKey | None, cost: int) -> None:
+async def take_tokens(store: Store, key: ApiKey | None, cost: int) -> None:
     """Take ``cost`` tokens of ``key``'s rate limit, or raise its 429 (nothing taken). No key, no rate: no-op.
     ``cost`` is at most the key's burst (``batch_errors`` refuses more first)."""
     if key is None or key.rate_per_s is None:

@@ -17,8 +17,9 @@ not clash. It holds:
   batch size, step time, images, out-of-memory splits; ``fleet_metrics``). ``fusefleet_up`` says whether Redis
   answered: 0 (and none of the fleet's metrics) when it did not, and ``/metrics`` still answers 200.
 
-``accept`` reaches the counters through the app's ``RequestStore`` (the one handle it is given): ``ApiMetrics.attach``
-sets the store's ``counters`` at start-up (a store without them counts nothing).
+``accept`` reaches the counters through the app's store (the one handle it is given; a sharded fleet's is every
+shard's, ``api.shard_router``, whose fleet reads are summed over shards): ``ApiMetrics.attach`` sets the store's
+``counters`` at start-up (a store without them counts nothing).
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from api.store import RefusalReason, RequestStore
-from shared.fleet_state import FleetReader, FleetSnapshot
+from api.shard_router import Fleet, Store
+from api.store import RefusalReason
+from shared.fleet_state import FleetSnapshot
 from shared.metrics import Histogram
 
 
@@ -208,9 +210,9 @@ class ApiMetrics:
             self.refused.labels(reason=reason)  # exported at 0 from the start
         self._collector = _FleetCollector()
         self.registry.register(self._collector)
-        self._reader: FleetReader | None = None
+        self._reader: Fleet | None = None
 
-    def attach(self, store: RequestStore, reader: FleetReader) -> None:
+    def attach(self, store: Store, reader: Fleet) -> None:
         """Count what is submitted through ``store`` (what ``accept`` is given) and read the gauges with
         ``reader``."""
         store.counters = self

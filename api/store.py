@@ -218,6 +218,27 @@ class RequestStore:
             if rank is None:
                 return None
             start = cast(int, rank) + 1
+        return await self._video_page_at(videos, owner, start, limit, newest_first)
+
+    async def video_page_after(
+        self, owner: str | None, created_at: float, request_id: str, limit: int, newest_first: bool
+    ) -> tuple[list[RequestState], bool]:
+        """``video_page`` after a job listed elsewhere (another shard's, ``api.shard_router``): the jobs after one
+        created at ``created_at`` with id ``request_id`` in the list's order (its creation in ms, then its id)."""
+        videos = self._video_list(owner)
+        ms = int(created_at * 1000)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zcount(videos, f"({ms}", "+inf") if newest_first else pipe.zcount(videos, "-inf", f"({ms}")
+        pipe.zrangebyscore(videos, ms, ms)
+        before, ties = await self._bounded(pipe.execute())
+        start = int(before) + sum(
+            1 for tie in ties if (str(tie) >= request_id if newest_first else str(tie) <= request_id)
+        )
+        return await self._video_page_at(videos, owner, start, limit, newest_first)
+
+    async def _video_page_at(
+        self, videos: str, owner: str | None, start: int, limit: int, newest_first: bool
+    ) -> tuple[list[RequestState], bool]:
         states: list[RequestState] = []
         for _ in range(VIDEO_PAGE_READS):
             want = limit + 1 - len(states)  # one more than the page: whether more follow

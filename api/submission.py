@@ -27,12 +27,13 @@ from api.input_images import StoredInputs, prepare_inputs
 from api.key_limits import batch_errors, max_queued_reached, take_tokens
 from api.limits import ErrorDict, Loc, limit_errors, request_model
 from api.outage import retry_after_headers
-from api.request_ids import new_request_id
-from api.store import RefusalReason, RequestStore, Submitter, Webhook
+from api.shard_router import Store
+from api.store import RefusalReason, Submitter, Webhook
 from api.webhook_urls import webhook_errors
 from shared.api_keys import ApiKey
 from shared.contracts import DEFAULT_STRENGTH, MAX_SEED, RequestSpec
 from shared.settings import Settings
+from shared.shards import Shards
 from shared.webhooks import subscription
 from shared.wire import GenerateRequest
 
@@ -49,7 +50,7 @@ def _inputs_of(
     return inputs, errors
 
 
-def _count_refused(store: RequestStore, reason: RefusalReason) -> None:
+def _count_refused(store: Store, reason: RefusalReason) -> None:
     if store.counters is not None:
         store.counters.count_refused(reason)
 
@@ -57,7 +58,7 @@ def _count_refused(store: RequestStore, reason: RefusalReason) -> None:
 async def accept(
     requests: Sequence[GenerateRequest],
     settings: Settings,
-    store: RequestStore,
+    store: Store,
     locs: Sequence[Loc],
     caller: ApiKey | None = None,
 ) -> list[RequestSpec]:
@@ -85,9 +86,10 @@ async def accept(
             raise oversized
     now = time.time()
     videos = video_models(fleet)
+    shards = Shards(settings)
     specs = [
         request.to_spec(
-            request_id=new_request_id(),
+            request_id=shards.new_request_id(shards.shard_of_model(request_model(request, settings))),
             model=request_model(request, settings),
             seed=request.seed if request.seed is not None else secrets.randbelow(MAX_SEED + 1),
             created_at=now,

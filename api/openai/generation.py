@@ -41,9 +41,8 @@ from starlette.types import Receive
 from api.openai.errors import INVALID_REQUEST, SERVER_ERROR, OpenAIError
 from api.openai.schemas import ImageObject, ImagesResponse, ResponseFormat
 from api.outage import StoreUnavailable
-from api.store import RequestStore
+from api.shard_router import Store, Waiter
 from api.submission import accept
-from api.waiter import CompletionWaiter
 from shared.api_keys import ApiKey
 from shared.contracts import TIMEOUT_ERROR, RequestState, RequestStatus
 from shared.settings import Settings
@@ -83,8 +82,8 @@ class OpenAICall:
 
     request: Request
     settings: Settings
-    store: RequestStore
-    waiter: CompletionWaiter
+    store: Store
+    waiter: Waiter
     caller: ApiKey | None = None
 
 
@@ -122,9 +121,7 @@ async def respond(native: GenerateRequest, answer_format: ResponseFormat, call: 
     raise _outcome_error(state, headers)
 
 
-async def _ended(
-    request_id: str, receive: Receive, store: RequestStore, waiter: CompletionWaiter, limit_s: float
-) -> RequestState:
+async def _ended(request_id: str, receive: Receive, store: Store, waiter: Waiter, limit_s: float) -> RequestState:
     """The state of ``request_id`` once terminal; ``WaitExpired`` after ``limit_s``, ``ClientGone`` as soon as
     the client disconnects."""
     loop = asyncio.get_running_loop()
@@ -152,7 +149,7 @@ async def _ended(
             await gone
 
 
-async def _read(store: RequestStore, request_id: str) -> RequestState | None:
+async def _read(store: Store, request_id: str) -> RequestState | None:
     """The state, or None while Redis fails (the wait goes on; the deadline still holds)."""
     try:
         state = await store.get(request_id)
@@ -184,7 +181,7 @@ async def _disconnect(receive: Receive) -> None:
             return
 
 
-async def _abort(store: RequestStore, request_id: str, why: str) -> None:
+async def _abort(store: Store, request_id: str, why: str) -> None:
     """The native abort, run to its end even when the calling task is being cancelled."""
 
     async def abort() -> object:
@@ -202,7 +199,7 @@ async def _abort(store: RequestStore, request_id: str, why: str) -> None:
 
 
 async def _images(
-    state: RequestState, answer_format: ResponseFormat, request: Request, store: RequestStore
+    state: RequestState, answer_format: ResponseFormat, request: Request, store: Store
 ) -> list[ImageObject]:
     request_id = state.spec.id
     if answer_format == "url":

@@ -54,7 +54,8 @@ from api.openai.video_schemas import (
 from api.outage import StoreUnavailable, retry_after_headers
 from api.request_ids import is_request_id
 from api.routes.requests import serve_result
-from api.store import Forgotten, RequestStore
+from api.shard_router import Store
+from api.store import Forgotten
 from api.submission import accept
 from shared.contracts import ModelTraits, RequestState, RequestStatus, WorkerCapabilities
 
@@ -167,7 +168,7 @@ async def create_video(
     return JSONResponse(video.model_dump(mode="json"), headers={REQUEST_ID_HEADER: spec.id})
 
 
-async def _job(video_id: str, store: RequestStore, owner: str | None) -> RequestState:
+async def _job(video_id: str, store: Store, owner: str | None) -> RequestState:
     """The state of video job ``video_id`` of ``owner``; the OpenAI 404 when there is none."""
     if not is_request_id(video_id) or not await store.is_video(video_id, owner):
         raise video_not_found(video_id)

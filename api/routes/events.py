@@ -29,10 +29,11 @@ from starlette.types import Receive, Scope, Send
 from api.auth import OwnerDep
 from api.deps import SettingsDep, app_state
 from api.events import format_positions, parse_position, parse_positions, unique_ids
-from api.events_feed import EventFeed, FeedEvent
+from api.events_feed import FeedEvent
 from api.outage import RETRY_AFTER_DOC, StoreUnavailable, retry_after_headers
 from api.request_ids import RequestIdDep, is_request_id, unknown_requests
 from api.responses import UNAVAILABLE, Responses
+from api.shard_router import Feed
 from api.stream_slots import Slot, SlotsRefused, StreamSlots
 from shared.wire import ErrorMessage
 
@@ -46,9 +47,14 @@ POSITIONS_PATTERN = r"^[\d,\-\s]*$"
 LAST_EVENT_ID = "Last-Event-ID"
 
 
-get_feed = app_state("events", EventFeed)
+async def get_feed(request: Request) -> Feed:
+    """The event feed: the fleet's one shard's, or every shard's behind ``api.shard_router``."""
+    feed: Feed = request.app.state.events
+    return feed
+
+
 get_slots = app_state("event_slots", StreamSlots)
-FeedDep = Annotated[EventFeed, Depends(get_feed)]
+FeedDep = Annotated[Feed, Depends(get_feed)]
 SlotsDep = Annotated[StreamSlots, Depends(get_slots)]
 
 EVENT_STREAM: Responses = {
@@ -117,7 +123,7 @@ class _SlotStream(EventSourceResponse):
 
 
 def _stream(
-    feed: EventFeed,
+    feed: Feed,
     slots: StreamSlots,
     holder: str,
     positions: dict[str, str],

@@ -9,19 +9,23 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, status
+from fastapi import APIRouter, Depends, HTTPException, Request, status
 
-from api.deps import app_state
 from api.fleet_view import FleetView, fleet_view
 from api.outage import REQUEST_STORE, retry_after_headers
 from api.responses import UNAVAILABLE
-from shared.fleet_state import FleetReader
+from api.shard_router import Fleet
 
 router = APIRouter(tags=["fleet"])
 
 
-get_fleet_reader = app_state("fleet", FleetReader)
-FleetReaderDep = Annotated[FleetReader, Depends(get_fleet_reader)]
+async def get_fleet_reader(request: Request) -> Fleet:
+    """The fleet reader: the fleet's one shard's, or every shard's summed (``api.shard_router``)."""
+    reader: Fleet = request.app.state.fleet
+    return reader
+
+
+FleetReaderDep = Annotated[Fleet, Depends(get_fleet_reader)]
 
 
 def _unavailable() -> HTTPException:

@@ -18,7 +18,8 @@ from api.deps import SettingsDep, StoreDep, WaiterDep
 from api.key_limits import KEY_LIMITED
 from api.request_ids import RequestIdDep, unknown_requests
 from api.responses import BAD_BODY, NOT_FOUND, QUEUE_FULL_OR_UNAVAILABLE, UNAVAILABLE, Responses
-from api.store import Forgotten, RequestStore
+from api.shard_router import Store
+from api.store import Forgotten
 from api.submission import accept
 from shared.contracts import RequestStatus
 from shared.results import media_type_of
@@ -126,7 +127,7 @@ def _result_responses(kind: str, content: dict[str, Any]) -> Responses:
 
 
 async def serve_result(
-    request_id: str, index: int, kind: str, store: RequestStore, settings: Settings, owner: str | None
+    request_id: str, index: int, kind: str, store: Store, settings: Settings, owner: str | None
 ) -> Response:
     """Output ``index`` of a succeeded request (``kind``: image or video) of ``owner``, from the result store: its
     bytes, or a redirect to a presigned URL (``result_delivery=redirect`` where the store has them)."""
