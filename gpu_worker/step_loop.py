@@ -214,6 +214,7 @@ class _RunningSet:
         self.sealed = False
         self.bound_s = self.writer.outage_retry_s + MARGIN_S  # the longest a wait on the boundary threads takes
         self.finishing: dict[_Held, list[StepReporter]] = {}  # reporters to close before storing, per batch
+        self.leaving: set[str] = set()  # live requests in their last step, counted out of the set already
         self.releasing: list[_Held] = []  # batches whose release (BATCH_DONE) was submitted
         self.writes = Writes()
         self.arrivals = Arrivals(
@@ -268,14 +269,37 @@ class _RunningSet:
 
     def _take_arrivals(self, arrivals: Sequence[Arrival] | None = None) -> None:
         """Join every batch the scheduler sent to the set that ``Arrivals`` claimed since the last boundary (or
-        ``arrivals``), and evict as asked, in inbox order; raise what stopped the boundary threads."""
+        ``arrivals``), and evict as asked, in inbox order; raise what stopped the boundary threads. The requests
+        whose next step is their last are counted out once what joins here is taken (``_count_out_last``)."""
         self.writes.check()
-        for arrival in self.arrivals.take() if arrivals is None else arrivals:
+        taken = self.arrivals.take() if arrivals is None else arrivals
+        self._count_out_last()  # before this boundary's joins run: the scheduler has their time too
+        joined = False
+        for arrival in taken:
             if isinstance(arrival, Eviction):
                 self._evict(arrival.request_id)
                 continue
             self._hold(arrival.message.batch_id, arrival.claim.token, beat=False)  # Arrivals had it held
             self._admit(arrival.message, arrival.claim, counted=len(arrival.message.request_ids), prepared=True)
+            joined = True
+        if joined:
+            self._count_out_last()  # a joiner whose first step is its last
+
+    def _count_out_last(self) -> None:
+        """Count out of the set, one step early, the live requests whose next step is their last: the scheduler
+        sends joiners for their room while that step runs, and they join at the boundary where these leave, so a
+        saturated set runs no step a row short. Safe: this boundary's joiners were taken before, and every live
+        request is stepped (or fails) at the next step, so a joiner never runs beside the request whose room it
+        took (``docs/step_mode.md``, *Each step boundary*)."""
+        progress = self.set.progress()
+        last = [
+            rid
+            for rid in self.owner
+            if rid not in self.leaving and rid in progress and progress[rid][0] + 1 >= progress[rid][1]
+        ]
+        if last:
+            self._leave(len(last), last)
+            self.leaving.update(last)
 
     def _close(self) -> bool:
         """The set is empty: close it unless something arrived (then it goes on). Every batch popped from the inbox
@@ -454,9 +478,9 @@ class _RunningSet:
 
     def _finish(self, finished: list[str]) -> None:
         """Decode the requests a step finished (one decode for all, on the loop: it uses the accelerator), count them
-        out of the set at once (their room goes to joiners), and hand storing and finishing them to the finisher, one
-        job per batch, so the next steps run while their images are encoded and written (``_collect`` takes the
-        outcome back)."""
+        out of the set at once where their last step's boundary did not (their room goes to joiners), and hand
+        storing and finishing them to the finisher, one job per batch, so the next steps run while their images are
+        encoded and written (``_collect`` takes the outcome back)."""
         try:
             images: Sequence[object] = self.set.outputs(finished)
         except SoftTimeLimitExceeded:
@@ -550,11 +574,14 @@ class _RunningSet:
 
     def _evict(self, request_id: str) -> None:
         """The scheduler asked to evict ``request_id`` for a request of a higher level: take it out of the set and
-        requeue it (``requeue.lua``), unless it ended meanwhile or the set is sealed (then its room would go to no
-        one). The set's count and levels hash drop with the requeue itself."""
+        requeue it (``requeue.lua``), unless it ended meanwhile, the set is sealed (then its room would go to no
+        one) or it is in its last step (counted out already: its room went to the scheduler). The set's count and
+        levels hash drop with the requeue itself."""
         held = self.owner.get(request_id)
-        if held is None or self.sealed:
-            why = "the set is sealed" if held is not None else "it is not in the set (it ended meanwhile)"
+        if held is None or self.sealed or request_id in self.leaving:
+            why = "it is not in the set (it ended meanwhile)"
+            if held is not None:
+                why = "the set is sealed" if self.sealed else "it leaves at the next step (its room was given already)"
             log.info("eviction of %s ignored: %s", request_id, why, extra=ids(request_id=request_id))
             return
         self.set.abort(request_id)
@@ -592,8 +619,11 @@ class _RunningSet:
             self._end_batch(held)
 
     def _count_out(self, request_ids: Sequence[str]) -> None:
-        """These requests ran in the set and no longer take room in it: the scheduler may send joiners instead."""
-        self._leave(len(request_ids), request_ids)
+        """These requests ran in the set and no longer take room in it: the scheduler may send joiners instead.
+        Those counted out ahead of their last step (``_count_out_last``) are not counted twice."""
+        left = [rid for rid in request_ids if rid not in self.leaving]
+        self.leaving.difference_update(request_ids)
+        self._leave(len(left), left)
 
     def _leave(self, count: int, ran: Sequence[str] = ()) -> None:
         if count:

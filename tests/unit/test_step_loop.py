@@ -64,6 +64,7 @@ class Hooked(Runner):
         self.runner = runner
         self.hooks: dict[int, Callable[[], None]] = {}
         self.steps = 0
+        self.live: list[int] = []  # the requests in the set at each full step
 
     @property
     def fused(self) -> bool:
@@ -101,6 +102,7 @@ class HookedSet(ExplodingSet):
     def step(self, only: Collection[str] | None = None) -> list[str]:
         if only is None:
             self.owner.steps += 1
+            self.owner.live.append(len(self.requests))
             hook = self.owner.hooks.pop(self.owner.steps, None)
             if hook is not None:
                 hook()
@@ -146,12 +148,12 @@ class Worker:
         assert scheduler.schedule(self.lease.key, self.lease.token, batch_id, ids) == ids
         return BatchMessage(batch_id=batch_id, request_ids=tuple(ids), created_at=time.time())
 
-    def send(self, message: BatchMessage, digest: str) -> None:
+    def send(self, message: BatchMessage, digest: str, cap: int = 8) -> None:
         """What the scheduler does for a join: ``step_join.lua`` puts the batch in this worker's inbox (its one
-        heartbeat, at start, counts for a minute)."""
+        heartbeat, at start, counts for a minute), within the set's ``cap``."""
         scheduler = SchedulerStore(self.client, self.settings.model_copy(update={"worker_ttl_s": 60}))
         count = len(message.request_ids)
-        assert scheduler.step_join(WORKER, digest, message.model_dump_json(), message.batch_id, count, 8)
+        assert scheduler.step_join(WORKER, digest, message.model_dump_json(), message.batch_id, count, cap)
 
     def request(self, rid: str) -> dict[str, str]:
         return dict(self.client.hgetall(self.keys.request(rid)))
@@ -236,18 +238,47 @@ def test_a_batch_sent_to_the_inbox_joins_the_running_set(worker: Worker, hooked:
         rows.append(worker.client.hget(worker.keys.step_rows, WORKER))
 
     hooked.hooks[3] = send  # during step 3: it joins at the next boundary and takes the long one's steps 4 and 5
+    hooked.hooks[4] = count
     hooked.hooks[5] = count
-    hooked.hooks[6] = count
     outcome = worker.loop.run(first)
     assert isinstance(outcome, SetOutcome)
     assert outcome.batches == ["B1", "B2"]
     assert outcome.statuses == {"long": "succeeded", "joiner": "succeeded"}
-    assert rows == ["2", "1"]  # both counted while the joiner ran; it left after step 5
+    assert rows == ["2", "1"]  # both counted at step 4; the joiner counted out at the boundary before its last, 5
     assert float(worker.request("joiner")["finished_at"]) < float(worker.request("long")["finished_at"])
     assert worker.request("joiner")["worker"] == WORKER
     assert len(stored_images(worker, "joiner")) == 2
     assert hooked.steps == 8  # one set: the joiner's steps were the long request's
     worker.assert_closed()
+
+
+def test_a_request_is_counted_out_one_step_before_it_leaves_so_its_joiner_takes_its_room_at_once(
+    worker: Worker, hooked: Hooked
+) -> None:
+    cap = 2  # max_num_seqs
+    first = [spec("a", steps=3, seed=1), spec("b", steps=6, seed=2)]
+    waiting = [spec("c", steps=3, seed=3), spec("d", steps=2, seed=4), spec("e", steps=1, seed=5)]
+    rooms: list[int] = []
+
+    def scheduler() -> None:  # before each step: a scheduler that sends a waiting request as soon as it sees room
+        worker.loop.settle()  # the count-outs made (off the loop)
+        rows = int(worker.client.hget(worker.keys.step_rows, WORKER) or 0)
+        rooms.append(cap - rows)
+        for _ in range(min(cap - rows, len(waiting))):
+            joiner = waiting.pop(0)
+            worker.send(worker.schedule(f"B-{joiner.id}", [joiner]), step_key(joiner).digest, cap)
+        worker.loop.settle()  # claimed ahead of the boundary: they join at the next one
+
+    hooked.hooks = dict.fromkeys(range(1, 20), scheduler)
+    outcome = worker.loop.run(worker.schedule("B1", first))
+    assert isinstance(outcome, SetOutcome)
+    assert outcome.statuses == dict.fromkeys("abcde", "succeeded")
+    # the room of a request appears at the boundary before its last step (a before step 3; b and c before 6; e,
+    # whose first step is its last, as it joins; d before 8), while it still runs: its joiner takes it at the
+    # boundary where it leaves, so the set runs no step a row short, and never runs more than cap requests
+    assert rooms == [0, 0, 1, 0, 0, 2, 1, 2]
+    assert hooked.live == [2, 2, 2, 2, 2, 2, 2, 1]
+    worker.assert_closed()  # each counted out once
 
 
 def test_an_aborted_request_ends_aborted_while_its_peer_succeeds(worker: Worker, hooked: Hooked) -> None:

@@ -47,6 +47,7 @@ def test_an_evicted_request_is_requeued_and_a_higher_level_takes_its_room(
     seen: dict[str, object] = {}
 
     def look() -> None:
+        worker.loop.settle()  # the levels written (off the loop)
         levels = worker.client.hgetall(worker.keys.step_levels(WORKER))
         seen["levels"] = {rid: value.split()[0] for rid, value in levels.items()}
 
@@ -100,4 +101,21 @@ def test_a_sealed_set_ignores_an_eviction(worker: Worker, hooked: Hooked) -> Non
     outcome = worker.loop.run(worker.schedule("B1", [low]))
     assert isinstance(outcome, SetOutcome) and outcome.statuses == {"low": "succeeded"}
     assert hooked.steps == 4
+    worker.assert_closed()
+
+
+def test_an_eviction_of_a_request_in_its_last_step_is_ignored(worker: Worker, hooked: Hooked) -> None:  # noqa: F811
+    low = spec("low", steps=3, seed=41).model_copy(update={"priority": -2})
+    peer = spec("peer", steps=5, seed=42).model_copy(update={"priority": -2})
+
+    def evict() -> None:  # sent before its count-out: read at the boundary before its last step (step 3)
+        worker.client.rpush(worker.keys.step_inbox(WORKER), StepEviction(evict="low").model_dump_json())
+        worker.loop.settle()  # read ahead of that boundary
+
+    hooked.hooks[2] = evict
+    outcome = worker.loop.run(worker.schedule("B1", [low, peer]))
+    # counted out there already (its room went to the scheduler), it finishes instead of being requeued, and the
+    # set's count drops by it once
+    assert isinstance(outcome, SetOutcome) and outcome.statuses == {"low": "succeeded", "peer": "succeeded"}
+    assert hooked.steps == 5
     worker.assert_closed()
