@@ -1,6 +1,8 @@
-"""Request ids: made here (``new_request_id``) and checked at the edge, before any Redis call (``RequestIdDep``).
+"""Request ids: checked at the edge, before any Redis call (``RequestIdDep``).
 
-An id is ``ID_BYTES`` random bytes in lower-case hex. Every route that takes one (``/v1/requests/{request_id}...``,
+An id is ``ID_BYTES`` random bytes in lower-case hex, made by ``shared.shards.Shards.new_request_id`` (in a sharded
+fleet its first digits are its shard's mark: an id of no shard of the fleet is answered as unknown by
+``api.shard_router``, also without a Redis call). Every route that takes one (``/v1/requests/{request_id}...``,
 ``GET /v1/events?ids=``) answers an id of another shape exactly as an unknown one, 404, without asking Redis: an id
 is part of Redis key names (``shared.keys``), so ``<id>:events`` would otherwise reach another key of a request
 (a WRONGTYPE error, a 503), telling a caller that the request exists whoever submitted it.
@@ -9,7 +11,6 @@ is part of Redis key names (``shared.keys``), so ``<id>:events`` would otherwise
 from __future__ import annotations
 
 import re
-import secrets
 from collections.abc import Sequence
 from typing import Annotated
 
@@ -18,19 +19,14 @@ from fastapi import Depends, HTTPException, Path, status
 from shared.shards import ID_BYTES
 
 ID_PATTERN = f"^[0-9a-f]{{{2 * ID_BYTES}}}$"
-"""The shape of every id ``new_request_id`` makes (the OpenAPI document states it)."""
+"""The shape of every id ``Shards.new_request_id`` makes (the OpenAPI document states it)."""
 _ID = re.compile(ID_PATTERN)
 _SHOWN_CHARS = 40
 """Most characters of a refused id that an answer echoes."""
 
 
-def new_request_id() -> str:
-    """A fresh request id."""
-    return secrets.token_hex(ID_BYTES)
-
-
 def is_request_id(value: str) -> bool:
-    """Whether ``value`` has the shape of an id ``new_request_id`` makes (it may still be unknown)."""
+    """Whether ``value`` has the shape of a request id (it may still be unknown, or name no shard of the fleet)."""
     return _ID.fullmatch(value) is not None
 
 
