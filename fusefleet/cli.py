@@ -70,13 +70,18 @@ def api(
 @cli.command()
 @settings_flags()
 def scheduler(settings_env: dict[str, str], log_level: LogLevel = "info") -> None:
-    """Run the batching scheduler (one is active; further ones stand by), the result sweeper and the webhook
-    dispatcher (one is active)."""
+    """Run the batching scheduler (one is active per shard; further ones stand by, or lead other shards), the result
+    sweeper and the webhook dispatcher (one is active per shard)."""
     from scheduler.app import run_scheduler
+    from shared.shards import ShardsError
 
     settings = _settings(settings_env)
     _logging(log_level, settings, "scheduler")
-    run_scheduler(settings)
+    try:
+        run_scheduler(settings)
+    except ShardsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
 
 
 @cli.command()
@@ -85,10 +90,15 @@ def worker(settings_env: dict[str, str], log_level: LogLevel = "info") -> None:
     """Run a Celery GPU worker (one batch at a time, the model loaded once)."""
     from gpu_worker.app import run_worker
     from gpu_worker.log_context import install_worker_logging
+    from shared.shards import ShardsError
 
     settings = _settings(settings_env)
     install_worker_logging(log_level, settings.log_format)  # Celery keeps it; each task's lines name its batch
-    run_worker(settings, loglevel=log_level.upper())
+    try:
+        run_worker(settings, loglevel=log_level.upper())
+    except ShardsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
 
 
 @cli.command()
@@ -119,22 +129,21 @@ def status(
         ),
     ] = STATE_DIR,
 ) -> None:
-    """Print what the fleet is doing now (queue, batches in flight, each worker and what it serves), read from
-    FUSEFLEET_REDIS_URL, else from the Redis of a `fusefleet up` running in this folder, else the default; exits 1
-    when that Redis does not answer."""
+    """Print what the fleet is doing now (queue, batches in flight, each worker and what it serves; in a sharded fleet
+    each shard's, under the fleet's totals), read from FUSEFLEET_REDIS_URL, else from the Redis of a `fusefleet up`
+    running in this folder, else the default; exits 1 when that Redis does not answer."""
     from fusefleet.local_redis import local_settings
-    from fusefleet.status import render
-    from fusefleet.status import status as read
+    from fusefleet.status import fleet_status, render_fleet
     from shared.redis_conn import redacted
 
     current, source = local_settings(state_dir)
     where = f"{redacted(current.redis_url)} ({source})"
-    snapshot = read(current)
-    if snapshot is None:
+    shards = fleet_status(current)
+    if shards is None:
         typer.echo(f"error: Redis at {where} does not answer", err=True)
         raise typer.Exit(1)
     typer.echo(f"redis: {where}")
-    typer.echo(render(snapshot))
+    typer.echo(render_fleet(shards))
 
 
 @cli.command()

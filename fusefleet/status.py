@@ -1,4 +1,5 @@
-"""``fusefleet status``: what the fleet is doing now, read straight from Redis (``shared.fleet_state``)."""
+"""``fusefleet status``: what the fleet is doing now, read straight from Redis (``shared.fleet_state``); in a
+sharded fleet (``model_shards``) each shard's, under a line of the fleet's totals (``render_fleet``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from shared.keys import RedisKeys
 from shared.metrics import RECENT_WINDOW_S
 from shared.redis_conn import async_client
 from shared.settings import Settings
+from shared.shards import HOME, Shards
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,3 +115,54 @@ async def read_status(settings: Settings) -> FleetStatus | None:
 
 def status(settings: Settings) -> FleetStatus | None:
     return asyncio.run(read_status(settings))
+
+
+@dataclass(frozen=True, slots=True)
+class ShardStatus:
+    """One shard's status: its name (``HOME``: the fleet's own keys), the models it holds, what its keys say."""
+
+    shard: str
+    models: tuple[str, ...]
+    status: FleetStatus
+
+
+def _shard_name(shard: str) -> str:
+    return repr(shard) if shard != HOME else "the fleet's own"
+
+
+def render_fleet(shards: Sequence[ShardStatus]) -> str:
+    """The status of every shard: a fleet of one shard as ``render``; several under a line of the fleet's totals
+    (the queue, batches in flight, live workers, recent throughput and accepted requests, summed), each shard with
+    its models and its own workers."""
+    if len(shards) == 1:
+        return render(shards[0].status)
+    snapshots = [shard.status.snapshot for shard in shards]
+    lines = [
+        f"fleet: {len(shards)} shards, {sum(s.queue_depth for s in snapshots)} waiting, "
+        f"{sum(s.batches_in_flight for s in snapshots)} batches in flight on {sum(s.workers_live for s in snapshots)} "
+        f"live workers ({sum(s.slots_busy for s in snapshots)} busy), "
+        f"{sum(s.images_per_s for s in snapshots):.2f} images/s, "
+        f"{sum(s.counters.accepted for s in snapshots)} requests accepted"
+    ]
+    for shard in shards:
+        lines.append(f"shard {_shard_name(shard.shard)} (models: {', '.join(shard.models)}):")
+        lines.extend(f"  {line}" for line in render(shard.status).splitlines())
+    return "\n".join(lines)
+
+
+async def read_fleet_status(settings: Settings) -> tuple[ShardStatus, ...] | None:
+    """Every shard's status (``read_status`` over ``Shards.settings_of`` each), or None when Redis does not answer
+    for one of them."""
+    shards = Shards(settings)
+    read = await asyncio.gather(*(read_status(shards.settings_of(shard)) for shard in shards.names))
+    if any(one is None for one in read):
+        return None
+    return tuple(
+        ShardStatus(shard, shards.models_of(shard), one)
+        for shard, one in zip(shards.names, read, strict=True)
+        if one is not None
+    )
+
+
+def fleet_status(settings: Settings) -> tuple[ShardStatus, ...] | None:
+    return asyncio.run(read_fleet_status(settings))

@@ -18,6 +18,10 @@ With ``FUSEFLEET_STEP_MODE``, a worker of one model, and a runner whose model ha
 (``gpu_worker.step_loop``): the scheduler sends further batches of the same step key to the worker's inbox, and each
 request is stored and finished by the same finisher behind the set's next steps. The loop's first beat takes down a
 set a dead predecessor of this process (same worker name) left behind (``StepLoop.repair``).
+
+In a sharded fleet (``model_shards``) a worker serves the models of one shard and runs entirely inside it:
+``run_worker`` builds everything from ``Shards.settings_of`` its shard (``worker_settings``), and refuses to start
+(``ShardsError``, naming the shards) when its models span several.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from shared.results import build_result_store
 from shared.retry import TRANSIENT_ERRORS, call_with_retry
 from shared.routing import served_queues
 from shared.settings import Settings
+from shared.shards import Shards
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +142,17 @@ def default_worker_name() -> str:
     return f"fusefleet-worker@{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
 
 
+def worker_settings(settings: Settings) -> Settings:
+    """The settings a worker of the fleet ``settings`` runs with: the fleet's inside the one shard its models share
+    (``Shards.shard_of_worker``; the fleet's own settings without ``model_shards``). Raises ``ShardsError`` naming
+    the shards when its models span several (set ``worker_models`` to one shard's models)."""
+    shards = Shards(settings)
+    return shards.settings_of(shards.shard_of_worker())
+
+
 def create_worker_app(settings: Settings, worker_name: str) -> Celery:
-    """A Celery app with the batch task registered and the per-process model loading wired."""
+    """A Celery app with the batch task registered and the per-process model loading wired; ``settings`` are the
+    worker's own (its shard's: ``worker_settings``)."""
     app = make_celery(settings)
     state = _ProcessState()
 
@@ -320,7 +334,9 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
 
 
 def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
-    """Run a Celery worker in the foreground (prefork pool of one process)."""
+    """Run a Celery worker of the fleet ``settings`` in the foreground (prefork pool of one process), inside its
+    models' shard (``worker_settings``: ``ShardsError`` when they span several)."""
+    settings = worker_settings(settings)
     worker_name = settings.worker_name or default_worker_name()
     for warning in broker_transport(settings).warnings(settings):
         log.warning("broker: %s", warning)

@@ -8,6 +8,10 @@ lead renews the lease every ttl / 3 through its ``Renewal`` (``LeaderLoop.renewa
 fails. A Redis outage or a bug in a round never ends the loop: it is logged, and the loop stands by for a backoff
 (0.1 s doubling, at most ``OUTAGE_BACKOFF_CAP_S``; reset by a round that ended well, or one that led for more than
 ``healthy_lead_s`` before it failed). On the way out the lease is released, if it is still ours.
+
+A loop given ``wanted`` (the shard spread of ``scheduler.shard_leaders``: whether this process should lead now)
+contends only while it answers True, and a lead whose ``wanted`` turns False hands its lease back at its next
+renewal (released at once, so a process with fewer leases takes it).
 """
 
 from __future__ import annotations
@@ -31,13 +35,15 @@ OUTAGE_BACKOFF_CAP_S = 5.0
 
 
 class Lease:
-    """One contender for a lease (a fresh token per process)."""
+    """One contender for a lease: ``token`` says who holds it (a fresh one by default; a scheduler process of a
+    sharded fleet gives every shard's lease its own one token, so who leads which shard can be read:
+    ``scheduler.shard_leaders``)."""
 
-    def __init__(self, client: redis.Redis, key: str, ttl_ms: int) -> None:
+    def __init__(self, client: redis.Redis, key: str, ttl_ms: int, token: str | None = None) -> None:
         self._redis = client
         self.key = key
         self.ttl_ms = ttl_ms
-        self.token = uuid.uuid4().hex
+        self.token = token or uuid.uuid4().hex
         self._renew = client.register_script(k.RENEW)
         self._release = client.register_script(k.RELEASE)
 
@@ -62,12 +68,16 @@ class Lease:
 
 
 class Renewal:
-    """A lead's renewals of its lease, every ``Lease.renew_every_s`` from when it was made."""
+    """A lead's renewals of its lease, every ``Lease.renew_every_s`` from when it was made; ``wanted`` (when given)
+    answering False at a renewal hands the lease back instead."""
 
-    def __init__(self, lease: Lease, name: str, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, lease: Lease, name: str, clock: Callable[[], float], wanted: Callable[[], bool] | None = None
+    ) -> None:
         self._lease = lease
         self.name = name
         self.renewed_at = clock()
+        self._wanted = wanted
 
     def until_due_s(self, now: float) -> float:
         """Seconds from ``now`` until the next renewal is due (<= 0: due)."""
@@ -78,7 +88,12 @@ class Renewal:
         return self.until_due_s(now) <= 0
 
     def renew(self, now: float) -> bool:
-        """Renew the lease; False (logged) when it was lost: the lead returns, and its loop stands by."""
+        """Renew the lease; False (logged) when it was lost or handed back (released: no longer ``wanted``): the lead
+        returns, and its loop stands by."""
+        if self._wanted is not None and not self._wanted():
+            self._lease.release()
+            log.info("%s hands its lease back (another process leads fewer); standing by", self.name)
+            return False
         if not self._lease.renew():
             log.warning("%s lease lost; standing by", self.name)
             return False
@@ -90,7 +105,8 @@ class Renewal:
 class LeaderLoop:
     """Stand by, lead, step down, until stopped (see the module's docstring): ``lead(stop)`` leads until the lease is
     lost (it returns) or ``stop`` is set; ``standby``, when given, runs before each attempt to take the lease;
-    ``name`` names the leader in the log lines."""
+    ``wanted``, when given, says whether to contend at all (and to keep the lease at each renewal); ``name`` names
+    the leader in the log lines."""
 
     lease: Lease
     lead: Callable[[threading.Event], None]
@@ -99,10 +115,11 @@ class LeaderLoop:
     clock: Callable[[], float] = time.monotonic
     standby: Callable[[], None] | None = None
     healthy_lead_s: float | None = None
+    wanted: Callable[[], bool] | None = None
 
     def renewal(self) -> Renewal:
         """The renewals of a lead starting now."""
-        return Renewal(self.lease, self.name, self.clock)
+        return Renewal(self.lease, self.name, self.clock, self.wanted)
 
     def run(self, stop: threading.Event) -> None:
         """Lead whenever the lease is ours, until ``stop`` is set; never raises for a Redis outage or a bug in a
@@ -114,7 +131,9 @@ class LeaderLoop:
                 try:
                     if self.standby is not None:
                         self.standby()
-                    if self.lease.try_acquire():
+                    if self.wanted is not None and not self.wanted():
+                        stop.wait(self.lease.renew_every_s)  # another process is to lead: do not contend
+                    elif self.lease.try_acquire():
                         log.info("%s %s is active", self.name, self.lease.token[:8])
                         led_since = self.clock()
                         self.lead(stop)

@@ -56,7 +56,12 @@ class SchedulerService:
         celery: Celery,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        *,
+        wanted: Callable[[], bool] | None = None,
+        name: str = "scheduler",
     ) -> None:
+        """``wanted``: whether this process is to lead now (a sharded fleet's spread, ``scheduler.shard_leaders``;
+        None: always contend); ``name`` names the leader in the log lines (with its shard)."""
         if settings.step_mode != self.serves_step_mode:
             raise ValueError(
                 f"{type(self).__name__} does not serve step_mode={settings.step_mode}: build service_for(settings)"
@@ -66,7 +71,9 @@ class SchedulerService:
         self._lease = lease
         self._celery = celery
         self._clock = clock  # the policy's: arrivals and admission waits
-        self._leader = LeaderLoop(lease, self._lead, name="scheduler", clock=clock, healthy_lead_s=HEALTHY_LEAD_S)
+        self._leader = LeaderLoop(
+            lease, self._lead, name=name, clock=clock, healthy_lead_s=HEALTHY_LEAD_S, wanted=wanted
+        )
         self._wall_clock = wall_clock  # the deadlines' (RequestSpec.deadline)
         self._config = PolicyConfig.from_settings(settings)
         self._window = max(HEAD_WINDOW_MIN, 4 * self._config.widest)

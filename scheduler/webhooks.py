@@ -115,7 +115,11 @@ class WebhookDispatcher:
         resolve: Resolver = resolve_host,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        wanted: Callable[[], bool] | None = None,
+        name: str = "webhook dispatcher",
     ) -> None:
+        """``wanted``: whether this process is to lead now (a sharded fleet's spread, ``scheduler.shard_leaders``;
+        None: always contend); ``name`` names the leader in the log lines (with its shard)."""
         self._redis = client
         self._settings = settings
         self._keys = RedisKeys(settings.key_prefix)
@@ -124,7 +128,7 @@ class WebhookDispatcher:
         self._secret = secret.get_secret_value() if secret is not None else None
         self._lease = Lease(client, self._keys.webhooks_lease, settings.scheduler_lease_ms)
         self._leader = LeaderLoop(
-            self._lease, self._lead, name="webhook dispatcher", clock=clock, standby=self._stand_by
+            self._lease, self._lead, name=name, clock=clock, standby=self._stand_by, wanted=wanted
         )
         self._queue = DeliveryQueue(
             max_attempts=settings.webhook_max_attempts, retry_initial_s=settings.webhook_retry_initial_s

@@ -89,6 +89,7 @@ class RedisKeys:
     scheduler_aborted = _Key("scheduler:aborted")
     scheduler_queued = _Key("scheduler:queued")
     scheduler_lease = _Key("scheduler:lease")
+    scheduler_processes = _Key("scheduler:processes")
     finished = _Key("finished")
     input_bytes = _Key("inputs:bytes")
     results_journal = _Key("results:journal")
