@@ -27,7 +27,7 @@ from demo_models import ensure_demo_model
 from shared.keys import RedisKeys
 from shared.shards import MARK_DIGITS, shard_mark
 from tests.integration.conftest import fleet_env
-from tests.support.fleet import TERMINAL, base_env, new_prefix
+from tests.support.fleet import TERMINAL, base_env, fleet_client, new_prefix
 from tests.support.processes import Service, wait_for
 from tests.support.redis_server import RedisServer, free_port
 
@@ -107,7 +107,7 @@ def fleet(
         services.append(Service.fusefleet(f"scheduler-{shard}", ["scheduler"], inside, logs))
         worker_env = {**inside, "FUSEFLEET_WORKER_MODELS": model, "FUSEFLEET_WORKER_NAME": workers[model]}
         services.append(Service.fusefleet(f"worker-{shard}", ["worker"], worker_env, logs))
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    client = fleet_client(env["FUSEFLEET_REDIS_URL"], cluster=env.get("FUSEFLEET_REDIS_CLUSTER") == "true")
     http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
     one = ShardedFleet(prefix, http, client, workers, logs)
     try:

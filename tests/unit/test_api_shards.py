@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from httpx_sse import EventSource
 from prometheus_client.parser import text_string_to_metric_families
@@ -18,11 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from api.shard_router import ShardedStore, merge_snapshots
 from api.store import RequestStore
 from gpu_worker.families import FAMILIES
+from shared.api_keys import ApiKey, key_table, token_hash
 from shared.contracts import ModelCapabilities, Task, WorkerCapabilities
 from shared.fleet_state import FleetSnapshot, WorkerState
 from shared.keys import RedisKeys
 from shared.metrics import FleetCounters
-from shared.shards import MARK_DIGITS, Shards, shard_mark
+from shared.shards import ID_BYTES, MARK_DIGITS, Shards, shard_mark
 from tests.support.api import Api, api_harness, finish_like_worker, unit_settings
 
 pytestmark = pytest.mark.anyio
@@ -271,3 +273,32 @@ async def test_a_client_of_the_http_api_sees_one_fleet(api: Api) -> None:
     views = [(await api.http.get(f"/v1/requests/{request_id}")).json() for request_id in ids]
     assert [view["status"] for view in views] == ["succeeded"] * 4
     assert [view["params"]["model"] for view in views] == ["fx", "sd", "fx", "pa"]
+
+
+async def post_as(api: Api, name: str, model: str) -> httpx.Response:
+    body = {"prompt": "a fox", "model": model}
+    return await api.http.post("/v1/requests", json=body, headers={"Authorization": f"Bearer ff_{name}"})
+
+
+async def test_a_keys_rate_bucket_is_the_fleets_and_its_max_queued_holds_per_shard(tmp_path: Path) -> None:
+    path = tmp_path / "keys.toml"
+    keys = [
+        ApiKey(name="carol", sha256=token_hash("ff_carol"), rate_per_s=0.001, burst=3),
+        ApiKey(name="dave", sha256=token_hash("ff_dave"), max_queued=1),
+    ]
+    path.write_text("".join(key_table(key) for key in keys))
+    settings = unit_settings(tmp_path, models=MODELS, model_shards="fx=fast", api_keys_file=path)
+    async for api in api_harness(settings):
+        answers = [(await post_as(api, "carol", model)).status_code for model in ("sd", "fx", "sd", "fx")]
+        assert answers == [202, 202, 202, 429], "one bucket of 3 for both shards"
+        assert await api.redis.exists(HOME_KEYS.api_key_bucket("carol"))
+        assert not await api.redis.exists(FAST_KEYS.api_key_bucket("carol"))
+        answers = [(await post_as(api, "dave", model)).status_code for model in ("sd", "fx", "sd", "fx")]
+        assert answers == [202, 202, 429, 429], "one unfinished request per shard"
+        daves = (await post_as(api, "dave", "pa")).status_code
+        assert daves == 429, "pa is home, where dave has one"
+        fast = [key.split(":")[-1] async for key in api.redis.scan_iter(FAST_KEYS.request("*"))]
+        owners = {i: await api.redis.hget(FAST_KEYS.request(i), "key") for i in fast if len(i) == 2 * ID_BYTES}
+        daves_fast = next(request_id for request_id, owner in owners.items() if owner == "dave")
+        other = await api.http.get(f"/v1/requests/{daves_fast}", headers={"Authorization": "Bearer ff_carol"})
+        assert other.status_code == 404, "another key's request, in any shard, is an unknown one"
