@@ -4,14 +4,14 @@ simulated GPU runner. A lone scheduler leads both shards; a second one started, 
 back and the two lead one shard each (the shards' leases carry different tokens), both shards' batches running;
 SIGKILL the scheduler leading one shard: the other takes its lease within the lease TTL and one renewal, and that
 shard's batches keep running.
-
-Requests go in through each shard's own api: today's api over the shard's keyspace and queue (``FUSEFLEET_KEY_PREFIX``
-``<prefix>:<shard>``, ``FUSEFLEET_QUEUE_NAME`` ``<queue>:<shard>``: what a shard is), so the test holds the
-scheduler side alone.
+Requests go in through one api of the fleet's settings (``api.shard_router``), each to its model's shard.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -22,6 +22,7 @@ import pytest
 import redis
 
 from shared.keys import RedisKeys
+from shared.shards import shard_mark
 from tests.support.fleet import TERMINAL, base_env, new_prefix
 from tests.support.processes import Service, api_up, wait_for
 from tests.support.redis_server import RedisServer, free_port
@@ -50,18 +51,12 @@ class ShardedFleet:
         self.log_dir = log_dir
         self.services: list[Service] = []
         self.schedulers = [self._service(f"scheduler{i}", ["scheduler"], self.env) for i in (1, 2)]
-        self.apis: dict[str, httpx.Client] = {}
         for model, shard in SHARD_OF.items():
             worker_env = {**self.env, "FUSEFLEET_WORKER_MODELS": model, "FUSEFLEET_WORKER_NAME": f"w-{shard}@x"}
             self._service(f"worker-{shard}", ["worker"], worker_env)
-            port = free_port()
-            api_env = {k: v for k, v in self.env.items() if k != "FUSEFLEET_MODEL_SHARDS"}
-            api_env |= {
-                "FUSEFLEET_KEY_PREFIX": self.keys(shard).prefix,
-                "FUSEFLEET_QUEUE_NAME": f"{self.env['FUSEFLEET_QUEUE_NAME']}:{shard}",
-            }
-            self._service(f"api-{shard}", ["api", "--port", str(port)], api_env)
-            self.apis[shard] = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+        port = free_port()
+        self._service("api", ["api", "--port", str(port)], self.env)
+        self.api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
 
     def _service(self, name: str, command: list[str], env: dict[str, str]) -> Service:
         service = Service.fusefleet(name, command, env, self.log_dir)
@@ -80,40 +75,39 @@ class ShardedFleet:
         for service in self.services:
             if service is not self.schedulers[1]:
                 service.start()
-        for shard, api in self.apis.items():
-            wait_for(partial(api_up, str(api.base_url)), 60, f"the api of {shard} (logs in {self.log_dir})")
+        wait_for(partial(api_up, str(self.api.base_url)), 60, f"the api (logs in {self.log_dir})")
+        for shard in SHARD_OF.values():
             workers = self.keys(shard).workers
             wait_for(partial(self.redis.zcard, workers), 60, f"the worker of {shard} (logs in {self.log_dir})")
         return self
 
     def stop(self) -> None:
-        for api in self.apis.values():
-            api.close()
+        self.api.close()
         for service in self.services:
             service.stop()
         self.redis.close()
 
-    def submit(self, model: str, n: int = 1) -> list[tuple[str, str]]:
-        """``n`` requests of ``model`` through its shard's api: (shard, id) each."""
-        shard = SHARD_OF[model]
+    def submit(self, model: str, n: int = 1) -> list[str]:
+        """``n`` requests of ``model`` through the api: their ids (each with its shard's mark)."""
         body = {"prompt": "a red fox", "model": model, "width": 64, "height": 64, "num_inference_steps": 4}
         ids = []
         for _ in range(n):
-            response = self.apis[shard].post("/v1/requests", json=body)
+            response = self.api.post("/v1/requests", json=body)
             assert response.status_code == 202, response.text
-            ids.append((shard, str(response.json()["id"])))
+            ids.append(str(response.json()["id"]))
+            assert ids[-1].startswith(shard_mark(SHARD_OF[model])), ids[-1]
         return ids
 
-    def wait_done(self, requests: list[tuple[str, str]], timeout: float = 30) -> dict[str, str]:
+    def wait_done(self, ids: list[str], timeout: float = 30) -> dict[str, str]:
         statuses: dict[str, str] = {}
 
         def done() -> bool:
-            for shard, request_id in requests:
+            for request_id in ids:
                 if statuses.get(request_id) not in TERMINAL:
-                    statuses[request_id] = self.apis[shard].get(f"/v1/requests/{request_id}").json()["status"]
+                    statuses[request_id] = self.api.get(f"/v1/requests/{request_id}").json()["status"]
             return all(status in TERMINAL for status in statuses.values())
 
-        wait_for(done, timeout, f"{len(requests)} requests to finish (logs in {self.log_dir})", interval=0.1)
+        wait_for(done, timeout, f"{len(ids)} requests to finish (logs in {self.log_dir})", interval=0.1)
         return statuses
 
 
@@ -158,3 +152,13 @@ def test_two_schedulers_lead_one_shard_each_and_one_takes_over_the_others_when_i
 
     after = fleet.submit("m1", 3) + fleet.submit("m2", 3)
     assert set(fleet.wait_done(after).values()) == {"succeeded"}, f"logs in {fleet.log_dir}"
+
+    shown = subprocess.run(
+        [sys.executable, "-m", "fusefleet", "status"], env={**os.environ, **fleet.env}, capture_output=True, text=True
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "fleet: 2 shards, 0 waiting" in shown.stdout and "16 requests accepted" in shown.stdout, shown.stdout
+    for model, shard in SHARD_OF.items():
+        assert f"shard '{shard}' (models: {model}):\n" in shown.stdout, shown.stdout
+    s1, s2 = shown.stdout.split("shard 's2'")
+    assert "w-s1@x: live" in s1 and "w-s2@x" not in s1 and "w-s2@x: live" in s2, "each shard lists its own worker"
