@@ -108,7 +108,12 @@ def up(
     host: Annotated[str, typer.Option(help="Address of the API.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port of the API.")] = 8000,
     workers: Annotated[
-        int, typer.Option(envvar="FUSEFLEET_WORKERS", min=1, help="Worker processes (env FUSEFLEET_WORKERS).")
+        int,
+        typer.Option(
+            envvar="FUSEFLEET_WORKERS",
+            min=1,
+            help="Worker processes, per shard of a sharded fleet (env FUSEFLEET_WORKERS).",
+        ),
     ] = 1,
     state_dir: Annotated[Path, typer.Option(help="Where the embedded Valkey keeps its data and its URL.")] = STATE_DIR,
 ) -> None:

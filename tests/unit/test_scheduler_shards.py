@@ -1,6 +1,7 @@
 """A sharded fleet's scheduler side: the spread of the shards' leases over the scheduler processes (``spread``, pure;
 ``ShardLeaders`` and ``LeaderLoop``'s ``wanted`` on fakeredis), a worker inside its models' shard
-(``worker_settings``), and ``fusefleet status`` over shards (``render_fleet``)."""
+(``worker_settings``), ``fusefleet up``'s workers per shard (``worker_models``) and ``fusefleet status`` over shards
+(``render_fleet``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import fakeredis
 import pytest
 
 from fusefleet.status import FleetStatus, ShardStatus, render, render_fleet
+from fusefleet.up import worker_models
 from gpu_worker.app import worker_settings
 from scheduler.lease import LeaderLoop, Lease
 from scheduler.shard_leaders import ShardLeaders, spread
@@ -193,6 +195,14 @@ def test_a_worker_whose_models_span_shards_refuses_to_start_saying_which_and_how
         worker_settings(fleet(model_shards="sd=a,pixart=b"))  # no worker_models: every model, in three shards
     message = str(refused.value)
     assert "'a'" in message and "'b'" in message and "the fleet's own" in message and "worker_models" in message
+
+
+def test_up_starts_its_workers_per_shard_each_serving_the_shards_models() -> None:
+    assert worker_models({"FUSEFLEET_MODELS": MODELS}, 2) == [None, None], "no shards: as configured"
+    sharded = {"FUSEFLEET_MODELS": MODELS, "FUSEFLEET_MODEL_SHARDS": "sd=a,pixart=a,flux=b"}
+    assert worker_models(sharded, 1) == ["sana", "sd,pixart", "flux"], "the fleet's own shard first"
+    assert worker_models(sharded, 2) == ["sana", "sana", "sd,pixart", "sd,pixart", "flux", "flux"]
+    assert worker_models({**sharded, "FUSEFLEET_WORKER_MODELS": "flux"}, 2) == [None, None], "its own choice"
 
 
 # --- fusefleet status -------------------------------------------------------------------------------------------------
