@@ -1,8 +1,9 @@
 """Accepting requests: the one path every API surface (native, OpenAI) submits through.
 
 ``accept`` checks each request against the fleet's limits, decodes and normalises its input images (off the event
-loop), resolves its id and seed, and queues all of them in one atomic step. It raises what the caller's error
-handlers turn into answers: ``RequestValidationError`` (422, every problem of every request, each naming its field)
+loop), resolves its id (of its model's shard: ``Shards.new_request_id``) and seed, and queues all of them in one
+atomic step (per shard in a sharded fleet: ``api.shard_router``). It raises what the caller's error handlers turn into
+answers: ``RequestValidationError`` (422, every problem of every request, each naming its field)
 or an ``HTTPException`` 503 with Retry-After when the queue is full; past the input budget (``api.input_budget``), 413
 or 429 with Retry-After, naming the field. With an API key (``api.auth``), the requests are
 recorded under its name and its limits apply (``api.key_limits``: 429 with Retry-After). A request's webhook must be
@@ -50,6 +51,17 @@ def _inputs_of(
     return inputs, errors
 
 
+_layout: tuple[Settings, Shards] | None = None
+"""The shard layout of the settings last seen (an app's settings are one object: read once, not per request)."""
+
+
+def _shards(settings: Settings) -> Shards:
+    global _layout
+    if _layout is None or _layout[0] is not settings:
+        _layout = (settings, Shards(settings))
+    return _layout[1]
+
+
 def _count_refused(store: Store, reason: RefusalReason) -> None:
     if store.counters is not None:
         store.counters.count_refused(reason)
@@ -86,7 +98,7 @@ async def accept(
             raise oversized
     now = time.time()
     videos = video_models(fleet)
-    shards = Shards(settings)
+    shards = _shards(settings)
     specs = [
         request.to_spec(
             request_id=shards.new_request_id(shards.shard_of_model(request_model(request, settings))),
