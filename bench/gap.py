@@ -1,19 +1,21 @@
 """The worker's own cost around each forward, at saturation, with a simulated GPU (``SimulatedGpuRunner``: each
 forward sleeps ``a + b * B``, reporting every denoising step, CPU free as while a CUDA forward runs).
 
-``python -m bench.gap [--requests 200] [--steps 20] [--seqs 4]``: one worker, a backlog of ``requests`` compatible
-requests submitted at once (the worker never waits for work); the runner traces each forward's start and end
-(``FUSEFLEET_SIM_TRACE``), and from those:
+``python -m bench.gap [--requests 200] [--steps 20] [--seqs 4] [--docs]``: one worker, a backlog of ``requests``
+compatible requests submitted at once (the worker never waits for work); the runner traces each forward's start and
+end (``FUSEFLEET_SIM_TRACE``), and from those:
 
 - **idle gap**: from the end of one forward to the start of the next on the same worker: whatever the worker does
-  between forwards that the accelerator waits for (handing the batch to the finisher, freeing the slot, the
-  scheduler publishing the next batch, Celery delivering it, claiming it, reading its specs, journaling its keys);
+  between forwards that the accelerator waits for (handing the batch to the finisher, freeing the slot, its Celery
+  process acknowledging the task and fetching the next one, which the scheduler published while the forward ran,
+  ``scheduler.capacity``'s prefetch; claiming it, reading its specs, journaling its keys);
 - **in-forward overhead**: each forward's duration minus the simulated ``a + b * B`` (the step reports, sleeping
   granularity);
 - **efficiency**: the simulated forward time over the wall time from the first forward's start to the last one's
   end (1.0 = the accelerator never waits).
 Storing each batch's images and finishing its requests runs behind the next forward (``gpu_worker.finisher``), so
-it shows in neither figure unless it takes longer than a forward.
+it shows in neither figure unless it takes longer than a forward. ``--docs`` merges ``gap_ms_p50`` into
+docs/benchmarks.json.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 import httpx
 
 from bench.fleet import bench_fleet
+from bench.report import merge_figures
 
 SIM_BASE_MS, SIM_PER_IMAGE_MS = 50.0, 10.0
 
@@ -44,9 +47,12 @@ def measure(requests: int, steps: int, seqs: int, log_dir: Path) -> dict[str, An
         "FUSEFLEET_SIM_PER_IMAGE_MS": str(SIM_PER_IMAGE_MS),
         "FUSEFLEET_SIM_TRACE": str(trace),
     }
-    with bench_fleet(
-        max_num_seqs=seqs, wait_ms=0, runner="bench.runners:SimulatedGpuRunner", log_dir=log_dir, extra_env=env
-    ) as base, httpx.Client(base_url=base, timeout=60) as http:
+    with (
+        bench_fleet(
+            max_num_seqs=seqs, wait_ms=0, runner="bench.runners:SimulatedGpuRunner", log_dir=log_dir, extra_env=env
+        ) as base,
+        httpx.Client(base_url=base, timeout=60) as http,
+    ):
         body = {"prompt": "gap", "width": 64, "height": 64, "num_inference_steps": steps}
         warm = http.post("/v1/requests/batch", json={"requests": [body] * seqs}).json()["ids"]
         for rid in warm:
@@ -90,11 +96,15 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seqs", type=int, default=4)
+    parser.add_argument("--docs", action="store_true", help="merge gap_ms_p50 into docs/benchmarks.json")
+    parser.add_argument("--docs-dir", type=Path, default=Path("docs"), help="where benchmarks.json is")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fusefleet-gap-") as logs:
         result = measure(args.requests, args.steps, args.seqs, Path(logs))
     for name, value in result.items():
         print(f"{name}: {value:.2f}" if isinstance(value, float) else f"{name}: {value}")
+    if args.docs:
+        merge_figures(args.docs_dir / "benchmarks.json", {"gap_ms_p50": result["gap_ms_p50"]})
 
 
 if __name__ == "__main__":

@@ -8,6 +8,17 @@ room wait aside (``SchedulerService``), in the scheduler, where later arrivals m
 waits in a busy worker's queue while another worker idles, and an idle worker of another model takes the next
 batch of its own. The fleet-wide free slots still bound every dispatch.
 
+**Prefetch** (a fleet of one model, request-level mode): while no worker is free, the next batch is published
+before a slot frees, so a worker's next forward need not wait for the scheduler's round trip (the forward's end
+frees the slot and wakes the scheduler, which counts, schedules and publishes). At most one batch waits per live
+worker (``prefetch_room``), and only one that can grow no more (``prefetch_decide``: full, or closed by an
+incompatible request): a batch formed while every worker is busy would otherwise close on the few requests there
+yet, where waiting costs it nothing until a worker frees. It waits in the model's queue, held by no worker (a
+worker's Celery process fetches its next message only once its running batch is acknowledged: prefetch 1, late
+acks), so an idle worker that joins takes it at once, else the first worker to free; a worker killed meanwhile
+holds none of it. A fleet of several models places every batch on a free worker (``scheduler.placement``) and
+prefetches nothing yet.
+
 The policy (``scheduler.policy.decide``) looks at one model's requests at a time (``decide_by_model``): a batch
 holds one model, so another model's request behind the head neither closes the head's batch (strict order) nor
 is skipped for it (the models' requests keep their order within each model, and each model's first request its
@@ -18,7 +29,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from scheduler.placement import holders, place
 from scheduler.policy import Decision, Dispatch, PolicyConfig, Wait, WaitingRequest, decide
@@ -95,3 +106,26 @@ def decide_by_model(waiting: Sequence[WaitingRequest], free_slots: int, now: flo
         if decision.until is not None:
             until = decision.until if until is None else min(until, decision.until)
     return Wait(until, tuple(dropped))
+
+
+def prefetch_room(free_slots: int, live_workers: int) -> int:
+    """How many more batches may be published now to wait for a busy worker: one per live worker (its inbox of depth
+    one) counting every batch that occupies a worker, so ``live_workers + free_slots`` (``free_slots``: the live
+    workers minus those batches; below 0 once batches wait)."""
+    return live_workers + free_slots
+
+
+def _unwaiting(config: PolicyConfig) -> PolicyConfig:
+    """``config`` (and each model's own) with no admission wait that ever ends: only a batch that can grow no more
+    is dispatched."""
+    never = float("inf")
+    own = {model: replace(of, max_wait_s=never, stable_s=never) for model, of in config.by_model.items()}
+    return replace(config, max_wait_s=never, stable_s=never, by_model=own)
+
+
+def prefetch_decide(waiting: Sequence[WaitingRequest], now: float, config: PolicyConfig) -> Decision:
+    """The batch to publish while every worker is busy (``prefetch_room``): the policy's batch for one slot when it
+    is full or closed, whatever the admission wait says; else ``Wait(None)`` (new input, or a slot that frees, says
+    when to look again), with every aborted request seen."""
+    decision = decide(waiting, 1, now, _unwaiting(config))
+    return decision if isinstance(decision, Dispatch) else Wait(None, decision.dropped_ids)

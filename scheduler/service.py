@@ -20,7 +20,7 @@ from collections.abc import Callable, Hashable, Sequence
 
 from celery import Celery
 
-from scheduler.capacity import ModelSlots, decide_by_model
+from scheduler.capacity import ModelSlots, decide_by_model, prefetch_decide, prefetch_room
 from scheduler.deadlines import overdue
 from scheduler.knees import KNEES_TTL_S, KneeCaps
 from scheduler.lease import LeaderLoop, Lease
@@ -84,6 +84,7 @@ class SchedulerService:
         self._placed: dict[str, str] = {}  # batch id -> the worker it was placed on (its own queue), in flight
         self._free: int | None = None  # free worker slots as last counted (minus our dispatches since)
         self._free_at = 0.0
+        self._live: int | None = None  # live workers that announced, counted with the free slots when needed
         self._knees = KneeCaps()  # the batch caps the workers announce (scheduler.knees)
         self._knees_at = -KNEES_TTL_S
 
@@ -265,6 +266,8 @@ class SchedulerService:
                 until = decision.until
                 if free <= 0 and room:
                     self._when_full(head, room, free)
+                if self._prefetch(free):
+                    continue
                 break
             if self._dispatch(decision):
                 self._free = free - 1
@@ -292,12 +295,31 @@ class SchedulerService:
         now = self._clock()
         if self._free is None or now - self._free_at > CAPACITY_TTL_S:
             self._free, self._free_at = self._store.free_slots(), now
+            self._live = None
             if len(self._settings.catalog) > 1:  # with the count: what occupies each worker (scheduler.capacity)
                 busy = self._store.busy_models(self._batch_models)
                 for batch_id in set(self._placed) - set(self._batch_models):  # out of flight
                     del self._placed[batch_id]
                 self._slots = ModelSlots.count(self._store.worker_models(), busy, self._placed)
         return self._free
+
+    def _prefetch(self, free: int) -> bool:
+        """No worker is free (``free`` <= 0): publish the next batch that can grow no more, for the first worker to
+        free (``scheduler.capacity``: a fleet of one model, request-level mode, one waiting per live worker, full or
+        closed batches only). Whether the queue changed (a batch went, or aborted requests left it): look again."""
+        if self.serves_step_mode or len(self._settings.catalog) > 1 or free > 0:  # free: the policy's own turn
+            return False
+        if self._live is None:  # counted again with the free slots
+            self._live = len(self._store.worker_models())
+        if prefetch_room(free, self._live) <= 0:
+            return False
+        decision = prefetch_decide(self._head_window(check=True), self._clock(), self._config)
+        self._forget(decision.dropped_ids)
+        if not isinstance(decision, Dispatch):
+            return bool(decision.dropped_ids)
+        if self._dispatch(decision):
+            self._free = free - 1
+        return True
 
     def _backlog(self, model: str, leaving: int | None = None) -> int:
         """The batches, of its cap, that the waiting requests of ``model`` make besides the ``leaving`` of them
