@@ -8,16 +8,20 @@ room wait aside (``SchedulerService``), in the scheduler, where later arrivals m
 waits in a busy worker's queue while another worker idles, and an idle worker of another model takes the next
 batch of its own. The fleet-wide free slots still bound every dispatch.
 
-**Prefetch** (a fleet of one model, request-level mode): while no worker is free, the next batch is published
-before a slot frees, so a worker's next forward need not wait for the scheduler's round trip (the forward's end
-frees the slot and wakes the scheduler, which counts, schedules and publishes). At most one batch waits per live
-worker (``prefetch_room``), and only one that can grow no more (``prefetch_decide``: full, or closed by an
-incompatible request): a batch formed while every worker is busy would otherwise close on the few requests there
-yet, where waiting costs it nothing until a worker frees. It waits in the model's queue, held by no worker (a
+**Prefetch** (a fleet of one model, request-level mode, the fcfs or priority order): while no worker is free, the
+next batch is published before a slot frees, so a worker's next forward need not wait for the scheduler's round trip
+(the forward's end frees the slot and wakes the scheduler, which counts, schedules and publishes). At most one batch
+waits per live worker (``prefetch_room``), and only one that can grow no more (``prefetch_decide``: full, or closed
+by an incompatible request): a batch formed while every worker is busy would otherwise close on the few requests
+there yet, where waiting costs it nothing until a worker frees. It waits in the model's queue, held by no worker (a
 worker's Celery process fetches its next message only once its running batch is acknowledged: prefetch 1, late
-acks), so an idle worker that joins takes it at once, else the first worker to free; a worker killed meanwhile
-holds none of it. A fleet of several models places every batch on a free worker (``scheduler.placement``) and
-prefetches nothing yet.
+acks), so an idle worker that joins takes it at once, else the first worker to free; a worker killed meanwhile holds
+none of it. A request that arrives later waits behind it: a batch holds one level, so one of a higher level is never
+fused into it, and a partial batch at the head of the queue (a higher level's) stops any prefetch behind it; at most
+one batch per worker goes ahead of it. The fair order prefetches nothing: its flows share a level, and a batch
+closed as soon as it is full would spread a light flow's requests over several batches (one each) instead of the one
+it joins when a slot frees. A fleet of several models places every batch on a free worker (``scheduler.placement``)
+and prefetches nothing yet.
 
 The policy (``scheduler.policy.decide``) looks at one model's requests at a time (``decide_by_model``): a batch
 holds one model, so another model's request behind the head neither closes the head's batch (strict order) nor

@@ -305,10 +305,12 @@ class SchedulerService:
 
     def _prefetch(self, free: int) -> bool:
         """No worker is free (``free`` <= 0): publish the next batch that can grow no more, for the first worker to
-        free (``scheduler.capacity``: a fleet of one model, request-level mode, one waiting per live worker, full or
-        closed batches only). Whether the queue changed (a batch went, or aborted requests left it): look again."""
-        if self.serves_step_mode or len(self._settings.catalog) > 1 or free > 0:  # free: the policy's own turn
-            return False
+        free (``scheduler.capacity``: a fleet of one model, request-level mode, an order other than fair, one waiting
+        per live worker, full or closed batches only). Whether the queue changed (a batch went, or aborted requests
+        left it): look again."""
+        several = len(self._settings.catalog) > 1
+        if self.serves_step_mode or several or self._settings.scheduling_policy == "fair" or free > 0:
+            return False  # free > 0: the policy's own turn
         if self._live is None:  # counted again with the free slots
             self._live = len(self._store.worker_models())
         if prefetch_room(free, self._live) <= 0:

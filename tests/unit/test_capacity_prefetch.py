@@ -90,3 +90,19 @@ def test_a_busy_worker_gets_one_more_full_batch_never_two_and_the_next_once_a_sl
         assert wait_until(lambda: len(batches()) == 4, 5), batches()
         assert not wait_until(lambda: len(batches()) > 4, 0.4), batches()
     assert batches()[3] == ["d0", "e0", "e1", "e2"]
+
+
+def test_the_fair_order_prefetches_nothing() -> None:
+    """Its flows share a level: a batch closed as soon as it is full would spread a light flow's requests over
+    several batches instead of the one it joins when a slot frees (tests/integration/test_fair_sharing.py)."""
+    settings = Settings(key_prefix="t", max_num_seqs=4, scheduler_lease_ms=600, scheduling_policy="fair")
+    client = fakeredis.FakeRedis(decode_responses=True)
+    store = SchedulerStore(client, settings)
+    store.ensure_groups()
+    celery = QueuedBatches()
+    with running(scheduler(client, settings, celery)):  # type: ignore[arg-type]
+        announce(client, store, "w", "demo")
+        submit(client, store.keys, "a0", "a1", "a2", "a3")
+        assert wait_until(lambda: len(celery.sent) == 1, 5), celery.sent
+        submit(client, store.keys, "b0", "b1", "b2", "b3")
+        assert not wait_until(lambda: len(celery.sent) > 1, 0.4), celery.sent
