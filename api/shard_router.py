@@ -9,9 +9,9 @@ one object of each kind that the routes use as they use a shard's own.
 - **By id**: every read, abort, delete, result and wait goes to the shard its id names (``Shards.shard_of_request``);
   an id of no shard of this fleet is an unknown one, answered without a Redis call.
 - **Fleet-wide**: the workers' capabilities (``GET /v1/models``, the up-front checks) are the union over shards;
-  ``/v1/fleet`` and ``/metrics`` read every shard's snapshot and sum them (``merge_snapshots``). An API key's rate
-  bucket stays in the fleet's own keys (``HOME``); its ``max_queued`` holds per shard (counted atomically with each
-  shard's enqueue).
+  ``/v1/fleet`` and ``/metrics`` read every shard's snapshot and sum them (``shared.fleet_state.merge_snapshots``,
+  as ``fusefleet status``'s totals do). An API key's rate bucket stays in the fleet's own keys (``HOME``); its
+  ``max_queued`` holds per shard (counted atomically with each shard's enqueue).
 
 A fleet of one shard (no ``model_shards``) uses that shard's objects themselves (``api.app``): nothing here runs.
 """
@@ -22,8 +22,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
-from dataclasses import fields
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from api.events_feed import EventFeed, FeedEvent
 from api.input_images import StoredInputs
@@ -31,8 +30,7 @@ from api.outage import StoreUnavailable
 from api.store import Forgotten, RequestStore, SubmissionCounters, SubmitOutcome, Submitter, Webhook
 from api.waiter import CompletionWaiter
 from shared.contracts import RequestSpec, RequestState, RequestStatus, WorkerCapabilities
-from shared.fleet_state import FleetReader, FleetSnapshot, RunningBatch
-from shared.metrics import FleetCounters
+from shared.fleet_state import FleetReader, FleetSnapshot, RunningBatch, merge_snapshots
 from shared.shards import Shards
 
 _V = TypeVar("_V")
@@ -337,39 +335,6 @@ class ShardedFleet:
             return None
         rows = [batches for batches in told if batches is not None]
         return [next((row[i] for row in rows if row[i].size), rows[0][i]) for i in range(len(batch_ids))]
-
-
-def _sum(a: Any, b: Any) -> Any:
-    """Two counters' values added: numbers, tuples element-wise, dicts key-wise."""
-    if isinstance(a, dict):
-        return {key: _sum(a[key], b[key]) if key in a and key in b else a.get(key, b.get(key)) for key in {**a, **b}}
-    if isinstance(a, tuple):
-        return tuple(_sum(x, y) for x, y in zip(a, b, strict=True))
-    return a + b
-
-
-def merge_counters(counters: Sequence[FleetCounters]) -> FleetCounters:
-    """Every field of ``counters`` summed (counts, sums, histograms' buckets)."""
-    first, *rest = counters
-    values = {item.name: getattr(first, item.name) for item in fields(FleetCounters)}
-    for more in rest:
-        values = {name: _sum(value, getattr(more, name)) for name, value in values.items()}
-    return FleetCounters(**values)
-
-
-def merge_snapshots(snapshots: Sequence[FleetSnapshot]) -> FleetSnapshot:
-    """The fleet of several shards' snapshots: queues, batches, bytes and counters summed, workers and busy batches
-    joined, the oldest wait the longest."""
-    return FleetSnapshot(
-        queue_depth=sum(snapshot.queue_depth for snapshot in snapshots),
-        oldest_waiting_s=max(snapshot.oldest_waiting_s for snapshot in snapshots),
-        batches_in_flight=sum(snapshot.batches_in_flight for snapshot in snapshots),
-        workers=tuple(worker for snapshot in snapshots for worker in snapshot.workers),
-        busy_batches=tuple(batch for snapshot in snapshots for batch in snapshot.busy_batches),
-        counters=merge_counters([snapshot.counters for snapshot in snapshots]),
-        recent_images=sum(snapshot.recent_images for snapshot in snapshots),
-        input_bytes=sum(snapshot.input_bytes for snapshot in snapshots),
-    )
 
 
 async def _gathered(calls: Iterable[Awaitable[_V]]) -> list[_V]:

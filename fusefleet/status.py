@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shared.contracts import ModelCapabilities
-from shared.fleet_state import FleetReader, FleetSnapshot, RunningBatch, WorkerState
+from shared.fleet_state import FleetReader, FleetSnapshot, RunningBatch, WorkerState, merge_snapshots
 from shared.keys import RedisKeys
 from shared.metrics import RECENT_WINDOW_S
 from shared.redis_conn import async_client
@@ -132,17 +132,15 @@ def _shard_name(shard: str) -> str:
 
 def render_fleet(shards: Sequence[ShardStatus]) -> str:
     """The status of every shard: a fleet of one shard as ``render``; several under a line of the fleet's totals
-    (the queue, batches in flight, live workers, recent throughput and accepted requests, summed), each shard with
-    its models and its own workers."""
+    (the queue, batches in flight, live workers, recent throughput and accepted requests of the shards' snapshots
+    summed by ``merge_snapshots``), each shard with its models and its own workers."""
     if len(shards) == 1:
         return render(shards[0].status)
-    snapshots = [shard.status.snapshot for shard in shards]
+    total = merge_snapshots([shard.status.snapshot for shard in shards])  # as the api's /v1/fleet sums them
     lines = [
-        f"fleet: {len(shards)} shards, {sum(s.queue_depth for s in snapshots)} waiting, "
-        f"{sum(s.batches_in_flight for s in snapshots)} batches in flight on {sum(s.workers_live for s in snapshots)} "
-        f"live workers ({sum(s.slots_busy for s in snapshots)} busy), "
-        f"{sum(s.images_per_s for s in snapshots):.2f} images/s, "
-        f"{sum(s.counters.accepted for s in snapshots)} requests accepted"
+        f"fleet: {len(shards)} shards, {total.queue_depth} waiting, {total.batches_in_flight} batches in flight on "
+        f"{total.workers_live} live workers ({total.slots_busy} busy), {total.images_per_s:.2f} images/s, "
+        f"{total.counters.accepted} requests accepted"
     ]
     for shard in shards:
         lines.append(f"shard {_shard_name(shard.shard)} (models: {', '.join(shard.models)}):")

@@ -1,12 +1,13 @@
 """What the fleet is doing right now, read from Redis in one pipelined round trip (Redis time throughout): the
 queue, the batches in flight, the live workers and what each announces, and the fleet's counters
 (``shared.metrics``). Used by the api's ``/metrics`` and by ``fusefleet status`` (which also asks which worker
-runs which batch: ``FleetReader.running``)."""
+runs which batch: ``FleetReader.running``); a sharded fleet's is its shards' summed (``merge_snapshots``), for both."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -77,6 +78,39 @@ class RunningBatch:
     worker: str | None
     step: int
     total: int
+
+
+def _sum(a: Any, b: Any) -> Any:
+    """Two counters' values added: numbers, tuples element-wise, dicts key-wise."""
+    if isinstance(a, dict):
+        return {key: _sum(a[key], b[key]) if key in a and key in b else a.get(key, b.get(key)) for key in {**a, **b}}
+    if isinstance(a, tuple):
+        return tuple(_sum(x, y) for x, y in zip(a, b, strict=True))
+    return a + b
+
+
+def merge_counters(counters: Sequence[FleetCounters]) -> FleetCounters:
+    """Every field of ``counters`` summed (counts, sums, histograms' buckets)."""
+    first, *rest = counters
+    values = {item.name: getattr(first, item.name) for item in fields(FleetCounters)}
+    for more in rest:
+        values = {name: _sum(value, getattr(more, name)) for name, value in values.items()}
+    return FleetCounters(**values)
+
+
+def merge_snapshots(snapshots: Sequence[FleetSnapshot]) -> FleetSnapshot:
+    """The fleet of several shards' snapshots: queues, batches, bytes and counters summed, workers and busy batches
+    joined, the oldest wait the longest."""
+    return FleetSnapshot(
+        queue_depth=sum(snapshot.queue_depth for snapshot in snapshots),
+        oldest_waiting_s=max(snapshot.oldest_waiting_s for snapshot in snapshots),
+        batches_in_flight=sum(snapshot.batches_in_flight for snapshot in snapshots),
+        workers=tuple(worker for snapshot in snapshots for worker in snapshot.workers),
+        busy_batches=tuple(batch for snapshot in snapshots for batch in snapshot.busy_batches),
+        counters=merge_counters([snapshot.counters for snapshot in snapshots]),
+        recent_images=sum(snapshot.recent_images for snapshot in snapshots),
+        input_bytes=sum(snapshot.input_bytes for snapshot in snapshots),
+    )
 
 
 class FleetReader:

@@ -16,12 +16,12 @@ import pytest
 from httpx_sse import EventSource
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.shard_router import ShardedStore, merge_snapshots
+from api.shard_router import ShardedStore
 from api.store import RequestStore
 from gpu_worker.families import FAMILIES
 from shared.api_keys import ApiKey, key_table, token_hash
 from shared.contracts import ModelCapabilities, Task, WorkerCapabilities
-from shared.fleet_state import FleetSnapshot, WorkerState
+from shared.fleet_state import FleetSnapshot, WorkerState, merge_snapshots
 from shared.keys import RedisKeys
 from shared.metrics import FleetCounters
 from shared.shards import ID_BYTES, MARK_DIGITS, Shards, shard_mark
