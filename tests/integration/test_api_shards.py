@@ -5,7 +5,9 @@ scheduler and the worker serve it as they serve a fleet), and one api started wi
 Interleaved requests of both models, through the native API (single and batch, a batch spanning both shards) and
 the official ``openai`` client, all succeed, each on its shard's worker, with an id carrying its shard's mark; every
 key of a request lives under its shard's hash tag only (SCAN), the fleet's own keys hold none; ``GET /v1/models``
-lists both models and ``GET /v1/fleet`` both workers and every request.
+lists both models and ``GET /v1/fleet`` both workers and every request. The same fleet runs on a real local Redis
+Cluster too (``cluster``), with shard names whose hash tags fall on two different masters: one api serves shards
+that live on two nodes.
 """
 
 from __future__ import annotations
@@ -29,10 +31,13 @@ from shared.shards import MARK_DIGITS, shard_mark
 from tests.integration.conftest import fleet_env
 from tests.support.fleet import TERMINAL, base_env, fleet_client, new_prefix
 from tests.support.processes import Service, wait_for
+from tests.support.redis_cluster import LocalRedisCluster, cluster_binaries
 from tests.support.redis_server import RedisServer, free_port
 
 FAMILIES = {"sd": "stable-diffusion", "px": "pixart"}
 SHARDS = {"sd": "one", "px": "two"}  # every model in a shard of its own: the fleet's own keys hold no request
+SHARD_NAMES = ("one", "two", "three", "four", "five", "six", "seven", "eight")
+"""Candidates for the cluster's shard names: the first two whose tags two different masters hold."""
 OPENAI = ["px", "sd"]  # the models of the calls through the openai client
 
 
@@ -43,6 +48,7 @@ class ShardedFleet:
     redis: redis.Redis
     workers: dict[str, str]  # model -> its worker's name
     log_dir: Path
+    shards: dict[str, str]  # model -> its shard
 
     def keys(self, shard: str) -> RedisKeys:
         return RedisKeys(f"{self.prefix}:{shard}" if shard else self.prefix)
@@ -73,17 +79,36 @@ def body(model: str, i: int) -> dict[str, Any]:
     return {"prompt": f"a fox {i}", "model": model, "width": 64, "height": 64, "num_inference_steps": 2, "seed": i}
 
 
-@pytest.fixture(scope="module")
+def on_two_masters(cluster: LocalRedisCluster, prefix: str) -> dict[str, str]:
+    """Each model's shard, named so that the two shards' hash tags fall on two different masters of ``cluster``."""
+    first, *others = SHARD_NAMES
+    node = cluster.master_of(RedisKeys(f"{prefix}:{first}").requests)
+    second = next(name for name in others if cluster.master_of(RedisKeys(f"{prefix}:{name}").requests) is not node)
+    return dict(zip(FAMILIES, (first, second), strict=True))
+
+
+@pytest.fixture(scope="module", params=["redis", pytest.param("cluster", marks=pytest.mark.cluster)])
 def fleet(
-    redis_server: RedisServer, model_cache: Path, lora_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    redis_server: RedisServer,
+    model_cache: Path,
+    lora_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ShardedFleet]:
     for family in FAMILIES.values():
         ensure_demo_model(model_cache, family)  # built once, before the workers load them
     logs = tmp_path_factory.mktemp("shards-fleet-logs")
     prefix = new_prefix("shards")
+    shards = dict(SHARDS)
+    cluster_url = None
+    if request.param == "cluster":
+        if cluster_binaries() is None:
+            pytest.skip("needs redis-server and redis-cli (apt-get install redis)")
+        cluster: LocalRedisCluster = request.getfixturevalue("redis_cluster")
+        cluster_url, shards = cluster.url, on_two_masters(cluster, prefix)
     env = {
         **fleet_env(model_cache, lora_dir),
-        **base_env(redis_server.url, prefix),
+        **base_env(redis_server.url, prefix, cluster_url=cluster_url),
         "FUSEFLEET_RUNNER": "gpu_worker.diffusers_runner:DiffusersRunner",
         "FUSEFLEET_MODELS": ",".join(f"{name}=demo:{family}" for name, family in FAMILIES.items()),
         "FUSEFLEET_REQUEST_BATCH_MAX_WAIT_MS": "50",
@@ -93,12 +118,12 @@ def fleet(
         Service.fusefleet(
             "api",
             ["api", "--port", str(port)],
-            {**env, "FUSEFLEET_MODEL_SHARDS": ",".join(f"{m}={s}" for m, s in SHARDS.items())},
+            {**env, "FUSEFLEET_MODEL_SHARDS": ",".join(f"{m}={s}" for m, s in shards.items())},
             logs,
         )
     ]
     workers: dict[str, str] = {}
-    for model, shard in SHARDS.items():  # a shard's scheduler and worker: the fleet's settings inside the shard
+    for model, shard in shards.items():  # a shard's scheduler and worker: the fleet's settings inside the shard
         inside = {
             **env,
             "FUSEFLEET_KEY_PREFIX": f"{prefix}:{shard}",
@@ -110,7 +135,7 @@ def fleet(
         services.append(Service.fusefleet(f"worker-{shard}", ["worker"], worker_env, logs))
     client = fleet_client(env["FUSEFLEET_REDIS_URL"], cluster=env.get("FUSEFLEET_REDIS_CLUSTER") == "true")
     http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
-    one = ShardedFleet(prefix, http, client, workers, logs)
+    one = ShardedFleet(prefix, http, client, workers, logs, shards)
     try:
         for service in services:  # all at once: the workers load side by side
             service.start()
@@ -122,7 +147,7 @@ def fleet(
                 return False
 
         wait_for(up, 60, f"the api (logs in {logs})")
-        for model, shard in SHARDS.items():
+        for model, shard in shards.items():
             wait_for(
                 partial(beating, client, one.keys(shard), workers[model]),
                 120,
@@ -168,7 +193,7 @@ def test_interleaved_requests_of_both_shards_succeed_and_live_in_their_shard(fle
     models = [*order, *order[:2], *OPENAI]
     states = fleet.wait_done(ids)
     for request_id, model in zip(ids, models, strict=True):
-        state, shard = states[request_id], SHARDS[model]
+        state, shard = states[request_id], fleet.shards[model]
         assert (state["status"], state["params"]["model"]) == ("succeeded", model), state
         assert state["worker"] == fleet.workers[model], f"{request_id} of {model} ran on {state['worker']}"
         assert request_id[:MARK_DIGITS] == shard_mark(shard)
