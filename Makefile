@@ -26,8 +26,12 @@ pre-commit: install
 	$(BIN)/pip install -q pre-commit
 	$(BIN)/pre-commit install
 
+# two pytest processes, whole files each (--dist loadfile: a file's module fixtures start once), so the tests that
+# wait on real processes overlap; TEST_PROCESSES=0 runs them in one process
+TEST_PROCESSES ?= 2
+
 test: install
-	$(BIN)/pytest
+	$(BIN)/pytest $(if $(filter-out 0,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadfile)
 
 unit: install
 	$(BIN)/pytest tests/unit
