@@ -377,6 +377,41 @@ def redis(
         typer.echo(f"figures: {docs_dir / 'benchmarks.json'}", err=True)
 
 
+@cli.command()
+def shards(
+    requests: Annotated[int, typer.Option(help="Requests in each configuration's window (after a warm-up).")] = 200,
+    concurrency: Annotated[int, typer.Option(help="Closed-loop clients.")] = 32,
+    steps: Annotated[int, typer.Option(help="Denoising steps of each request.")] = 20,
+    seqs: Annotated[int, typer.Option(help="FUSEFLEET_MAX_NUM_SEQS of the fleet.")] = 8,
+    counts: Annotated[str, typer.Option(help="Numbers of shards, comma separated (of 1, 2, 4).")] = "1,2,4",
+    idle_s: Annotated[float, typer.Option(help="Then the idle CPU rates over this long (0: not).")] = 5.0,
+    docs: Annotated[bool, typer.Option(help="Write shard_* figures and the Shards section into docs/.")] = False,
+    docs_dir: Annotated[Path, typer.Option(help="Where benchmarks.json and benchmarks.md are.")] = Path("docs"),
+) -> None:
+    """Redis CPU and commands, scheduler CPU per request with the same four models in 1, 2 and 4 shards, side by
+    side in one run (SIMULATED GPU, one worker per model, one scheduler leading every shard)."""
+    import sys
+
+    from bench.shards import LAYOUTS, run, table, write_docs
+
+    wanted = tuple(int(count) for count in counts.split(","))
+    if any(count not in LAYOUTS for count in wanted):
+        raise typer.BadParameter(f"counts must be of {', '.join(map(str, LAYOUTS))}")
+    runs = run(
+        wanted,
+        requests=requests,
+        concurrency=concurrency,
+        steps=steps,
+        seqs=seqs,
+        log_dir=LOGS / "shards",
+        idle_s=idle_s,
+    )
+    typer.echo(table(runs))
+    if docs:
+        write_docs(runs, docs_dir, "python -m bench " + " ".join(sys.argv[1:]))
+        typer.echo(f"figures: {docs_dir / 'benchmarks.json'}, section: {docs_dir / 'benchmarks.md'}", err=True)
+
+
 @cli.command("redis-scripts")
 def redis_scripts(
     rounds: Annotated[int, typer.Option(help="Batches of a run.")] = 100,
