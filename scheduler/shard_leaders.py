@@ -28,7 +28,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 import redis
 
 from shared.keys import RedisKeys
-from shared.retry import Backoff, is_transient
+from shared.retry import repeat_until
 from shared.settings import Settings
 from shared.shards import Shards
 
@@ -116,20 +116,8 @@ class ShardLeaders:
         """Decide every ``scheduler_lease_ms / 3`` until ``stop`` is set; a failed round (Redis away) keeps the last
         decision (the leases themselves lapse without Redis) and is tried again with a backoff. Withdraws the
         announcement on the way out, so the others count this process gone at once."""
-        backoff = Backoff(cap_s=self._every_s)
-        delay = self._every_s  # start() made the first round
-        while not stop.wait(delay):
-            try:
-                self.round()
-                backoff.reset()
-                delay = self._every_s
-            except Exception as exc:  # noqa: BLE001 - the spread must outlive any outage
-                delay = backoff.next()
-                if is_transient(exc):
-                    kind = type(exc).__name__
-                    log.warning("shard spread: Redis unavailable (%s: %s); again in %.1f s", kind, exc, delay)
-                else:
-                    log.exception("shard spread round failed; again in %.1f s", delay)
+        # start() made the first round
+        repeat_until(stop, self._every_s, self.round, what="shard spread round", backoff_cap_s=self._every_s)
         try:
             self._redis.zrem(self._processes, self.token)
         except Exception as exc:  # noqa: BLE001 - it lapses by itself

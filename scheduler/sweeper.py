@@ -14,7 +14,7 @@ import threading
 import time
 
 from shared.results import ResultJournal, ResultStore
-from shared.retry import Backoff
+from shared.retry import repeat_until
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +49,7 @@ class ResultSweeper:
     def run(self, stop: threading.Event) -> None:
         """Sweep every ``interval_s`` until ``stop`` is set; a failing round (Redis or the store away) is retried
         with a backoff, never ends the loop."""
-        backoff = Backoff(cap_s=max(self._interval_s, 5.0))
-        delay = self._interval_s
-        while not stop.wait(delay):
-            try:
-                self.sweep()
-                backoff.reset()
-                delay = self._interval_s
-            except Exception as exc:  # noqa: BLE001 - the sweeper must outlive any outage
-                delay = backoff.next()
-                log.warning("result sweep failed (%s: %s); trying again in %.1f s", type(exc).__name__, exc, delay)
+        repeat_until(stop, self._interval_s, self.sweep, what="result sweep", backoff_cap_s=max(self._interval_s, 5.0))
 
     def start(self, stop: threading.Event) -> threading.Thread:
         thread = threading.Thread(target=self.run, args=(stop,), name="result-sweeper", daemon=True)

@@ -8,6 +8,7 @@ at once. Every retry loop has a deadline, so no caller waits forever.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -76,3 +77,25 @@ def call_with_retry(
                 raise
             log.warning("%s: Redis unavailable (%s: %s); retrying in %.1f s", what, type(exc).__name__, exc, delay)
             sleep(delay)
+
+
+def repeat_until(
+    stop: threading.Event, every_s: float, round_: Callable[[], object], *, what: str, backoff_cap_s: float
+) -> None:
+    """``round_()`` every ``every_s`` seconds until ``stop`` is set (the first one ``every_s`` from now): a loop that
+    must outlive any outage. A round that raises is logged (a transient Redis error as a warning, anything else
+    with its traceback) and tried again after a backoff (0.1 s doubling, at most ``backoff_cap_s``), which a round
+    that ends well resets."""
+    backoff = Backoff(cap_s=backoff_cap_s)
+    delay = every_s
+    while not stop.wait(delay):
+        try:
+            round_()
+            backoff.reset()
+            delay = every_s
+        except Exception as exc:  # noqa: BLE001 - the loop must outlive any outage
+            delay = backoff.next()
+            if is_transient(exc):
+                log.warning("%s: Redis unavailable (%s: %s); again in %.1f s", what, type(exc).__name__, exc, delay)
+            else:
+                log.exception("%s failed; again in %.1f s", what, delay)
