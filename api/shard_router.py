@@ -2,13 +2,15 @@
 fleet reader per shard, each built from ``Shards.settings_of(shard)`` and working inside that shard unchanged, behind
 one object of each kind that the routes use as they use a shard's own.
 
-- **By model**: a submission goes to its model's shard (``Shards.shard_of_model``; its ids were made there with
-  ``Shards.new_request_id``, ``api.submission``). Rows of one submission that span shards are queued shard by shard,
+- **By model**: a submission goes to its model's shard, or for a model of several shards to the one its new id
+  was made in (``Shards.new_request_id_of``, ``api.submission``): each row to the shard its id names. Rows of one
+  submission that span shards (several models, or one model of several shards) are queued shard by shard,
   each shard's part in one atomic step: when one part is refused, the parts queued before it are aborted (best
   effort) and the refusal is the answer, so the rows run all or none.
 - **By id**: every read, abort, delete, result and wait goes to the shard its id names (``Shards.shard_of_request``);
   an id of no shard of this fleet is an unknown one, answered without a Redis call.
-- **Fleet-wide**: the workers' capabilities (``GET /v1/models``, the up-front checks) are the union over shards;
+- **Fleet-wide**: the workers' capabilities (``GET /v1/models``, the up-front checks) are the union over shards
+  (a model of several shards listed once, its workers in all of them counted);
   ``/v1/fleet`` and ``/metrics`` read every shard's snapshot and sum them (``shared.fleet_state.merge_snapshots``,
   as ``fusefleet status``'s totals do). An API key's rate bucket stays in the fleet's own keys (``HOME``); its
   ``max_queued`` holds per shard (counted atomically with each shard's enqueue).
@@ -70,11 +72,14 @@ class ShardedStore:
         submitter: Submitter | None = None,
         webhooks: Sequence[Webhook | None] | None = None,
     ) -> SubmitOutcome:
-        """``RequestStore.submit`` in each shard of ``specs``' models, shard by shard; at the first refusal (or
-        failure) the parts already queued are aborted, so the rows run all or none."""
+        """``RequestStore.submit`` in each shard ``specs``' ids name (made by ``Shards.new_request_id_of``), shard by
+        shard; at the first refusal (or failure) the parts already queued are aborted, so the rows run all or none."""
         parts: dict[str, list[int]] = {}
         for i, spec in enumerate(specs):
-            parts.setdefault(self.shards.shard_of_model(spec.model), []).append(i)
+            shard = self.shards.shard_of_request(spec.id)
+            if shard is None or shard not in self.shards.shards_of_model(spec.model):
+                raise ValueError(f"request {spec.id!r} has no id of a shard of its model {spec.model!r}")
+            parts.setdefault(shard, []).append(i)
         queued: list[str] = []
         try:
             for shard, rows in parts.items():

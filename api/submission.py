@@ -1,9 +1,10 @@
 """Accepting requests: the one path every API surface (native, OpenAI) submits through.
 
 ``accept`` checks each request against the fleet's limits, decodes and normalises its input images (off the event
-loop), resolves its id (of its model's shard: ``Shards.new_request_id``) and seed, and queues all of them in one
-atomic step (per shard in a sharded fleet: ``api.shard_router``). It raises what the caller's error handlers turn into
-answers: ``RequestValidationError`` (422, every problem of every request, each naming its field)
+loop), resolves its id (of its model's shard, or of one of its model's shards: ``Shards.new_request_id_of``) and
+seed, and queues all of them in one atomic step (per shard in a sharded fleet: ``api.shard_router``). It raises
+what the caller's error handlers turn into answers: ``RequestValidationError`` (422, every problem of every
+request, each naming its field)
 or an ``HTTPException`` 503 with Retry-After when the queue is full; past the input budget (``api.input_budget``), 413
 or 429 with Retry-After, naming the field. With an API key (``api.auth``), the requests are
 recorded under its name and its limits apply (``api.key_limits``: 429 with Retry-After). A request's webhook must be
@@ -101,7 +102,7 @@ async def accept(
     shards = _shards(settings)
     specs = [
         request.to_spec(
-            request_id=shards.new_request_id(shards.shard_of_model(request_model(request, settings))),
+            request_id=shards.new_request_id_of(request_model(request, settings)),
             model=request_model(request, settings),
             seed=request.seed if request.seed is not None else secrets.randbelow(MAX_SEED + 1),
             created_at=now,

@@ -6,7 +6,7 @@ it, and leaves that server's URL in ``./.fusefleet/redis.json`` for the other co
 ``fusefleet.local_redis``) until it stops. Then it starts ``fusefleet api``, ``fusefleet scheduler`` and N
 ``fusefleet worker`` processes, prints where to reach them, and stops every one of them on Ctrl-C (or when any of
 them exits). It restarts nothing. In a sharded fleet (``FUSEFLEET_MODEL_SHARDS``) it starts N workers per shard, each
-serving its shard's models (``worker_models``); its one scheduler leads every shard.
+serving its shard's models (``worker_models``) in that shard (``worker_shard``); its one scheduler leads every shard.
 """
 
 from __future__ import annotations
@@ -34,14 +34,15 @@ LOCAL_DEFAULTS = {"FUSEFLEET_MAX_NUM_SEQS": "4", "FUSEFLEET_REQUEST_BATCH_MAX_WA
 """Batching defaults of the local fleet; variables already set in the environment win."""
 
 STOP_GRACE_S = 30.0
-SHARD_LAYOUT = ("models", "model", "model_id", "demo_family", "model_shards", "worker_models")
+SHARD_LAYOUT = ("models", "model", "model_id", "demo_family", "model_shards", "worker_models", "worker_shard")
 """The settings that say which models a worker of a sharded fleet serves."""
 
 
-def worker_models(env: Mapping[str, str], workers: int) -> list[str | None]:
-    """``FUSEFLEET_WORKER_MODELS`` of each worker to start with the services' ``env`` (None: as ``env`` says). A
-    fleet with ``model_shards`` (and no ``worker_models`` of its own) gets ``workers`` workers per shard, each
-    serving that shard's models (a worker serves one shard's); any other fleet ``workers`` workers as configured."""
+def worker_layout(env: Mapping[str, str], workers: int) -> list[tuple[str, str] | None]:
+    """``FUSEFLEET_WORKER_MODELS`` and ``FUSEFLEET_WORKER_SHARD`` of each worker to start with the services' ``env``
+    (None: as ``env`` says). A fleet with ``model_shards`` (and no ``worker_models`` of its own) gets ``workers``
+    workers per shard, each serving that shard's models in it (a worker serves one shard, and a model of several
+    shards needs workers in each); any other fleet ``workers`` workers as configured."""
     if not env.get(f"{ENV_PREFIX}MODEL_SHARDS"):
         return [None] * workers
     given: dict[str, Any] = {
@@ -51,7 +52,17 @@ def worker_models(env: Mapping[str, str], workers: int) -> list[str | None]:
     shards = Shards(settings)
     if settings.worker_models:
         return [None] * workers
-    return [",".join(shards.models_of(shard)) for shard in shards.names for _ in range(workers)]
+    return [(",".join(shards.models_of(shard)), shard) for shard in shards.names for _ in range(workers)]
+
+
+def worker_models(env: Mapping[str, str], workers: int) -> list[str | None]:
+    """``FUSEFLEET_WORKER_MODELS`` of each worker (``worker_layout``)."""
+    return [layout[0] if layout is not None else None for layout in worker_layout(env, workers)]
+
+
+def _worker_env(models: str, shard: str) -> dict[str, str]:
+    """The variables of a worker serving ``models`` in ``shard`` (the fleet's own keys: no ``worker_shard``)."""
+    return {f"{ENV_PREFIX}WORKER_MODELS": models, f"{ENV_PREFIX}WORKER_SHARD": shard}
 
 
 @dataclass
@@ -88,8 +99,8 @@ class LocalFleet:
         self.env = env = self._environment()
         self._spawn("api", ["api", "--host", self.host, "--port", str(self.port)], env)
         self._spawn("scheduler", ["scheduler"], env)
-        for index, served in enumerate(worker_models(env, self.workers)):
-            own = env if served is None else {**env, f"{ENV_PREFIX}WORKER_MODELS": served}
+        for index, layout in enumerate(worker_layout(env, self.workers)):
+            own = env if layout is None else {**env, **_worker_env(*layout)}
             self._spawn(f"worker-{index + 1}", ["worker"], own)
 
     def _spawn(self, name: str, command: list[str], env: Mapping[str, str]) -> None:

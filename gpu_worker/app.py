@@ -143,9 +143,10 @@ def default_worker_name() -> str:
 
 
 def worker_settings(settings: Settings) -> Settings:
-    """The settings a worker of the fleet ``settings`` runs with: the fleet's inside the one shard its models share
-    (``Shards.shard_of_worker``; the fleet's own settings without ``model_shards``). Raises ``ShardsError`` naming
-    the shards when its models span several (set ``worker_models`` to one shard's models)."""
+    """The settings a worker of the fleet ``settings`` runs with: the fleet's inside the shard it serves
+    (``Shards.shard_of_worker``: ``worker_shard``, else the one its models share; the fleet's own settings without
+    ``model_shards``). Raises ``ShardsError`` naming the shards when its models span several (set ``worker_models``
+    to one shard's models), or share several and ``worker_shard`` is unset or not one of them."""
     shards = Shards(settings)
     return shards.settings_of(shards.shard_of_worker())
 

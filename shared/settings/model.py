@@ -43,6 +43,18 @@ def _pairs(
     return pairs
 
 
+def _shard_names(model: str, shards: object) -> object:
+    """A model's shards of ``model_shards``: one name, several with '|' between them, or a list of names."""
+    if isinstance(shards, str):
+        shards = shards.split("|")
+    if not isinstance(shards, list | tuple):
+        return shards
+    names = [str(shard).strip() for shard in shards]
+    if len(set(names)) < len(names):
+        raise ValueError(f"model_shards: {model!r} names a shard twice ({'|'.join(names)})")
+    return tuple(names)
+
+
 def _names(value: object) -> object:
     """A comma-separated list (or a JSON list) of model names, as the environment gives it."""
     if isinstance(value, str):
@@ -70,11 +82,18 @@ class ModelSettings(SettingsConcern):
     """The models a worker serves, by name, comma separated: it loads each at start and takes only their batches.
     Empty = every model of the fleet."""
 
-    model_shards: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
-    """Which Redis shard holds each model's requests: model=shard pairs, comma separated (or a JSON object), e.g.
-    'sd=images,pixart=images,sana=fast'. A shard has keys of its own (one hash slot on a Redis Cluster), its own
-    scheduler lease and reaper; a model named in none stays in the fleet's own keys. A worker's models must share
-    one shard. Empty: one shard, the fleet's keys (docs/architecture.md#shards). Set the same on every service."""
+    model_shards: Annotated[dict[str, tuple[str, ...]], NoDecode] = Field(default_factory=dict)
+    """Which Redis shards hold each model's requests: model=shard pairs, comma separated (or a JSON object, a list
+    for several shards), e.g. 'sd=images,pixart=images,sana=fast'. A model whose traffic needs more than one
+    scheduler names several shards, '|' between them ('sd=sd-0|sd-1|sd-2'): each new request goes to one of them at
+    random. A shard has keys of its own (one hash slot on a Redis Cluster), its own scheduler lease and reaper; a
+    model named in none stays in the fleet's own keys. A worker's models must share one shard (worker_shard says
+    which when they share several). Empty: one shard, the fleet's keys (docs/architecture.md#shards). Set the same
+    on every service."""
+
+    worker_shard: Annotated[str | None, EmptyIsUnset] = None
+    """The shard of model_shards a worker serves, one its models are all in: needed only when they share several
+    (a model of several shards has workers in each). Unset = their one shard."""
 
     max_resident_models: int | None = Field(None, ge=1)
     """How many of the models a worker serves it keeps loaded at once (least recently used evicted first, a model
@@ -122,7 +141,10 @@ class ModelSettings(SettingsConcern):
     @field_validator("model_shards", mode="before")
     @classmethod
     def _model_shards_from_env(cls, value: object) -> object:
-        return _pairs(value, "model_shards", "model=shard (e.g. sd=images)")
+        pairs = _pairs(value, "model_shards", "model=shard (e.g. sd=images, or sd=sd-0|sd-1)")
+        if not isinstance(pairs, dict):
+            return pairs
+        return {model: _shard_names(model, shards) for model, shards in pairs.items()}
 
     @field_validator("worker_models", mode="before")
     @classmethod
@@ -150,14 +172,18 @@ class ModelSettings(SettingsConcern):
         unknown = [name for name in self.model_shards if name not in known]
         if unknown:
             raise ValueError(f"model_shards names {', '.join(unknown)}, not among models ({', '.join(known)})")
-        for shard in self.model_shards.values():
+        for shard in (shard for shards in self.model_shards.values() for shard in shards):
             if not MODEL_NAME.fullmatch(shard):
                 raise ValueError(
                     f"model_shards: {shard!r} is not a shard name (letters, digits, '.', '_', '-'; at most 64, "
                     "starting with a letter or digit)"
                 )
-        spanned = sorted({self.model_shards.get(name, "") for name in self.served_models})
-        if self.worker_models and len(spanned) > 1:
+        named = {shard for shards in self.model_shards.values() for shard in shards}
+        if self.worker_shard is not None and self.worker_shard not in named:
+            shown = ", ".join(map(repr, sorted(named))) or "none"
+            raise ValueError(f"worker_shard {self.worker_shard!r} is not a shard of model_shards ({shown})")
+        if self.worker_models and not self.common_shards:
+            spanned = sorted({shard for name in self.served_models for shard in self.shards_of(name)})
             shown = ", ".join(repr(shard) if shard else "the fleet's own" for shard in spanned)
             raise ValueError(f"worker_models span shards {shown}: a worker's models must share one shard")
         return self
@@ -180,6 +206,18 @@ class ModelSettings(SettingsConcern):
     def served_models(self) -> tuple[str, ...]:
         """The models a worker of these settings serves: ``worker_models``, or every model of the fleet."""
         return tuple(self.worker_models) or tuple(self.catalog)
+
+    def shards_of(self, name: str) -> tuple[str, ...]:
+        """The shards holding model ``name``'s requests (``model_shards``; ``("",)``, the fleet's own keys, for a model
+        it does not name)."""
+        return self.model_shards.get(name, ("",))
+
+    @property
+    def common_shards(self) -> tuple[str, ...]:
+        """The shards every one of ``served_models`` is in, in the order the first names them (the ones a worker of
+        these settings may serve)."""
+        first, *rest = (self.shards_of(name) for name in self.served_models)
+        return tuple(shard for shard in first if all(shard in shards for shards in rest))
 
     def for_model(self, name: str) -> Self:
         """These settings as a runner of model ``name`` reads them: ``model`` its source, or unset with

@@ -302,3 +302,65 @@ async def test_a_keys_rate_bucket_is_the_fleets_and_its_max_queued_holds_per_sha
         daves_fast = next(request_id for request_id, owner in owners.items() if owner == "dave")
         other = await api.http.get(f"/v1/requests/{daves_fast}", headers={"Authorization": "Bearer ff_carol"})
         assert other.status_code == 404, "another key's request, in any shard, is an unknown one"
+
+
+# --- a model of several shards ---------------------------------------------------------------------------------------
+
+FX_A, FX_B = RedisKeys("t:fx-a"), RedisKeys("t:fx-b")  # fx is in two shards; sd and pa stay home
+
+
+@pytest.fixture
+async def spread_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Api]:
+    monkeypatch.setattr("api.store.CAPABILITIES_TTL_S", 0.0)
+    async for harness in api_harness(
+        unit_settings(tmp_path, models=MODELS, model_shards="fx=fx-a|fx-b", max_queue_len=64)
+    ):
+        yield harness
+
+
+def keys_of(request_id: str) -> RedisKeys:
+    return {shard_mark("fx-a"): FX_A, shard_mark("fx-b"): FX_B, shard_mark(""): HOME_KEYS}[request_id[:MARK_DIGITS]]
+
+
+async def test_a_models_submissions_land_in_each_of_its_shards_and_reads_follow_the_id(spread_api: Api) -> None:
+    api = spread_api
+    ids = [await submit(api, "fx") for _ in range(40)]  # all in one shard: twice in 2**40
+    assert {keys_of(request_id) for request_id in ids} == {FX_A, FX_B}
+    for request_id in ids:
+        others = {FX_A, FX_B, HOME_KEYS} - {keys_of(request_id)}
+        assert await api.redis.exists(keys_of(request_id).request(request_id))
+        assert not any([await api.redis.exists(keys.request(request_id)) for keys in others])
+    depths = [await api.redis.xlen(keys.requests) for keys in (FX_A, FX_B, HOME_KEYS)]
+    assert depths[0] + depths[1] == 40 and depths[2] == 0
+    first_a = next(request_id for request_id in ids if keys_of(request_id) == FX_A)
+    first_b = next(request_id for request_id in ids if keys_of(request_id) == FX_B)
+    await finish(api, FX_B, first_b)
+    await finish(api, FX_A, first_a, "failed")
+    assert (await api.http.get(f"/v1/requests/{first_b}")).json()["status"] == "succeeded"
+    assert (await api.http.get(f"/v1/requests/{first_a}")).json()["status"] == "failed"
+    image = await api.http.get(f"/v1/requests/{first_b}/images/0")
+    assert (image.status_code, image.content) == (200, PNG)
+    assert (await api.http.post(f"/v1/requests/{ids[-1]}/abort")).json()["status"] == "aborted"
+    assert await api.redis.hget(keys_of(ids[-1]).request(ids[-1]), "status") == "aborted", "in its own shard"
+
+
+async def test_a_batch_of_one_model_of_several_shards_queues_a_part_in_each(spread_api: Api) -> None:
+    rows = [{"prompt": f"p{i}", "model": "fx"} for i in range(24)] + [{"prompt": "home", "model": "sd"}]
+    response = await spread_api.http.post("/v1/requests/batch", json={"requests": rows})
+    assert response.status_code == 202, response.text
+    ids = response.json()["ids"]
+    assert {keys_of(request_id) for request_id in ids[:-1]} == {FX_A, FX_B} and keys_of(ids[-1]) == HOME_KEYS
+    depths = [await spread_api.redis.xlen(keys.requests) for keys in (FX_A, FX_B, HOME_KEYS)]
+    assert (depths[0] + depths[1], depths[2]) == (24, 1)
+    views = [(await spread_api.http.get(f"/v1/requests/{request_id}")).json() for request_id in ids]
+    assert [view["params"]["prompt"] for view in views] == [row["prompt"] for row in rows], "in the rows' order"
+
+
+async def test_a_model_of_several_shards_is_listed_once_with_the_workers_of_all(spread_api: Api) -> None:
+    await announce(spread_api, HOME_KEYS, "w-home", SD)
+    await announce(spread_api, FX_A, "w-a", FX)
+    await announce(spread_api, FX_B, "w-b1", FX)
+    await announce(spread_api, FX_B, "w-b2", FX)
+    models = (await spread_api.http.get("/v1/models")).json()["data"]
+    assert [(model["id"], model["workers"]) for model in models] == [("sd", 1), ("fx", 3)]
+    assert (await spread_api.http.get("/v1/models/fx")).json()["workers"] == 3

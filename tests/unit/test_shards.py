@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from fusefleet.up import worker_layout
 from shared.settings import Settings
-from shared.shards import HOME, ID_BYTES, MARK_DIGITS, Shards, ShardsError, shard_mark
+from shared.shards import HOME, ID_BYTES, MARK_DIGITS, Shards, ShardsError, shard_mark, spread
 
 MODELS = "sd=demo:stable-diffusion,pixart=demo:pixart,sana=demo:sana"
 
@@ -79,3 +80,81 @@ def test_bad_shard_settings_are_refused_naming_the_field() -> None:
         fleet(model_shards={"sd": "a b"})
     with pytest.raises(ValidationError, match="model_shards: 'sd' is not model=shard"):
         fleet(model_shards="sd")
+
+
+# --- a model of several shards ---------------------------------------------------------------------------------------
+
+
+def test_a_model_may_name_several_shards_in_the_environment_and_in_json() -> None:
+    shards = Shards(fleet(model_shards="sd=sd-a|sd-b|sd-c,pixart=sd-a"))
+    assert shards.shards_of_model("sd") == ("sd-a", "sd-b", "sd-c") and shards.shards_of_model("pixart") == ("sd-a",)
+    assert shards.names == (HOME, "sd-a", "sd-b", "sd-c")
+    assert shards.models_of("sd-a") == ("sd", "pixart") and shards.models_of("sd-b") == ("sd",)
+    assert shards.models_of(HOME) == ("sana",) and shards.shards_of_model("sana") == (HOME,)
+    assert shards.shard_of_model("pixart") == "sd-a", "a model of one shard: that one"
+    with pytest.raises(ShardsError, match="'sd' is in shards 'sd-a', 'sd-b', 'sd-c'"):
+        shards.shard_of_model("sd")
+    same = fleet(model_shards='{"sd": ["sd-a", "sd-b", "sd-c"], "pixart": "sd-a"}').model_shards
+    assert same == shards.settings.model_shards == {"sd": ("sd-a", "sd-b", "sd-c"), "pixart": ("sd-a",)}
+    assert fleet(model_shards={"sd": ["x", "y"]}).model_shards == {"sd": ("x", "y")}
+
+
+def test_spread_picks_by_the_token_evenly_over_the_shards() -> None:
+    shards = ("a", "b", "c")
+    counts = dict.fromkeys(shards, 0)
+    for n in range(3000):
+        counts[spread(shards, f"{n:032x}")] += 1
+    assert counts == {"a": 1000, "b": 1000, "c": 1000}, "consecutive tokens: exactly even"
+    assert spread(shards, "f" * 32) == spread(shards, "F" * 32), "a pure function of the token"
+    assert spread(("only",), "0123") == "only"
+
+
+def test_new_requests_of_a_model_of_several_shards_spread_evenly_and_route_back() -> None:
+    shards = Shards(fleet(model_shards="sd=sd-a|sd-b|sd-c"))
+    counts = dict.fromkeys(shards.shards_of_model("sd"), 0)
+    for _ in range(6000):
+        request_id = shards.new_request_id_of("sd")
+        shard = shards.shard_of_request(request_id)
+        assert shard in counts and len(request_id) == 2 * ID_BYTES
+        counts[shard] += 1
+    assert all(1700 < count < 2300 for count in counts.values()), counts  # 2000 each (sigma 37): 8 sigma off
+    assert {shards.shard_of_request(shards.new_request_id_of("sana")) for _ in range(50)} == {HOME}
+
+
+def test_a_worker_of_a_model_of_several_shards_serves_the_one_worker_shard_names() -> None:
+    layout = "sd=sd-a|sd-b,pixart=sd-a"
+    assert Shards(fleet(model_shards=layout, worker_models="sd", worker_shard="sd-b")).shard_of_worker() == "sd-b"
+    both = fleet(model_shards=layout, worker_models="sd,pixart")
+    assert Shards(both).shard_of_worker() == "sd-a", "sd and pixart share one shard: no worker_shard needed"
+    with pytest.raises(ShardsError, match=r"in shards 'sd-a', 'sd-b'.*set worker_shard \(FUSEFLEET_WORKER_SHARD\)"):
+        Shards(fleet(model_shards=layout, worker_models="sd")).shard_of_worker()
+    with pytest.raises(ShardsError, match="worker_shard 'sd-b' is not a shard of all this worker's models"):
+        Shards(fleet(model_shards=layout, worker_models="sd,pixart", worker_shard="sd-b")).shard_of_worker()
+    with pytest.raises(ShardsError, match="worker_shard 'sd-a' is not a shard of all .*the fleet's own"):
+        Shards(fleet(model_shards=layout, worker_models="sana", worker_shard="sd-a")).shard_of_worker()
+    with pytest.raises(ShardsError, match="span shards"):
+        Shards(fleet(model_shards=layout, worker_shard="sd-a")).shard_of_worker()  # every model: sana is home
+
+
+def test_bad_shard_lists_and_worker_shards_are_refused_naming_the_field() -> None:
+    with pytest.raises(ValidationError, match="model_shards: 'sd' names a shard twice"):
+        fleet(model_shards="sd=a|a")
+    with pytest.raises(ValidationError, match="model_shards: '' is not a shard name"):
+        fleet(model_shards="sd=a|")
+    with pytest.raises(ValidationError, match="worker_shard 'c' is not a shard of model_shards \\('a', 'b'\\)"):
+        fleet(model_shards="sd=a|b", worker_shard="c")
+    with pytest.raises(ValidationError, match="worker_shard 'a' is not a shard of model_shards \\(none\\)"):
+        fleet(worker_shard="a")
+    with pytest.raises(ValidationError, match="worker_models span shards 'a', 'b', 'c'"):
+        fleet(model_shards="sd=a|b,pixart=c", worker_models="sd,pixart")  # no shard holds both
+    assert fleet(model_shards="sd=a|b,pixart=b|a", worker_models="sd,pixart").common_shards == ("a", "b")
+
+
+def test_up_starts_workers_in_each_shard_of_a_model_each_naming_its_shard() -> None:
+    layout = "sd=sd-a|sd-b,pixart=sd-a"
+    env = {"FUSEFLEET_MODELS": MODELS, "FUSEFLEET_MODEL_SHARDS": layout}
+    workers = worker_layout(env, 1)
+    assert workers == [("sana", HOME), ("sd,pixart", "sd-a"), ("sd", "sd-b")]
+    for served, shard in (worker for worker in workers if worker is not None):
+        settings = fleet(model_shards=layout, worker_models=served, worker_shard=shard)  # "" is unset
+        assert Shards(settings).shard_of_worker() == shard
