@@ -123,7 +123,7 @@ def assert_an_image_request_joins(
     after), and equals its solo run (``DiffusersRunner.run`` with ``inputs``, request-level) within 1/255."""
     family, fleet = family_fleet
     if task not in ADAPTERS[family].tasks:
-        pytest.skip(f"{family}'s step rows do not carry {task}: its {task} requests run request-level")
+        pytest.skip(f"{family}'s step rows do not carry {task} (run request-level where the family has a pipeline)")
     long = fleet.submit(prompt="the long one", num_inference_steps=LONG_STEPS, width=SIDE, height=SIDE)
     fleet.wait_running(long, min_step=2, timeout=120)
     images = {"image": encoded(inputs.image)} | ({"mask_image": encoded(inputs.mask)} if inputs.mask else {})
