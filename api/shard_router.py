@@ -59,6 +59,10 @@ class ShardedStore:
         self._home = home
         self.counters: SubmissionCounters | None = None  # set by api.metrics at start-up
 
+    def new_request_id(self, model: str) -> str:
+        """A fresh request id for a new request of ``model``, in (one of) its shard(s): ``Shards.new_request_id_of``."""
+        return self.shards.new_request_id_of(model)
+
     def of_request(self, request_id: str) -> RequestStore | None:
         """The store of the shard ``request_id`` names (also a result key, which starts with its request's id); None
         when it names none of this fleet's (no request has it)."""
@@ -298,8 +302,8 @@ class ShardedFeed:
                 async for event in feed.follow(part):
                     await queue.put(event)
                 await queue.put(_DONE)
-            except StoreUnavailable as exc:
-                await queue.put(exc)
+            except Exception as exc:  # noqa: BLE001 - any failure ends the stream, said to the client
+                await queue.put(exc)  # never a silent end: the stream would wait for this shard forever
 
         tasks = [asyncio.create_task(pump(self.feeds[shard], part)) for shard, part in parts.items()]
         try:
@@ -308,7 +312,7 @@ class ShardedFeed:
                 item = await queue.get()
                 if item is _DONE:
                     left -= 1
-                elif isinstance(item, StoreUnavailable):
+                elif isinstance(item, Exception):
                     raise item
                 else:
                     assert isinstance(item, FeedEvent)

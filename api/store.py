@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar, cast
@@ -17,6 +18,7 @@ from shared.contracts import RequestSpec, RequestState, RequestStatus, WorkerCap
 from shared.fleet_state import parse_capabilities
 from shared.keys import ABORT, FORGET, RATE_LIMIT, SUBMIT, RedisKeys, abort_keys, submit_keys
 from shared.results import ResultStore, ResultStoreError
+from shared.shards import ID_BYTES
 from shared.state import STATE_FIELDS, parse_state
 
 _T = TypeVar("_T")
@@ -117,6 +119,10 @@ class RequestStore:
         self._abort = redis.register_script(ABORT)
         self._forget = redis.register_script(FORGET)
         self._rate_limit = redis.register_script(RATE_LIMIT)
+
+    def new_request_id(self, model: str) -> str:
+        """A fresh request id for a new request of ``model`` (one keyspace: random hex, whatever the model)."""
+        return secrets.token_hex(ID_BYTES)
 
     async def submit(
         self,

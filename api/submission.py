@@ -35,7 +35,6 @@ from api.webhook_urls import webhook_errors
 from shared.api_keys import ApiKey
 from shared.contracts import DEFAULT_STRENGTH, MAX_SEED, RequestSpec
 from shared.settings import Settings
-from shared.shards import Shards
 from shared.webhooks import subscription
 from shared.wire import GenerateRequest
 
@@ -50,17 +49,6 @@ def _inputs_of(
         inputs.append(stored)
         errors += problems
     return inputs, errors
-
-
-_layout: tuple[Settings, Shards] | None = None
-"""The shard layout of the settings last seen (an app's settings are one object: read once, not per request)."""
-
-
-def _shards(settings: Settings) -> Shards:
-    global _layout
-    if _layout is None or _layout[0] is not settings:
-        _layout = (settings, Shards(settings))
-    return _layout[1]
 
 
 def _count_refused(store: Store, reason: RefusalReason) -> None:
@@ -99,17 +87,17 @@ async def accept(
             raise oversized
     now = time.time()
     videos = video_models(fleet)
-    shards = _shards(settings)
+    models = [request_model(request, settings) for request in requests]
     specs = [
         request.to_spec(
-            request_id=shards.new_request_id_of(request_model(request, settings)),
-            model=request_model(request, settings),
+            request_id=store.new_request_id(model),
+            model=model,
             seed=request.seed if request.seed is not None else secrets.randbelow(MAX_SEED + 1),
             created_at=now,
             default_priority=settings.default_priority,
-            default_strength=None if request_model(request, settings) in videos else DEFAULT_STRENGTH,
+            default_strength=None if model in videos else DEFAULT_STRENGTH,
         )
-        for request in requests
+        for request, model in zip(requests, models, strict=True)
     ]
     try:
         await take_tokens(store, caller, len(specs))
