@@ -88,9 +88,10 @@ def run_scheduler(settings: Settings, stop: threading.Event | None = None) -> No
     stop = stop if stop is not None else stop_on_signals()
     shards = Shards(settings)
     leaders: ShardLeaders | None = None
+    spreading: threading.Thread | None = None
     if len(shards.names) > 1:
         leaders = ShardLeaders(sync_client(settings), settings)
-        leaders.start(stop)
+        spreading = leaders.start(stop)
     started = [
         ShardScheduler(
             shards.settings_of(shard),
@@ -112,5 +113,7 @@ def run_scheduler(settings: Settings, stop: threading.Event | None = None) -> No
         service.join()
     for _, webhooks in started:
         webhooks.join(timeout=WEBHOOKS_JOIN_S)
+    if spreading is not None:  # it withdraws this process's announcement on its way out
+        spreading.join(timeout=WEBHOOKS_JOIN_S)
     if crashed:
         raise SystemExit(1)

@@ -85,6 +85,10 @@ class SchedulerService:
         self._free: int | None = None  # free worker slots as last counted (minus our dispatches since)
         self._free_at = 0.0
         self._live: int | None = None  # live workers that announced, counted with the free slots when needed
+        # prefetch (scheduler.capacity): a fleet of one model, request-level mode, an order other than fair
+        self._prefetches = not (
+            self.serves_step_mode or len(settings.catalog) > 1 or settings.scheduling_policy == "fair"
+        )
         self._knees = KneeCaps()  # the batch caps the workers announce (scheduler.knees)
         self._knees_at = -KNEES_TTL_S
 
@@ -308,8 +312,7 @@ class SchedulerService:
         free (``scheduler.capacity``: a fleet of one model, request-level mode, an order other than fair, one waiting
         per live worker, full or closed batches only). Whether the queue changed (a batch went, or aborted requests
         left it): look again."""
-        several = len(self._settings.catalog) > 1
-        if self.serves_step_mode or several or self._settings.scheduling_policy == "fair" or free > 0:
+        if not self._prefetches or free > 0:
             return False  # free > 0: the policy's own turn
         if self._live is None:  # counted again with the free slots
             self._live = len(self._store.worker_models())
