@@ -186,3 +186,13 @@ def test_redis_memory_per_finished_request(tmp_path: Path) -> None:
     redis_per_request, image_bytes = figures["redis"]
     assert redis_per_request > 0.8 * image_bytes  # the image lives in Redis
     assert figures["filesystem"][0] < 4096, figures  # state and keys only
+
+
+def test_each_s3_server_starts_empty() -> None:
+    """moto keeps buckets in process-wide state: a server started after another must not show its objects (a test
+    that lists the bucket would see a neighbour's results)."""
+    with s3_server(bucket="isolation") as first:
+        first.client.put_object(Bucket=first.bucket, Key=f"{S3_PREFIX}left-behind.png", Body=b"x")
+        assert first.keys() == {f"{S3_PREFIX}left-behind.png"}
+    with s3_server(bucket="isolation") as second:
+        assert second.keys() == set()

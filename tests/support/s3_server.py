@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
+
 from tests.support.redis_server import free_port
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "fusefleet-test", "AWS_SECRET_ACCESS_KEY": "fusefleet-test-secret"}
@@ -43,7 +45,9 @@ class S3Server:
 
 @contextmanager
 def s3_server(bucket: str = "fusefleet-results") -> Iterator[S3Server]:
-    """A started moto S3 server with ``bucket``; the AWS credential variables are set for this process too."""
+    """A started moto S3 server holding only an empty ``bucket``; the AWS credential variables are set for this
+    process too. moto keeps its buckets in module state shared by every server of a process, so each start resets
+    it: objects a test before this one (in the same pytest process) stored never show up here."""
     import boto3
     from moto.server import ThreadedMotoServer
 
@@ -54,6 +58,7 @@ def s3_server(bucket: str = "fusefleet-results") -> Iterator[S3Server]:
     server.start()
     try:
         endpoint = f"http://127.0.0.1:{port}"
+        httpx.post(f"{endpoint}/moto-api/reset", timeout=10).raise_for_status()
         client = boto3.client(
             "s3",
             endpoint_url=endpoint,
