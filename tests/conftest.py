@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,11 @@ import pytest
 
 from tests.support import fleet as support_fleet
 from tests.support.redis_cluster import LocalRedisCluster, cluster_binaries
+
+# One torch thread in the test process and every process it starts (they inherit the variable; no test sets a count
+# of its own): `make test` runs two pytest processes on two cores, each starting workers, and torch's spinning
+# thread pools oversubscribed that way slowed a 5 s fleet test to 35-55 s (past its wait in CI), against 7 s here.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -55,7 +55,6 @@ def test_a_killed_step_mode_worker_of_each_family_loses_nothing(
         FUSEFLEET_DEMO_FAMILY=family,
         FUSEFLEET_STEP_MODE="1",
         FUSEFLEET_REQUEST_BATCH_MAX_WAIT_MS="0",
-        FUSEFLEET_TORCH_THREADS="2",
         FUSEFLEET_MAX_INFERENCE_STEPS="2000",
     )
     first = fleet.workers[0]
@@ -86,7 +85,7 @@ def test_a_killed_step_mode_worker_of_each_family_loses_nothing(
     states = fleet.wait_done(ids, timeout=180)
     print(f"\n{family}: both requests ended {time.monotonic() - killed_at:.1f} s after the kill")
     assert {rid: s["status"] for rid, s in states.items()} == dict.fromkeys(ids, "succeeded"), states
-    solo_runner = DiffusersRunner(Settings(model_cache_dir=cache, torch_threads=2, demo_family=family))
+    solo_runner = DiffusersRunner(Settings(model_cache_dir=cache, demo_family=family))
     for rid in ids:
         assert fleet.redis.hget(fleet.keys.request(rid), "worker") != node
         events = [fields["event"] for _, fields in fleet.redis.xrange(fleet.keys.request_events(rid))]

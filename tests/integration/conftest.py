@@ -50,7 +50,6 @@ def fleet_env(model_cache: Path, lora_dir: Path) -> dict[str, str]:
         "FUSEFLEET_MODEL_CACHE_DIR": str(model_cache),
         "FUSEFLEET_LORA_DIR": str(lora_dir),
         "FUSEFLEET_RUNNER": "tests.support.runners:ExplodingRunner",
-        "FUSEFLEET_TORCH_THREADS": "2",
         "FUSEFLEET_MAX_INFERENCE_STEPS": "5000",
         "FUSEFLEET_SCHEDULER_LEASE_MS": "1500",
     }

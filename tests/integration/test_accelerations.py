@@ -59,7 +59,7 @@ def test_a_padded_forward_equals_the_unpadded_and_drops_its_padding(family: str,
 def test_channels_last_and_a_pinned_attention_backend_change_nothing(cache_dir: Path) -> None:
     stock = family_runner("stable-diffusion", cache_dir)
     fast = DiffusersRunner(
-        Settings(model=None, model_cache_dir=cache_dir, torch_threads=2, channels_last=True, sdpa_backend="math")
+        Settings(model=None, model_cache_dir=cache_dir, channels_last=True, sdpa_backend="math")
     )
     specs = _specs("stable-diffusion", ["a red fox", "a blue whale"])
     for a, b in zip(_run(stock, specs), _run(fast, specs), strict=True):
@@ -127,7 +127,6 @@ def test_a_compiled_denoiser_equals_its_solo_runs_and_the_eager_one(
         model=None,
         demo_family=family,
         model_cache_dir=cache_dir,
-        torch_threads=2,
         compile_denoiser=True,
         compile_cache_dir=tmp_path / "inductor",
         max_num_seqs=2,

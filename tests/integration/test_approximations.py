@@ -32,7 +32,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _runner(family: str, cache: Path, **settings: Any) -> DiffusersRunner:
     ensure_demo_model(cache, family)
-    return DiffusersRunner(Settings(model=None, demo_family=family, model_cache_dir=cache, torch_threads=2, **settings))
+    return DiffusersRunner(Settings(model=None, demo_family=family, model_cache_dir=cache, **settings))
 
 
 def _run(runner: DiffusersRunner, prompts: list[str], first_seed: int = 11) -> list[np.ndarray]:

@@ -42,7 +42,7 @@ def lora_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def runner(cache_dir: Path, model_dir: Path, lora_dir: Path) -> DiffusersRunner:
-    return DiffusersRunner(Settings(model_cache_dir=cache_dir, lora_dir=lora_dir, torch_threads=2))
+    return DiffusersRunner(Settings(model_cache_dir=cache_dir, lora_dir=lora_dir))
 
 
 def spec(

@@ -100,7 +100,7 @@ def test_a_lora_changes_the_output_and_stays_fused_equal_solo(family: str, cache
     model_dir = ensure_demo_model(cache_dir, family)
     make_family_lora(model_dir, tmp_path, "style", seed=3)
     runner = DiffusersRunner(
-        Settings(model=None, demo_family=family, model_cache_dir=cache_dir, lora_dir=tmp_path, torch_threads=2)
+        Settings(model=None, demo_family=family, model_cache_dir=cache_dir, lora_dir=tmp_path)
     )
     plain = specs_for(family, ["a red fox", "a blue whale"], side=32)
     styled = specs_for(family, ["a red fox", "a blue whale"], side=32, lora=LoraRef(name="style", scale=1.0))

@@ -49,7 +49,7 @@ def spec(task: Task, prompt: str, seed: int, strength: float = 0.75) -> RequestS
 
 @pytest.fixture(scope="module")
 def runner(model_cache: Path) -> DiffusersRunner:
-    return DiffusersRunner(Settings(model_cache_dir=model_cache, torch_threads=2))
+    return DiffusersRunner(Settings(model_cache_dir=model_cache))
 
 
 def no_stop(step: int, total: int) -> bool:

@@ -65,7 +65,7 @@ def fleet(
 def solo(model_cache: Path) -> dict[str, DiffusersRunner]:
     """Each model's runner in this process: what a request of it gives alone."""
     return {
-        model: DiffusersRunner(Settings(model_cache_dir=model_cache, demo_family=family, torch_threads=2))
+        model: DiffusersRunner(Settings(model_cache_dir=model_cache, demo_family=family))
         for model, family in FAMILIES.items()
     }
 

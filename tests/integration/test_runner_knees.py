@@ -39,7 +39,7 @@ def test_the_start_up_measurement_times_each_size_once_per_model_and_device(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = Settings(
-        model=None, model_cache_dir=tmp_path, torch_threads=2, max_num_seqs=3, batch_knee_warmup="32x32"
+        model=None, model_cache_dir=tmp_path, max_num_seqs=3, batch_knee_warmup="32x32"
     )
     caplog.set_level(logging.INFO, logger="gpu_worker.diffusers_runner")
     runner = DiffusersRunner(settings)

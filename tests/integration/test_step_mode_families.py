@@ -103,7 +103,7 @@ def test_mixed_requests_join_a_running_set_and_equal_their_solo_runs(
     assert aborted["status"] == "aborted" and aborted["progress"]["step"] < LONG_STEPS
 
     solo_runner = DiffusersRunner(
-        Settings(model_cache_dir=model_cache, lora_dir=lora_dir, torch_threads=2, demo_family=family)
+        Settings(model_cache_dir=model_cache, lora_dir=lora_dir, demo_family=family)
     )
     assert solo_runner.traits.family == family
     for rid, state in states.items():
@@ -139,7 +139,7 @@ def assert_an_image_request_joins(
     params = state["params"]
     assert params["task"] == task and params["strength"] == body["strength"], params
     solo_runner = DiffusersRunner(
-        Settings(model_cache_dir=model_cache, lora_dir=lora_dir, torch_threads=2, demo_family=family)
+        Settings(model_cache_dir=model_cache, lora_dir=lora_dir, demo_family=family)
     )
     spec = RequestSpec(
         id="solo",

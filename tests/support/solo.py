@@ -18,7 +18,7 @@ from shared.settings import Settings
 
 def solo_runner_of(model_cache: Path, lora_dir: Path) -> DiffusersRunner:
     """The real runner on the tiny demo model, in this process."""
-    return DiffusersRunner(Settings(model_cache_dir=model_cache, lora_dir=lora_dir, torch_threads=2))
+    return DiffusersRunner(Settings(model_cache_dir=model_cache, lora_dir=lora_dir))
 
 
 def no_stop(step: int, total: int) -> bool:

@@ -42,7 +42,6 @@ def take(out: Path) -> None:
             "FUSEFLEET_MODEL_CACHE_DIR": str(root / "models"),
             "FUSEFLEET_MAX_NUM_SEQS": "4",
             "FUSEFLEET_REQUEST_BATCH_MAX_WAIT_MS": "300",
-            "FUSEFLEET_TORCH_THREADS": "2",
             "FUSEFLEET_MAX_INFERENCE_STEPS": "5000",
         }
         ensure_demo_model(root / "models")

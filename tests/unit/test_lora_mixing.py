@@ -39,7 +39,7 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> DiffusersRunner:
     model = ensure_demo_model(cache)
     make_test_lora(model, loras, STYLE, seed=1)
     make_test_lora(model, loras, OTHER, seed=2)
-    return DiffusersRunner(Settings(model_cache_dir=cache, lora_dir=loras, torch_threads=2))
+    return DiffusersRunner(Settings(model_cache_dir=cache, lora_dir=loras))
 
 
 def spec(i: int, lora: LoraRef | None, n: int = 1) -> RequestSpec:
