@@ -20,6 +20,10 @@ Mirrors ``LTXPipeline.__call__`` (diffusers 0.42) for text-to-video:
   each row a :class:`gpu_worker.runner.Video` of PIL frames at the canvas's frame rate.
 
 ``attention_kwargs`` and a ``decode_timestep`` other than the default are not used (the fleet sends neither).
+
+Image-to-video rows (task ``image-to-image``, the image the first frame) mirror ``LTXImageToVideoPipeline``
+(:mod:`gpu_worker.step_engine.ltx_image_task`): the image's latents as the first latent frame, kept through every
+step, and a timestep per token (0 on that frame) in a call with such a row; they share a set with text rows.
 """
 
 from __future__ import annotations
@@ -33,10 +37,11 @@ import torch
 from gpu_worker.families import family_of
 from gpu_worker.runner import Video
 from gpu_worker.step_engine.adapter import Canvas, Conditioning, FamilyAdapter, Prompt, split
+from gpu_worker.step_engine.ltx_image_task import CONDITIONING_MASK, LtxImageToVideo, timestep_of
 from gpu_worker.step_engine.rows import Row
 
 
-class LtxVideoAdapter(FamilyAdapter):
+class LtxVideoAdapter(LtxImageToVideo, FamilyAdapter):
     family: ClassVar[str] = "ltx-video"
     denoiser_name: ClassVar[str] = "transformer"
     scales_initial_noise: ClassVar[bool] = False
@@ -101,9 +106,12 @@ class LtxVideoAdapter(FamilyAdapter):
             device=self.device,
         )
         conds = split({"encoder_hidden_states": embeds, "encoder_attention_mask": mask}, len(rows))
+        self.with_first_frame(conds, rows)
         unconds: list[dict[str, torch.Tensor] | None] = [None] * len(rows)
         if any(guided):
-            unconds = [*split({"encoder_hidden_states": negative, "encoder_attention_mask": negative_mask}, len(rows))]
+            negatives = split({"encoder_hidden_states": negative, "encoder_attention_mask": negative_mask}, len(rows))
+            self.with_first_frame(negatives, rows)
+            unconds = [*negatives]
         return [Prompt(c, u if g else None) for c, u, g in zip(conds, unconds, guided, strict=True)]
 
     def denoise(self, sample: torch.Tensor, timesteps: torch.Tensor, conditioning: Conditioning) -> torch.Tensor:
@@ -115,7 +123,7 @@ class LtxVideoAdapter(FamilyAdapter):
             out: torch.Tensor = pipe.transformer(
                 hidden_states=sample.to(embeds.dtype),
                 encoder_hidden_states=embeds,
-                timestep=timesteps,
+                timestep=timestep_of(timesteps, conditioning.get(CONDITIONING_MASK)),
                 encoder_attention_mask=conditioning["encoder_attention_mask"],
                 num_frames=frames,
                 height=height,
