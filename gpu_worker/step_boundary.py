@@ -59,9 +59,11 @@ class Joiner:
 
 @dataclass(frozen=True, slots=True)
 class Eviction:
-    """The scheduler asked the set to evict ``request_id`` (``step_evict.lua``)."""
+    """The scheduler asked the set to evict ``request_id`` (``step_evict.lua``), for batch ``joiner`` where it sent
+    one to take the room (``step_swap.lua``)."""
 
     request_id: str
+    joiner: str | None = None
 
 
 Arrival = Joiner | Eviction
@@ -187,7 +189,8 @@ class Arrivals:
             message = BatchMessage.model_validate_json(raw)
         except ValidationError as exc:
             try:
-                return Eviction(StepEviction.model_validate_json(raw).evict)
+                eviction = StepEviction.model_validate_json(raw)
+                return Eviction(eviction.evict, eviction.joiner)
             except ValidationError:
                 log.error("unreadable batch message in the inbox, dropped (the reaper runs it again): %s", exc)
                 return None

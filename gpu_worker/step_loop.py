@@ -215,6 +215,7 @@ class _RunningSet:
         self.bound_s = self.writer.outage_retry_s + MARGIN_S  # the longest a wait on the boundary threads takes
         self.finishing: dict[_Held, list[StepReporter]] = {}  # reporters to close before storing, per batch
         self.leaving: set[str] = set()  # live requests in their last step, counted out of the set already
+        self.later: list[Arrival] = []  # taken, to join at the next boundary (a swap's joiner, ``_take_arrivals``)
         self.releasing: list[_Held] = []  # batches whose release (BATCH_DONE) was submitted
         self.writes = Writes()
         self.arrivals = Arrivals(
@@ -272,12 +273,18 @@ class _RunningSet:
         ``arrivals``), and evict as asked, in inbox order; raise what stopped the boundary threads. The requests
         whose next step is their last are counted out once what joins here is taken (``_count_out_last``)."""
         self.writes.check()
-        taken = self.arrivals.take() if arrivals is None else arrivals
+        taken = [*self.later, *(self.arrivals.take() if arrivals is None else arrivals)]
+        self.later = []
         self._count_out_last()  # before this boundary's joins run: the scheduler has their time too
         joined = False
+        held_back: set[str] = set()  # swap joiners whose room frees only at the next boundary
         for arrival in taken:
             if isinstance(arrival, Eviction):
-                self._evict(arrival.request_id)
+                if not self._evict(arrival) and arrival.joiner is not None:
+                    held_back.add(arrival.joiner)
+                continue
+            if arrival.message.batch_id in held_back:
+                self.later.append(arrival)
                 continue
             self._hold(arrival.message.batch_id, arrival.claim.token, beat=False)  # Arrivals had it held
             self._admit(arrival.message, arrival.claim, counted=len(arrival.message.request_ids), prepared=True)
@@ -305,7 +312,7 @@ class _RunningSet:
         """The set is empty: close it unless something arrived (then it goes on). Every batch popped from the inbox
         is taken and every count-out made first, so ``step_close`` sees what the scheduler sees."""
         arrivals = self.arrivals.drain(self.bound_s)
-        if arrivals:
+        if arrivals or self.later:
             self.arrivals.resume()
             self._take_arrivals(arrivals)
             return False
@@ -572,26 +579,30 @@ class _RunningSet:
             self.outcome.statuses.update(self.writer.fail({rid: errors[rid] for rid in request_ids}, held.token))
         self._ended(list(errors))
 
-    def _evict(self, request_id: str) -> None:
-        """The scheduler asked to evict ``request_id`` for a request of a higher level: take it out of the set and
-        requeue it (``requeue.lua``), unless it ended meanwhile, the set is sealed (then its room would go to no
-        one) or it is in its last step (counted out already: its room went to the scheduler). The set's count and
-        levels hash drop with the requeue itself."""
+    def _evict(self, eviction: Eviction) -> bool:
+        """The scheduler asked to evict a request for a request of a higher level, or (``joiner``: a swap) for
+        the batch it sent with the eviction: take it out of the set and requeue it (``requeue.lua``), unless it
+        ended meanwhile, the set is sealed and no joiner was named (then its room would go to no one) or it is in
+        its last step (counted out already: its room went to the scheduler). The set's count and levels hash drop
+        with the requeue itself. False when the request runs its last step now: a swap's joiner then waits for the
+        next boundary, so that the set never runs past its cap (``_take_arrivals``); else True."""
+        request_id = eviction.request_id
         held = self.owner.get(request_id)
-        if held is None or self.sealed or request_id in self.leaving:
+        if held is None or (self.sealed and eviction.joiner is None) or request_id in self.leaving:
             why = "it is not in the set (it ended meanwhile)"
             if held is not None:
                 why = "the set is sealed" if self.sealed else "it leaves at the next step (its room was given already)"
             log.info("eviction of %s ignored: %s", request_id, why, extra=ids(request_id=request_id))
-            return
+            return held is None or request_id not in self.leaving
         self.set.abort(request_id)
         outcome = self.writer.redis(
             lambda: self.store.requeue(request_id, held.token, self.worker), "requeueing a request"
         )
         if outcome == 1:
             log.info(
-                "request %s evicted from the set for a higher level and requeued",
+                "request %s evicted from the set for %s and requeued",
                 request_id,
+                "a higher level" if eviction.joiner is None else f"batch {eviction.joiner}",
                 extra=ids(request_id=request_id, batch_id=held.batch_id),
             )
             self.outcome.statuses[request_id] = RequestStatus.QUEUED
@@ -602,6 +613,7 @@ class _RunningSet:
         else:
             log.warning("request %s to evict is no longer this run's: dropped", request_id)
             self._ended([request_id])
+        return True
 
     def _ended(self, request_ids: Sequence[str], *, counted: bool = True) -> None:
         """These requests left the set: count them out (unless ``counted`` is False: ``requeue.lua`` did), and
@@ -660,7 +672,8 @@ class _RunningSet:
     def _release_joiners(self) -> list[Joiner]:
         """Stop ``Arrivals``; the batches it claimed that never joined are let go (their locks lapse: the reaper
         runs them again), and returned."""
-        left = [arrival for arrival in self.arrivals.stop() if isinstance(arrival, Joiner)]
+        left = [arrival for arrival in [*self.later, *self.arrivals.stop()] if isinstance(arrival, Joiner)]
+        self.later = []
         for joiner in left:
             self._release(_Held(joiner.message.batch_id, joiner.claim.token))
         return left

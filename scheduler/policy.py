@@ -26,10 +26,22 @@ None. Only for a live head with no free slot (``free_slots <= 0``) and no set to
 its key where one eviction makes room (``rows - 1 < cap(head)``), and only a request of a LOWER level than the
 head's; None while a set of its key has an eviction pending (``evicting``). The victim is the lowest level over
 all candidate sets; ties: the one that joined last, then the lowest worker name, then the lowest request id.
+
+``swap(waiting, open_sets, free_slots, config)`` -> ``Swap`` (send that waiting request to that worker's set with
+the eviction of that running one, both at its next step boundary) or None: the fair order's sharing within a
+level. Only when no free slot is left and the head cannot join a set (as ``preempt``). ``running(flow)`` counts the
+members of every open set by ``flow`` (None: unknown, never counted or evicted), and the requests sent to it that
+are not members yet (``pending``: counted, never evicted). The live waiting requests of the
+head's level are tried in service order (a request whose flow and key were tried already is skipped): one may take
+the room of a member of its level and of another flow that runs at least ``SWAP_MARGIN`` more requests than its
+own, in an open set of its key with no eviction pending where one eviction makes room (``rows - 1 < cap``); the
+first that may, takes it from the flow that runs the most; ties: the one that joined last, then the lowest worker
+name, then the lowest request id. After a swap the flows are even or one apart, so they never swap back.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -49,6 +61,7 @@ class WaitingRequest:
     cost: int = 1  # what the request adds to a batch's memory (shared.compat.pixel_cost in production)
     level: int = 0  # its level in the service order (scheduler.queue); a batch holds one level
     knee: int | None = None  # the largest batch of its model and cost that still gains throughput (None: unknown)
+    flow: Hashable = None  # its flow in the fair order, (model, API key name), for ``swap`` (None: unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +142,7 @@ class Member:
     id: str
     level: int  # its level in the service order (as WaitingRequest.level)
     joined_at: float = 0.0  # when it joined the set (any clock, compared between members only)
+    flow: Hashable = None  # its flow in the fair order (as WaitingRequest.flow; None: unknown, never swapped out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +155,7 @@ class OpenSet:
     sealed: bool = False  # it takes no more joins
     members: tuple[Member, ...] = ()  # its running requests (read for ``preempt`` only)
     evicting: bool = False  # an eviction was sent to it and is not done yet
+    pending: tuple[Hashable, ...] = ()  # the flows of requests sent to it and not yet among its members (``swap``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +173,21 @@ class Preempt:
 
     worker: str
     request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Swap:
+    """Send waiting request ``joiner`` to ``worker``'s full running set with the eviction of ``request_id``, whose
+    room it takes at the set's next step boundary (``step_swap.lua``)."""
+
+    worker: str
+    request_id: str
+    joiner: str
+
+
+SWAP_MARGIN = 2
+"""A flow of a level may take a row from another that runs at least this many more requests than it: one fewer
+would swap a row back and forth between two flows one apart."""
 
 
 def _candidate(
@@ -239,3 +269,36 @@ def preempt(
         return None
     member, worker = min(candidates, key=lambda c: (c[0].level, -c[0].joined_at, c[1], c[0].id))
     return Preempt(worker=worker, request_id=member.id)
+
+
+def swap(
+    waiting: Sequence[WaitingRequest], open_sets: Sequence[OpenSet], free_slots: int, config: PolicyConfig
+) -> Swap | None:
+    """The waiting request of the head's level to send into a full set, and the member of a flow that runs at
+    least ``SWAP_MARGIN`` more requests whose room it takes; None when none may (see the module's docstring)."""
+    head = next((r for r in waiting if not r.aborted), None)
+    if head is None or free_slots > 0 or place(waiting, open_sets, config) is not None:
+        return None
+    flows = [flow for s in open_sets for flow in (*(m.flow for m in s.members), *s.pending)]
+    running = Counter(flow for flow in flows if flow is not None)
+    tried: set[tuple[Hashable, Hashable]] = set()
+    for request in waiting:
+        if request.aborted or request.level != head.level or (request.flow, request.key) in tried:
+            continue
+        tried.add((request.flow, request.key))
+        cap = config.of(request).cap(request)
+        own = running[request.flow] if request.flow is not None else 0
+        candidates = [
+            (m, s.worker)
+            for s in open_sets
+            if not s.sealed and not s.evicting and s.key == request.key and s.rows - 1 < cap
+            for m in s.members
+            if m.level == request.level
+            and m.flow is not None
+            and m.flow != request.flow
+            and running[m.flow] >= own + SWAP_MARGIN
+        ]
+        if candidates:
+            member, worker = min(candidates, key=lambda c: (-running[c[0].flow], -c[0].joined_at, c[1], c[0].id))
+            return Swap(worker=worker, request_id=member.id, joiner=request.id)
+    return None

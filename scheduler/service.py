@@ -154,8 +154,10 @@ class SchedulerService:
         """Send the head's batch into ``room``; whether it went (then the loop looks at the queue again)."""
         return False
 
-    def _when_full(self, head: list[WaitingRequest], room: Sequence[RunningSet], free: int) -> None:
-        """No batch was dispatched and no slot is free (``free`` <= 0) while ``room`` exists."""
+    def _when_full(self, head: list[WaitingRequest], room: Sequence[RunningSet], free: int) -> float | None:
+        """No batch was dispatched and no slot is free (``free`` <= 0) while ``room`` exists; when to look again
+        (clock value; None = on new input)."""
+        return None
 
     # --- reading ---------------------------------------------------------------------------------------------
     def _recover(self) -> None:
@@ -268,8 +270,8 @@ class SchedulerService:
                 if decision.dropped_ids:  # aborted requests left the window: look at the requests behind them
                     continue
                 until = decision.until
-                if free <= 0 and room:
-                    self._when_full(head, room, free)
+                if free <= 0 and room and (again := self._when_full(head, room, free)) is not None:
+                    until = again if until is None else min(until, again)
                 if self._prefetch(free):
                     continue
                 break

@@ -102,6 +102,7 @@ class SchedulerStore:
         self._expire = client.register_script(k.EXPIRE)
         self._step_join = client.register_script(k.STEP_JOIN)
         self._step_evict = client.register_script(k.STEP_EVICT)
+        self._step_swap = client.register_script(k.STEP_SWAP)
         self._aborted_due = True  # take the aborted set at the next read (see read_new)
 
     def ensure_groups(self) -> None:
@@ -329,6 +330,26 @@ class SchedulerStore:
         args: list[str | int] = [worker, digest, message_json, batch_id, count, cap, worker_ttl_ms, self._inbox_ttl_ms]
         return int(self._step_join(keys=keys, args=args)) == 1
 
+    def step_swap(
+        self, worker: str, digest: str, message_json: str, batch_id: str, count: int, cap: int, evict: str
+    ) -> int:
+        """Send scheduled batch ``batch_id`` to ``worker``'s full running set of step key ``digest`` with, ahead of it,
+        the eviction of ``evict`` whose room it takes (``step_swap.lua``): 2 when both were sent, 1 when ``evict``
+        had left and the batch was sent as a plain join, 0 when refused (as ``step_join``; the caller publishes
+        it instead)."""
+        keys = [
+            self.keys.step_sets,
+            self.keys.step_rows,
+            self.keys.step_inbox(worker),
+            self.keys.workers,
+            self.keys.storing,
+            self.keys.step_levels(worker),
+        ]
+        worker_ttl_ms = int(self._settings.worker_ttl_s * 1000)
+        eviction = StepEviction(evict=evict, joiner=batch_id).model_dump_json()
+        args: list[str | int] = [worker, digest, message_json, batch_id, count, cap, worker_ttl_ms, self._inbox_ttl_ms]
+        return int(self._step_swap(keys=keys, args=[*args, evict, eviction]))
+
     def step_levels(self, workers: Sequence[str]) -> dict[str, list[RunningMember]]:
         """The requests running in each worker's set with their priorities and join times
         (``P:step:levels:{worker}``, one round trip); a worker with none (or no set) maps to an empty list."""
@@ -353,7 +374,7 @@ class SchedulerStore:
         """Ask ``worker``'s running set of step key ``digest`` to evict ``request_id`` at its next step boundary
         (``step_evict.lua``): False when the set is no longer open on that key or no longer runs the request."""
         keys = [self.keys.step_sets, self.keys.step_levels(worker), self.keys.step_inbox(worker)]
-        message = StepEviction(evict=request_id).model_dump_json()
+        message = StepEviction(evict=request_id).model_dump_json(exclude_none=True)  # as a worker before swaps reads it
         return int(self._step_evict(keys=keys, args=[worker, digest, request_id, message, self._inbox_ttl_ms])) == 1
 
     @property

@@ -306,9 +306,15 @@ class BatchMessage(Frozen):
 class StepEviction(Frozen):
     """Step mode: a message in a worker's inbox (beside ``BatchMessage``s) asking its running set to evict request
     ``evict`` at the next step boundary and requeue it (``step_evict.lua``, ``requeue.lua``): a request of a higher
-    level waits for its room."""
+    level waits for its room, or (``joiner``) a request of a flow that runs fewer rows takes it."""
 
     evict: str = Field(min_length=1)
+    joiner: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The batch sent with it to take the room (step_swap.lua: the fair order's swap): the set evicts "
+        "even once sealed, and holds that batch back a boundary when ``evict`` is in its last step.",
+    )
 
 
 class ErrorInfo(Frozen):

@@ -119,3 +119,54 @@ def test_an_eviction_of_a_request_in_its_last_step_is_ignored(worker: Worker, ho
     assert isinstance(outcome, SetOutcome) and outcome.statuses == {"low": "succeeded", "peer": "succeeded"}
     assert hooked.steps == 5
     worker.assert_closed()
+
+
+# --- the fair order's swap (step_swap.lua: the eviction and the batch taking its room, together) -----------------
+
+
+def swap(worker: Worker, evict: str, message: BatchMessage, digest: str, cap: int) -> None:  # noqa: F811
+    """What the scheduler does for a swap: ``step_swap.lua`` puts the eviction, then the batch, in the inbox."""
+    scheduler = SchedulerStore(worker.client, worker.settings.model_copy(update={"worker_ttl_s": 60}))
+    sent = scheduler.step_swap(WORKER, digest, message.model_dump_json(), message.batch_id, 1, cap, evict)
+    assert sent == 2
+
+
+def test_a_swap_evicts_in_a_sealed_set_too_and_its_batch_takes_the_room(worker: Worker, hooked: Hooked) -> None:  # noqa: F811
+    flood1 = spec("flood1", steps=6, seed=51)
+    flood2 = spec("flood2", steps=6, seed=52)
+    probe = spec("probe", steps=2, seed=53)
+    digest = step_key(flood1).digest
+
+    def send() -> None:  # sent while the set was open; it is sealed by the boundary that reads it
+        swap(worker, "flood2", worker.schedule("B2", [probe]), digest, cap=2)
+        worker.loop.seal_after_s = 0.0
+        worker.loop.settle()
+
+    hooked.hooks[2] = send
+    outcome = worker.loop.run(worker.schedule("B1", [flood1, flood2]))
+    assert isinstance(outcome, SetOutcome) and outcome.batches == ["B1", "B2"]
+    assert outcome.statuses == {"flood1": "succeeded", "flood2": "queued", "probe": "succeeded"}
+    assert max(hooked.live) == 2  # the probe ran in flood2's row, never beside it
+    assert float(worker.request("probe")["finished_at"]) < float(worker.request("flood1")["finished_at"])
+    worker.assert_closed()
+
+
+def test_a_swap_whose_request_is_in_its_last_step_holds_its_batch_back_a_boundary(
+    worker: Worker,  # noqa: F811 - the fixture
+    hooked: Hooked,  # noqa: F811
+) -> None:
+    last = spec("last", steps=3, seed=61)
+    peer = spec("peer", steps=6, seed=62)
+    probe = spec("probe", steps=2, seed=63)
+
+    def send() -> None:  # read at the boundary before last's last step (step 3), where it is counted out
+        swap(worker, "last", worker.schedule("B2", [probe]), step_key(last).digest, cap=2)
+        worker.loop.settle()  # claimed ahead of that boundary: it would join there beside "last"
+
+    hooked.hooks[2] = send
+    outcome = worker.loop.run(worker.schedule("B1", [last, peer]))
+    assert isinstance(outcome, SetOutcome) and outcome.batches == ["B1", "B2"]
+    assert outcome.statuses == {"last": "succeeded", "peer": "succeeded", "probe": "succeeded"}
+    assert max(hooked.live) == 2  # the probe joined once "last" was done: the set never ran 3 rows
+    assert hooked.steps == 6
+    worker.assert_closed()
