@@ -24,14 +24,24 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import redis
+import redis.exceptions
 from redis.asyncio.cluster import AbstractStrategy, ClusterPipeline, TransactionStrategy
 from redis.asyncio.cluster import ClusterPubSub as AsyncClusterPubSub
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, SlotNotCoveredError
 
-_OUTAGES = (RedisClusterException, SlotNotCoveredError)
-"""redis-py's exceptions (exactly these types, not their subclasses: those are misuse, such as a cross-slot
+_OUTAGES: tuple[type[Exception], ...] = (
+    RedisClusterException,
+    SlotNotCoveredError,
+    # redis-py 8.2: no node answered (before, a plain RedisClusterException)
+    *(
+        (redis.exceptions.RedisClusterUnreachableError,)
+        if hasattr(redis.exceptions, "RedisClusterUnreachableError")
+        else ()
+    ),
+)
+"""redis-py's exceptions (exactly these types, not their other subclasses: those are misuse, such as a cross-slot
 transaction) that mean the cluster cannot serve now."""
 
 
