@@ -198,11 +198,13 @@ def script_costs(entries: Sequence[Mapping[str, Any]], names: Mapping[str, str])
     ]
 
 
-def _reads(client: redis.Redis) -> int:
+def server_reads(client: redis.Redis) -> int:
+    """The server's socket reads so far (``INFO stats`` ``total_reads_processed``: about one per round trip)."""
     return int(client.info("stats")["total_reads_processed"])
 
 
-def _cpu_s(client: redis.Redis) -> float:
+def server_cpu_s(client: redis.Redis) -> float:
+    """The server process's CPU seconds so far (user + system)."""
     cpu = client.info("cpu")
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
@@ -233,16 +235,16 @@ def measure(
             ):
                 target = FusefleetTarget(base, wait_s=60)
                 load = LoadSpec(pattern="closed", count=WARM_UP, concurrency=concurrency, steps=steps)
-                _run(target, load)
+                run_to_success(target, load)
                 if by_script:
                     client.config_set("slowlog-max-len", 1_000_000)
                     client.config_set("slowlog-log-slower-than", 0)
                     client.slowlog_reset()
                 client.config_resetstat()
-                reads_before, before, started = _reads(client), _cpu_s(client), time.monotonic()
-                _run(target, LoadSpec(pattern="closed", count=requests, concurrency=concurrency, steps=steps))
-                cpu_s, window_s = _cpu_s(client) - before, time.monotonic() - started
-                reads = _reads(client) - reads_before - 3  # less the benchmark's own: two INFO cpu, this INFO stats
+                reads_before, before, started = server_reads(client), server_cpu_s(client), time.monotonic()
+                run_to_success(target, LoadSpec(pattern="closed", count=requests, concurrency=concurrency, steps=steps))
+                cpu_s, window_s = server_cpu_s(client) - before, time.monotonic() - started
+                reads = server_reads(client) - reads_before - 3  # less ours: two INFO cpu, this INFO stats
                 commands = tuple(command_costs(client.info("commandstats")))
                 scripts: tuple[ScriptCost, ...] = ()
                 if by_script:
@@ -250,16 +252,17 @@ def measure(
                     scripts = tuple(script_costs(client.slowlog_get(-1), script_names()))
                 idle_rate = 0.0
                 if idle_s > 0:
-                    idle_before = _cpu_s(client)
+                    idle_before = server_cpu_s(client)
                     time.sleep(idle_s)
-                    idle_rate = (_cpu_s(client) - idle_before) / idle_s
+                    idle_rate = (server_cpu_s(client) - idle_before) / idle_s
                 cost = RedisCost(requests, commands, cpu_s, window_s, idle_rate, scripts, reads)
         finally:
             server.stop()
     return cost
 
 
-def _run(target: FusefleetTarget, load: LoadSpec) -> None:
+def run_to_success(target: FusefleetTarget, load: LoadSpec) -> None:
+    """Run ``load`` against ``target``; RuntimeError when any request did not succeed."""
     records = asyncio.run(run_load(target, load, timeout_s=300))
     failed = [record for record in records if record.status != "succeeded"]
     if failed:

@@ -32,7 +32,16 @@ from typing import Any
 import redis
 
 from bench.loadgen import LoadSpec
-from bench.redis_cost import RUNNERS, SIM_ENV, WARM_UP, RedisCost, _cpu_s, _reads, _run, command_costs
+from bench.redis_cost import (
+    RUNNERS,
+    SIM_ENV,
+    WARM_UP,
+    RedisCost,
+    command_costs,
+    run_to_success,
+    server_cpu_s,
+    server_reads,
+)
 from bench.report import merge_figures, replace_section
 from bench.targets import FusefleetTarget
 from fusefleet.up import LocalFleet
@@ -169,26 +178,26 @@ def measure(
     """One configuration (``LAYOUTS[shards]``): warm up, reset the stats, the window, then the idle rates."""
     with shard_fleet(LAYOUTS[shards], seqs=seqs, log_dir=log_dir / f"shards{shards}") as (fleet, base, client):
         target = FusefleetTarget(base, wait_s=60)
-        _run(target, ModelsSpec(pattern="closed", count=WARM_UP, concurrency=concurrency, steps=steps))
+        run_to_success(target, ModelsSpec(pattern="closed", count=WARM_UP, concurrency=concurrency, steps=steps))
         scheduler, api = fleet.processes["scheduler"].pid, fleet.processes["api"].pid
         client.config_resetstat()
-        reads_before, before = _reads(client), _cpu_s(client)
+        reads_before, before = server_reads(client), server_cpu_s(client)
         scheduler_before, api_before, started = _process_cpu_s(scheduler), _process_cpu_s(api), time.monotonic()
         load = ModelsSpec(pattern="closed", count=requests, concurrency=concurrency, steps=steps, seed=WARM_UP)
-        _run(target, load)
-        cpu_s, window_s = _cpu_s(client) - before, time.monotonic() - started
+        run_to_success(target, load)
+        cpu_s, window_s = server_cpu_s(client) - before, time.monotonic() - started
         scheduler_cpu_s, api_cpu_s = _process_cpu_s(scheduler) - scheduler_before, _process_cpu_s(api) - api_before
-        reads = _reads(client) - reads_before - 3  # less the benchmark's own: two INFO cpu, this INFO stats
+        reads = server_reads(client) - reads_before - 3  # less the benchmark's own: two INFO cpu, this INFO stats
         commands = tuple(command_costs(client.info("commandstats")))
         load_average = os.getloadavg()[0]
         idle_rate = scheduler_idle_rate = 0.0
         if idle_s > 0:
             time.sleep(1.0)  # the window's last long polls end
-            idle_before, scheduler_idle_before = _cpu_s(client), _process_cpu_s(scheduler)
+            idle_before, scheduler_idle_before = server_cpu_s(client), _process_cpu_s(scheduler)
             idle_started = time.monotonic()
             time.sleep(idle_s)
             idle_window = time.monotonic() - idle_started
-            idle_rate = (_cpu_s(client) - idle_before) / idle_window
+            idle_rate = (server_cpu_s(client) - idle_before) / idle_window
             scheduler_idle_rate = (_process_cpu_s(scheduler) - scheduler_idle_before) / idle_window
     cost = RedisCost(requests, commands, cpu_s, window_s, idle_rate, (), reads)
     return ShardRun(shards, cost, scheduler_cpu_s, api_cpu_s, scheduler_idle_rate, load_average)
