@@ -15,7 +15,9 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import redis
 
 from scheduler.lease import Lease
 from scheduler.shard_leaders import ShardLeaders
@@ -47,6 +49,20 @@ def stop_on_signals() -> threading.Event:
 
 
 @dataclass(frozen=True)
+class ProcessClients:
+    """The Redis clients of one scheduler process, which every shard's threads share: a fleet's shards are key
+    prefixes of one Redis (or one Redis Cluster), so one connection pool of each kind serves them all (not three
+    per shard)."""
+
+    text: redis.Redis
+    binary: redis.Redis
+
+    @classmethod
+    def of(cls, settings: Settings) -> ProcessClients:
+        return cls(sync_client(settings), sync_client(settings, binary=True))
+
+
+@dataclass(frozen=True)
 class ShardScheduler:
     """What a scheduler process runs for one shard, over ``settings`` (the shard's, ``Shards.settings_of``):
     ``wanted`` and ``token`` are the spread's (``ShardLeaders``; None: a fleet of one shard, always contend with a
@@ -56,24 +72,24 @@ class ShardScheduler:
     shard: str = ""
     wanted: Callable[[], bool] | None = None
     token: str | None = None
+    clients: ProcessClients | None = field(default=None, compare=False)  # None: its own
 
     def start(self, stop: threading.Event) -> tuple[threading.Thread, threading.Thread]:
         """Start the sweeper, the webhook dispatcher and the batching service, each a thread; returns the service's
         thread and the dispatcher's."""
         settings = self.settings
         where = f" [{self.shard}]" if self.shard else ""
-        client = sync_client(settings)
+        clients = self.clients or ProcessClients.of(settings)
+        client = clients.text
         store = SchedulerStore(client, settings)
         lease = Lease(client, store.keys.scheduler_lease, settings.scheduler_lease_ms, token=self.token)
         service = service_for(settings)(
             settings, store, lease, make_celery(settings), wanted=self.wanted, name=f"scheduler{where}"
         )
-        results = build_result_store(settings, sync_client(settings, binary=True))
+        results = build_result_store(settings, clients.binary)
         journal = ResultJournal(client, store.keys)
         ResultSweeper(journal, results, interval_s=settings.result_sweep_interval_s).start(stop)
-        dispatcher = WebhookDispatcher(
-            sync_client(settings), settings, wanted=self.wanted, name=f"webhook dispatcher{where}"
-        )
+        dispatcher = WebhookDispatcher(client, settings, wanted=self.wanted, name=f"webhook dispatcher{where}")
         webhooks = dispatcher.start(stop)
         thread = threading.Thread(target=service.run, args=(stop,), name=f"scheduler{where}", daemon=True)
         thread.start()
@@ -87,10 +103,11 @@ def run_scheduler(settings: Settings, stop: threading.Event | None = None) -> No
     up leading some shards and announcing itself for all)."""
     stop = stop if stop is not None else stop_on_signals()
     shards = Shards(settings)
+    clients = ProcessClients.of(settings)
     leaders: ShardLeaders | None = None
     spreading: threading.Thread | None = None
     if len(shards.names) > 1:
-        leaders = ShardLeaders(sync_client(settings), settings)
+        leaders = ShardLeaders(clients.text, settings)
         spreading = leaders.start(stop)
     started = [
         ShardScheduler(
@@ -98,6 +115,7 @@ def run_scheduler(settings: Settings, stop: threading.Event | None = None) -> No
             shard,
             wanted=leaders.wanted_of(shard) if leaders is not None else None,
             token=leaders.token if leaders is not None else None,
+            clients=clients,
         ).start(stop)
         for shard in shards.names
     ]
