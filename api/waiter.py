@@ -140,7 +140,7 @@ class CompletionWaiter:
             finally:
                 self._lost()
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(pubsub.aclose(), timeout=STOP_TIMEOUT_S)  # type: ignore[no-untyped-call]
+                    await asyncio.wait_for(pubsub.aclose(), timeout=STOP_TIMEOUT_S)  # type: ignore[no-untyped-call, unused-ignore]
 
     def _lost(self) -> None:
         """The subscription is gone (or going): endings may be missed from now on, so no note holds any longer; the
