@@ -329,21 +329,37 @@ class ShardedFleet:
 
     def __init__(self, readers: Sequence[FleetReader]) -> None:
         self.readers = tuple(readers)
+        self._owners: dict[str, int] = {}  # busy batch id -> the reader whose shard held it at the last read
 
     async def read(self) -> FleetSnapshot | None:
         snapshots = await asyncio.gather(*(reader.read() for reader in self.readers))
         if any(snapshot is None for snapshot in snapshots):
             return None
+        self._owners = {
+            batch: index for index, snapshot in enumerate(snapshots) if snapshot for batch in snapshot.busy_batches
+        }
         return merge_snapshots([snapshot for snapshot in snapshots if snapshot is not None])
 
     async def running(self, batch_ids: tuple[str, ...]) -> list[RunningBatch] | None:
-        """Each batch as the shard holding it tells (a batch id is in one shard; the others find no requests in it:
-        size 0), or None when any shard's read fails."""
-        told = await asyncio.gather(*(reader.running(batch_ids) for reader in self.readers))
+        """Each batch as the shard holding it tells, or None when any read fails. A batch the last ``read`` found
+        is asked of its shard alone; any other of every shard (a batch id is in one shard; the others find no
+        requests in it: size 0)."""
+        everyone = range(len(self.readers))
+        asked: dict[int, list[str]] = {index: [] for index in everyone}
+        for batch_id in batch_ids:
+            owner = self._owners.get(batch_id)
+            for index in everyone if owner is None else (owner,):
+                asked[index].append(batch_id)
+        shards = [index for index in everyone if asked[index]]
+        told = await asyncio.gather(*(self.readers[index].running(tuple(asked[index])) for index in shards))
         if any(batches is None for batches in told):
             return None
-        rows = [batches for batches in told if batches is not None]
-        return [next((row[i] for row in rows if row[i].size), rows[0][i]) for i in range(len(batch_ids))]
+        found: dict[str, RunningBatch] = {}
+        for batches in told:
+            for batch in batches or ():
+                if batch.size or batch.batch_id not in found:
+                    found[batch.batch_id] = batch
+        return [found[batch_id] for batch_id in batch_ids]
 
 
 async def _gathered(calls: Iterable[Awaitable[_V]]) -> list[_V]:

@@ -16,12 +16,12 @@ import pytest
 from httpx_sse import EventSource
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.shard_router import ShardedStore
+from api.shard_router import ShardedFleet, ShardedStore
 from api.store import RequestStore
 from gpu_worker.families import FAMILIES
 from shared.api_keys import ApiKey, key_table, token_hash
 from shared.contracts import ModelCapabilities, Task, WorkerCapabilities
-from shared.fleet_state import FleetSnapshot, WorkerState, merge_snapshots
+from shared.fleet_state import FleetSnapshot, RunningBatch, WorkerState, merge_snapshots
 from shared.keys import RedisKeys
 from shared.metrics import FleetCounters
 from shared.shards import ID_BYTES, MARK_DIGITS, Shards, shard_mark
@@ -364,3 +364,35 @@ async def test_a_model_of_several_shards_is_listed_once_with_the_workers_of_all(
     models = (await spread_api.http.get("/v1/models")).json()["data"]
     assert [(model["id"], model["workers"]) for model in models] == [("sd", 1), ("fx", 3)]
     assert (await spread_api.http.get("/v1/models/fx")).json()["workers"] == 3
+
+
+class RecordingReader:
+    """One shard's fleet reader: a snapshot holding ``busy`` batches of ``size`` requests, each asked id recorded."""
+
+    def __init__(self, busy: tuple[str, ...], size: int = 2) -> None:
+        self.busy, self.size, self.asked = busy, size, list[tuple[str, ...]]()
+
+    async def read(self) -> FleetSnapshot:
+        return FleetSnapshot(0, 0.0, len(self.busy), busy_batches=self.busy)
+
+    async def running(self, batch_ids: tuple[str, ...]) -> list[RunningBatch]:
+        self.asked.append(batch_ids)
+        return [
+            RunningBatch(b, self.size if b in self.busy else 0, "w" if b in self.busy else None, 1, 4)
+            for b in batch_ids
+        ]
+
+
+async def test_a_sharded_fleet_asks_each_busy_batch_of_its_own_shard_alone() -> None:
+    home, fast = RecordingReader(("h1", "h2")), RecordingReader(("f1",), size=3)
+    fleet = ShardedFleet([home, fast])
+    snapshot = await fleet.read()
+    assert snapshot is not None and set(snapshot.busy_batches) == {"h1", "h2", "f1"}
+    running = await fleet.running(("f1", "h1", "h2"))
+    assert [(b.batch_id, b.size, b.worker) for b in running] == [("f1", 3, "w"), ("h1", 2, "w"), ("h2", 2, "w")]
+    assert home.asked == [("h1", "h2")] and fast.asked == [("f1",)]
+    # a batch the last read did not find (it started since) is asked of every shard; its holder answers
+    home.busy = ("h1", "h3")
+    running = await fleet.running(("h3",))
+    assert [(b.batch_id, b.size) for b in running] == [("h3", 2)]
+    assert home.asked[-1] == ("h3",) and fast.asked[-1] == ("h3",)
