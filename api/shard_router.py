@@ -106,9 +106,12 @@ class ShardedStore:
         """Abort the rows of a refused submission that other shards had queued (best effort: left running, they end
         like any request)."""
         now = time.time()
-        for request_id in request_ids:
+
+        async def abort(request_id: str) -> None:
             with contextlib.suppress(StoreUnavailable):
                 await self.abort(request_id, now)
+
+        await asyncio.gather(*(abort(request_id) for request_id in request_ids))
 
     async def take_tokens(self, name: str, rate_per_s: float, burst: int, cost: int) -> float:
         """``RequestStore.take_tokens`` in the fleet's own keys: one bucket per API key, whatever the shard."""
