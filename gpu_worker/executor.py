@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from PIL import Image
 
@@ -60,6 +60,16 @@ class BatchOutcome:
         return dict(self.statuses)
 
 
+class ForwardWatch(Protocol):
+    """What looks on while a forward runs (``gpu_worker.lookahead.Lookahead``)."""
+
+    def forward_started(self) -> None:
+        """A forward begins."""
+
+    def step(self, step: int, total: int) -> None:
+        """It reached ``step`` of ``total`` (the runner's thread: must return at once)."""
+
+
 class RunnerError(Exception):
     """The runner's output cannot be mapped back onto the batch's requests."""
 
@@ -97,6 +107,21 @@ class _Run:
         kept = [(spec, output) for spec, output in zip(specs, outputs, strict=True) if spec.id not in ended]
         if kept:
             self.outputs.append(([spec for spec, _ in kept], [output for _, output in kept], progress))
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A claimed batch made ready to run (``BatchExecutor.prepare``): what its claim runs (``specs``), the statuses of
+    those failed before any forward (``statuses``), and what escaped while preparing it (``error``, raised again
+    where it runs)."""
+
+    batch: BatchMessage
+    claim: Claimed
+    run: _Run
+    outcome: BatchOutcome
+    statuses: Statuses = field(default_factory=dict)
+    specs: list[RequestSpec] = field(default_factory=list)
+    error: BaseException | None = None
 
 
 def decode_inputs(spec: RequestSpec, image: bytes | None, mask: bytes | None) -> InputImages:
@@ -147,6 +172,8 @@ class BatchExecutor:
         self._metrics = metrics
         self.writer = ResultWriter(store, results, self._traits, outage_retry_s=outage_retry_s)
         """Ends this worker's requests (shared with the step-mode loop, ``gpu_worker.step_loop``)."""
+        self.watch: ForwardWatch | None = None
+        """Told when each forward starts and of each of its steps: the worker's lookahead (``gpu_worker.app``)."""
 
     def execute(self, batch: BatchMessage) -> BatchOutcome | Locked:
         """Run ``batch``'s forwards unless another run holds it (then ``Locked``: retry later), then hand its
@@ -154,45 +181,74 @@ class BatchExecutor:
 
         Raises only when Redis stays unreachable past ``outage_retry_s``; the batch is then left to the reaper.
         """
+        prepared = self.claim_ahead(batch)
+        return prepared if isinstance(prepared, Locked) else self.run_prepared(prepared)
+
+    def claim_ahead(self, batch: BatchMessage) -> Prepared | Locked:
+        """Claim ``batch`` and make it ready to run (``prepare``), or ``Locked`` when another run holds it: the
+        worker's lookahead calls it while the current batch's forward runs (``gpu_worker.lookahead``), ``execute``
+        right before running it. Raises only when Redis stays unreachable past ``outage_retry_s`` (nothing claimed
+        then, or a claim whose lock lapses)."""
         token = uuid.uuid4().hex
         claim = self._redis(lambda: self._store.claim(batch, token, self._worker), "claiming the batch")
-        if isinstance(claim, Locked):
-            return claim
-        return self.execute_claimed(batch, claim)
+        return claim if isinstance(claim, Locked) else self.prepare(batch, claim)
 
     def execute_claimed(self, batch: BatchMessage, claim: Claimed) -> BatchOutcome:
         """``execute`` for a batch already claimed (``claim``): the step-mode loop hands over a batch it does not
         run as a set. Raises only when Redis stays unreachable past ``outage_retry_s``."""
+        return self.run_prepared(self.prepare(batch, claim))
+
+    def prepare(self, batch: BatchMessage, claim: Claimed) -> Prepared:
+        """What a claimed batch needs before its first forward, done now (any thread): its lock renewed from here on
+        (``Heartbeat.hold``), what cannot run here failed, its inputs read and decoded, its requests journaled. Never
+        raises: what escapes is kept, and ``run_prepared`` deals with it as if its forwards had raised it."""
         token = claim.token
         if self._heartbeat is not None:
             self._heartbeat.hold(batch.batch_id, token)
-        outcome = BatchOutcome(batch.batch_id, dict(claim.statuses))
-        run = _Run(token=token)
+        prepared = Prepared(batch, claim, _Run(token=token), BatchOutcome(batch.batch_id, dict(claim.statuses)))
+        try:
+            prepared.statuses, prepared.specs = self._prepare(claim, prepared.run)
+            if prepared.specs:
+                self.writer.journal(prepared.specs, token)
+        except BaseException as exc:  # noqa: BLE001 - raised again where the batch runs (run_prepared)
+            prepared.error = exc
+        return prepared
+
+    def run_prepared(self, prepared: Prepared) -> BatchOutcome:
+        """Run a prepared batch's forwards, hand its finishing to the finisher and free the worker's slot (the rest
+        of ``execute``). Raises only when Redis stays unreachable past ``outage_retry_s``."""
+        batch, claim, run, outcome = prepared.batch, prepared.claim, prepared.run, prepared.outcome
+        token = claim.token
         try:
             try:
-                outcome.statuses.update(self._run_claimed(claim, run))
+                if prepared.error is not None:
+                    raise prepared.error
+                outcome.statuses.update(prepared.statuses)
+                outcome.statuses.update(self._run_forwards(prepared.specs, run))
             except Exception as exc:  # noqa: BLE001 - whatever escaped, the requests must end and say why
                 if is_transient(exc):
                     raise  # Redis stayed away: the requests did not fail, the batch runs again (reaper)
                 log.exception("batch %s: %s escaped; failing what this run has not finished", batch.batch_id, exc)
-                done = run.waiting_ids | set(run.ended_statuses)  # forwards that did end keep their outputs
+                done = run.waiting_ids | set(run.ended_statuses) | set(prepared.statuses)
                 errors = {spec.id: error_info(exc) for spec in claim.specs if spec.id not in done}
                 outcome.statuses.update(self._fail(errors, token))
             outcome.statuses.update(run.ended_statuses)
-            self._finisher.submit(carry_context(partial(self._finish, batch.batch_id, run, outcome)))
+            free_slot = bool(run.outputs or run.ended_statuses)  # a forward ran: its slot frees before the stores
+            self._finisher.submit(carry_context(partial(self._finish, batch.batch_id, run, outcome, free_slot)))
         except BaseException:
             self._release(batch.batch_id, token)
             raise
-        if run.outputs or run.ended_statuses:
-            self._free_slot(batch.batch_id, token)
         return outcome
 
-    def _finish(self, batch_id: str, run: _Run, outcome: BatchOutcome) -> None:
-        """Store the outputs of the run's forwards, finish their requests, release the batch (the finisher's job).
+    def _finish(self, batch_id: str, run: _Run, outcome: BatchOutcome, free_slot: bool = False) -> None:
+        """Free the worker's slot (``free_slot``: off the next forward's path, one Redis round trip), store the
+        outputs of the run's forwards, finish their requests, release the batch (the finisher's job).
 
         A store that fails for another reason than a Redis outage fails its requests with the error; through an
         outage past ``outage_retry_s`` the batch is left to the reaper."""
         try:
+            if free_slot:
+                self._free_slot(batch_id, run.token)
             for specs, outputs, progress in run.outputs:
                 try:
                     stored = self.writer.store_results(specs, outputs, run.token, progress=progress)
@@ -230,15 +286,14 @@ class BatchExecutor:
     def _redis(self, call: Callable[[], T], what: str) -> T:
         return self.writer.redis(call, what)
 
-    def _run_claimed(self, claim: Claimed, run: _Run) -> Statuses:
-        """Run the claimed requests' forwards; their outputs wait in ``run.outputs``. Returns the statuses of the
-        requests that failed on the way."""
-        statuses, specs = self._prepare(claim, run)
+    def _run_forwards(self, specs: Sequence[RequestSpec], run: _Run) -> Statuses:
+        """Run the forwards of the prepared ``specs``; their outputs wait in ``run.outputs``. Returns the statuses of
+        the requests that failed on the way."""
         if not specs:
-            return statuses
-        self.writer.journal(specs, run.token)
+            return {}
         if not self._runner.fused:
-            return {**statuses, **self._run_each(specs, run)}
+            return self._run_each(specs, run)
+        statuses: Statuses = {}
         for group in compat_groups(specs):  # one group unless the batch mixes keys (a step-mode scheduler's batch)
             statuses.update(self._run_group(group, run))
         return statuses
@@ -313,7 +368,13 @@ class BatchExecutor:
         (see the module's docstring); the outputs of every spec, in order, and the forward's last (step, total),
         left for their ending to write when the forward ran to its end."""
         on_aborted = partial(self._end_aborted, {spec.id: spec for spec in specs}, run)
-        reporter = StepReporter(self._store, [spec.id for spec in specs], run.token, on_aborted=on_aborted)
+        watch = self.watch
+        on_progress = watch.step if watch is not None else None
+        reporter = StepReporter(
+            self._store, [spec.id for spec in specs], run.token, on_aborted=on_aborted, on_progress=on_progress
+        )
+        if watch is not None:
+            watch.forward_started()
         started = time.monotonic()
         progress: Progress = None
         ran = False

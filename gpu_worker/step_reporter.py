@@ -45,11 +45,15 @@ class StepReporter:
         token: str,
         *,
         on_aborted: Callable[[list[str]], None] | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> None:
+        """``on_progress(step, total)``: called on the runner's thread with each step, before ``on_step`` returns
+        (it must return at once: the worker's lookahead, ``gpu_worker.lookahead``)."""
         self._store = store
         self._ids = list(request_ids)
         self._token = token
         self._on_aborted = on_aborted
+        self._on_progress = on_progress
         self._handed: set[str] = set()  # requests handed to on_aborted (reporter thread only)
         self._lock = threading.Lock()
         self._pending: tuple[int, int] | None = None
@@ -69,6 +73,8 @@ class StepReporter:
             self._last_step = max(self._last_step, step)
             stop = all(signal is not RowSignal.GO_ON for signal in self._signals)
         self._wake.set()
+        if self._on_progress is not None:
+            self._on_progress(step, total)
         return stop
 
     @property
