@@ -13,6 +13,11 @@ ended) by the process's ``BackgroundFinisher`` while the next task runs its forw
 up to ``FINISH_ON_SHUTDOWN_S`` for that finish; a finisher that gets stuck (a result store that hangs) makes the
 process release its batches and exit (``STUCK_EXIT_CODE``), and Celery replaces it.
 
+While a batch's forward runs, the process looks ahead (``gpu_worker.lookahead``, ``worker_lookahead_s``; a fleet of
+one model, request-level mode): near the forward's end one thread takes the next message from the worker's queues
+and claims its batch, and the task runs that batch right after the current one, and so on (a chain, bounded by
+``lookahead.chain_open``); the task returns when no next batch was taken, and Celery hands the next one over.
+
 With ``FUSEFLEET_STEP_MODE``, a worker of one model, and a runner whose model has a step-mode adapter
 (``Runner.step_mode``), a task instead opens a running set with its batch and runs it until the set closes
 (``gpu_worker.step_loop``): the scheduler sends further batches of the same step key to the worker's inbox, and each
@@ -39,19 +44,23 @@ from typing import Any
 from celery import Celery, Task
 from celery.signals import worker_process_init, worker_process_shutdown
 from celery.utils.nodenames import default_nodename
+from pydantic import ValidationError
 
-from gpu_worker.executor import BatchExecutor
+from gpu_worker.executor import BatchExecutor, Prepared
 from gpu_worker.finisher import BackgroundFinisher
 from gpu_worker.heartbeat import Heartbeat
+from gpu_worker.lookahead import Lookahead, Miss, chain_open
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.output_bounds import OutputBounds
 from gpu_worker.prompt_cache import PromptCache
+from gpu_worker.queue_reader import QueueReader
 from gpu_worker.residency import NotNow, Residency, shared_footprints
 from gpu_worker.runner import Runner, load_runner
 from gpu_worker.step_loop import StepLoop
 from gpu_worker.store import Locked, WorkerStore
 from shared.celery_config import RUN_BATCH_TASK, broker_transport, make_celery, publish_options
 from shared.contracts import BatchKnee, BatchMessage, ModelCapabilities, WorkerCapabilities
+from shared.logging_setup import ids, log_context
 from shared.redis_conn import sync_client
 from shared.results import build_result_store
 from shared.retry import TRANSIENT_ERRORS, call_with_retry
@@ -78,6 +87,25 @@ class _Served:
     step_loop: StepLoop | None = None
 
 
+@dataclass(slots=True)
+class _Next:
+    """The next batch, taken from ``queue`` while a forward ran: claimed and ready (``prepared``), or to run through
+    the ordinary path (``prepared`` None: a model not resident, a worker quarantined since)."""
+
+    batch: BatchMessage
+    message: dict[str, Any]
+    queue: str
+    prepared: Prepared | None = None
+
+
+@dataclass(slots=True)
+class _Chain:
+    """The batches one task runs back to back: when it began, and when its current batch did (monotonic)."""
+
+    began: float
+    batch_began: float
+
+
 @dataclass
 class _ProcessState:
     residency: Residency[_Served] | None = None  # the models served, at most max_resident_models loaded
@@ -87,6 +115,9 @@ class _ProcessState:
     finisher: BackgroundFinisher | None = None
     metrics: WorkerMetrics | None = None
     knee_margin: float = 0.1  # settings.batch_knee_margin
+    lookahead: Lookahead[_Next] | None = None  # the next batch, taken while a forward runs (None: off)
+    reader: QueueReader | None = None  # the lookahead's broker connection
+    chain: _Chain | None = None  # the chain the running task runs (the lookahead's take reads it)
 
     def route(self, model: str | None) -> str | None:
         """Which served model runs a batch of ``model``: itself, or None when this process does not serve it (a
@@ -191,6 +222,7 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
                 finisher=state.finisher,
                 metrics=metrics,
             )
+            executor.watch = state.lookahead
             executor.writer.bounds = OutputBounds(settings.max_request_output_bytes, settings.max_batch_output_bytes)
             served = _Served(runner, executor)
             if settings.step_mode and runner.step_mode and len(models) == 1:
@@ -220,6 +252,10 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
                 )
             return served
 
+        if settings.worker_lookahead_s > 0 and len(settings.catalog) == 1 and not settings.step_mode:
+            # in the pool process: a thread and a broker connection do not survive the fork
+            state.reader = QueueReader(app, served_queues(settings, worker_name))
+            state.lookahead = Lookahead(take_next, settings.worker_lookahead_s)
         state.residency = Residency(
             models,
             load,
@@ -279,14 +315,69 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
     worker_process_init.connect(init_process, weak=False)
     worker_process_shutdown.connect(shutdown_process, weak=False)
 
-    @app.task(name=RUN_BATCH_TASK, bind=True, max_retries=None)  # type: ignore[untyped-decorator]
-    def run_batch(self: Task, message: dict[str, Any]) -> None:
+    def retry_later(message: dict[str, Any], queue: str, countdown_s: float) -> None:
+        """Publish a batch message again, to run after ``countdown_s`` (another run holds its batch): what
+        ``Task.retry`` does for the task's own message, for one the lookahead took."""
+        run_batch.apply_async(
+            args=[message],
+            task_id=message.get("batch_id"),
+            countdown=countdown_s,
+            queue=queue,
+            **publish_options(settings),
+        )
+
+    def take_next() -> _Next | Miss:
+        """The lookahead's take (its thread): the next message of the worker's queues, its batch claimed and
+        prepared when its model is resident here; ``Miss.STOP`` once the chain is long enough (``chain_open``)."""
+        chain, residency, heartbeat = state.chain, state.residency, state.heartbeat
+        now = time.monotonic()
+        if (
+            chain is None
+            or residency is None
+            or not chain_open(now - chain.began, now - chain.batch_began, settings.soft_time_limit_s)
+        ):
+            return Miss.STOP
+        got = state.reader.take() if state.reader is not None else Miss.STOP
+        if isinstance(got, Miss):
+            return got
+        message, queue = got
+        try:
+            batch = BatchMessage.model_validate(message)
+        except ValidationError as exc:  # as the task would: it fails, its message acknowledged
+            log.error("dropped a message of %s that is no batch: %s", queue, exc)
+            return Miss.STOP
+        model = state.route(batch.model)
+        served = residency.held().get(model) if model is not None else None
+        if served is None or served.step_loop is not None or (heartbeat is not None and heartbeat.quarantined):
+            return _Next(batch, message, queue)  # the ordinary path decides (loads, hands back)
+        prepared = served.executor.claim_ahead(batch)
+        if isinstance(prepared, Locked):  # a duplicate delivery: look again when its lock could lapse
+            retry_later(message, queue, prepared.retry_after_s)
+            return Miss.STOP
+        log.info("batch %s claimed ahead of the forward running", batch.batch_id, extra=ids(batch_id=batch.batch_id))
+        return _Next(batch, message, queue, prepared)
+
+    def hand_back(taken: _Next | None) -> None:
+        """Give a batch taken ahead back uncounted (the chain stopped on an error): the reaper publishes it again."""
+        if taken is None or state.store is None:
+            return
+        store = state.store
+        token = taken.prepared.claim.token if taken.prepared is not None else None
+        if token is not None and state.heartbeat is not None:
+            state.heartbeat.release(taken.batch.batch_id, token)
+        try:
+            store.give_back(taken.batch.batch_id, token)
+        except Exception as exc:  # noqa: BLE001 - its lock lapses (or its claim times out) for the reaper instead
+            log.warning("could not give back batch %s taken ahead: %s", taken.batch.batch_id, exc)
+
+    def run_one(batch: BatchMessage, prepared: Prepared | None) -> Locked | None:
+        """Run one batch (claimed already when ``prepared``): route it, load its model if need be, hand it back when
+        this process cannot run it, else run it. ``Locked`` when another run holds it."""
         residency, store = state.residency, state.store
         if residency is None or store is None:
             raise RuntimeError("worker process was not initialised (worker_process_init did not run)")
-        batch = BatchMessage.model_validate(message)
         model = state.route(batch.model)
-        quarantined = state.heartbeat is not None and state.heartbeat.quarantined
+        quarantined = prepared is None and state.heartbeat is not None and state.heartbeat.quarantined
         served: _Served | None = None
         why = "this worker is quarantined" if quarantined else f"its model {batch.model} is not served here"
         if model is not None and not quarantined:
@@ -305,16 +396,20 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
             # it never runs) or one it has no room to load yet: claim nothing, and the reaper publishes the batch
             # again now, placed again, with no attempt counted
             log.warning("batch %s handed back: %s (serves %s)", batch.batch_id, why, ", ".join(residency.models))
+            token = prepared.claim.token if prepared is not None else None
             call_with_retry(
-                lambda: store.give_back(batch.batch_id, None),
+                lambda: store.give_back(batch.batch_id, token),
                 what="handing the batch back",
                 give_up_after_s=settings.redis_outage_retry_s,
             )
-            return
+            return None
         started = time.monotonic()
         knees = _knees_of(served, state.knee_margin)
+        outcome: object
         try:
-            if served.step_loop is not None:
+            if prepared is not None:
+                outcome = served.executor.run_prepared(prepared)
+            elif served.step_loop is not None:
                 outcome = served.step_loop.run(batch)
             else:
                 outcome = served.executor.execute(batch)
@@ -322,14 +417,46 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
             # Redis stayed away past redis_outage_retry_s: the batch keeps its place in flight, its lock lapses,
             # and the scheduler's reaper publishes it again once Redis is back (docs/reliability.md).
             log.error("batch %s left to the reaper: Redis unavailable (%s)", batch.batch_id, exc)
-            return
+            return None
         finally:
             residency.release(model, time.monotonic() - started)
         if _knees_of(served, state.knee_margin) != knees:
             announce()  # the scheduler caps this model's batches at the new knee from now on
-        if isinstance(outcome, Locked):
-            # another worker runs this batch (a duplicate delivery): look again when its lock could lapse
-            raise self.retry(countdown=outcome.retry_after_s, **publish_options(settings))  # a bounded publish
+        return outcome if isinstance(outcome, Locked) else None
+
+    @app.task(name=RUN_BATCH_TASK, bind=True, max_retries=None)  # type: ignore[untyped-decorator]
+    def run_batch(self: Task, message: dict[str, Any]) -> None:
+        """Run the batch of ``message``, then each batch the lookahead took meanwhile (its chain), one after the
+        other; a batch another run holds is retried after its lock could lapse."""
+        batch = BatchMessage.model_validate(message)
+        lookahead = state.lookahead
+        began = time.monotonic()
+        state.chain = chain = _Chain(began, began)
+        taken: _Next | None = None
+        try:
+            while True:
+                if lookahead is not None:
+                    lookahead.arm()
+                try:
+                    if taken is None:  # the task's own batch
+                        locked = run_one(batch, None)
+                    else:
+                        with log_context(batch_id=batch.batch_id):
+                            locked = run_one(batch, taken.prepared)
+                except BaseException:
+                    hand_back(lookahead.collect() if lookahead is not None else None)
+                    raise
+                previous, taken = taken, lookahead.collect() if lookahead is not None else None
+                if locked is not None:  # another worker runs this batch (a duplicate delivery)
+                    if previous is None:  # look again when its lock could lapse
+                        raise self.retry(countdown=locked.retry_after_s, **publish_options(settings))  # bounded
+                    retry_later(previous.message, previous.queue, locked.retry_after_s)
+                if taken is None:
+                    return
+                batch = taken.batch
+                chain.batch_began = time.monotonic()
+        finally:
+            state.chain = None
 
     return app
 

@@ -15,10 +15,13 @@ waits per live worker (``prefetch_room``), and only one that can grow no more (`
 by an incompatible request): a batch formed while every worker is busy would otherwise close on the few requests
 there yet, where waiting costs it nothing until a worker frees. It waits in the model's queue, held by no worker (a
 worker's Celery process fetches its next message only once its running batch is acknowledged: prefetch 1, late
-acks), so an idle worker that joins takes it at once, else the first worker to free; a worker killed meanwhile holds
-none of it. A request that arrives later waits behind it: a batch holds one level, so one of a higher level is never
-fused into it, and a partial batch at the head of the queue (a higher level's) stops any prefetch behind it; at most
-one batch per worker goes ahead of it. The fair order prefetches nothing: its flows share a level, and a batch
+acks), so an idle worker that joins takes it at once, else the first busy worker whose forward comes within
+``worker_lookahead_s`` of its end: that worker's lookahead takes and claims it then and runs it right after
+(``gpu_worker.lookahead``), or, with the lookahead off, the first worker to free. A worker killed while it waits
+holds none of it; one killed after claiming it ahead loses it as a running batch (the reaper publishes it again).
+A request that arrives later waits behind it: a batch holds one level, so one of a higher level is never fused into
+it, and a partial batch at the head of the queue (a higher level's) stops any prefetch behind it; at most one batch
+per worker goes ahead of it. The fair order prefetches nothing: its flows share a level, and a batch
 closed as soon as it is full would spread a light flow's requests over several batches (one each) instead of the one
 it joins when a slot frees. A fleet of several models places every batch on a free worker (``scheduler.placement``)
 and prefetches nothing yet.

@@ -48,6 +48,12 @@ class WorkerSettings(SettingsConcern):
     """A published batch that no worker claimed for this long, and whose message is in none of the fleet's broker
     queues (lost: the shared queue and each worker's own), is published again by the scheduler's reaper."""
 
+    worker_lookahead_s: float = Field(0.1, ge=0)
+    """How long before its forward's estimated end (from the forward's steps so far) a busy worker takes its next
+    batch from its queue and claims it, so that the next forward starts as soon as this one ends, in the same task (a
+    fleet of one model, request-level mode; gpu_worker/lookahead.py). A busy worker holds a batch an idle one could
+    run about this long at most. 0 turns it off: the next batch then comes through Celery once the forward ends."""
+
     worker_start_timeout_s: float = Field(900.0, gt=0)
     """How long a worker pool process may take to start (model load included) before Celery gives up on it (Celery's
     worker_proc_alive_timeout, 4 s by default, far too short for a real model)."""
