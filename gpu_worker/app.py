@@ -53,6 +53,7 @@ from gpu_worker.lookahead import Lookahead, Miss, chain_open
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.output_bounds import OutputBounds
 from gpu_worker.prompt_cache import PromptCache
+from gpu_worker.queue_reader import REDIS_OPTIONS as READER_REDIS_OPTIONS
 from gpu_worker.queue_reader import QueueReader
 from gpu_worker.residency import NotNow, Residency, shared_footprints
 from gpu_worker.runner import Runner, load_runner
@@ -254,7 +255,8 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
 
         if settings.worker_lookahead_s > 0 and len(settings.catalog) == 1 and not settings.step_mode:
             # in the pool process: a thread and a broker connection do not survive the fork
-            state.reader = QueueReader(app, served_queues(settings, worker_name))
+            options = READER_REDIS_OPTIONS if broker_transport(settings).name == "redis" else None
+            state.reader = QueueReader(app, served_queues(settings, worker_name), options)
             state.lookahead = Lookahead(take_next, settings.worker_lookahead_s)
         state.residency = Residency(
             models,

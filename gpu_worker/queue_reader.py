@@ -2,8 +2,9 @@
 
 The worker's lookahead (``gpu_worker.lookahead``) uses it while a forward runs: the pool process's own broker
 connection (``Celery.connection_for_read``: the fleet's broker, Redis or RabbitMQ, with its transport options) gets
-one message at a time (``kombu.Queue.get``, each queue of the worker in turn). Celery's consumer in the parent process
-fetches nothing meanwhile: the task that runs the chain is not acknowledged yet (prefetch 1, late acks).
+one message at a time (``kombu.Queue.get``, each queue of the worker in turn; on Redis one ``RPOP`` a queue,
+``REDIS_OPTIONS``). Celery's consumer in the parent process fetches nothing meanwhile: the task that runs the chain
+is not acknowledged yet (prefetch 1, late acks).
 
 A message is acknowledged as soon as it is read: from then on the batch's record in Redis is what recovers it (the
 claim's lock, or, unclaimed, the reaper's lost-message rule). A message this reader should not run ahead of (another
@@ -15,7 +16,7 @@ is opened again at the next one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,6 +29,11 @@ from shared.celery_config import RUN_BATCH_TASK
 log = logging.getLogger(__name__)
 
 KombuQueue: Any = _Queue  # kombu has no type hints
+
+REDIS_OPTIONS: dict[str, Any] = {"priority_steps": [0]}
+"""On a Redis broker, one look is one ``RPOP`` of the queue's list: fusefleet publishes no priorities, so every batch
+message is in the list of priority 0 (kombu would look at four by default); one published with a priority would only
+be left to Celery's consumer."""
 
 
 def due(eta: str | None, now: datetime | None = None) -> bool:
@@ -43,9 +49,12 @@ def due(eta: str | None, now: datetime | None = None) -> bool:
 class QueueReader:
     """Takes the next ``fusefleet.run_batch`` message from ``queues`` (in order), for one thread."""
 
-    def __init__(self, app: Celery, queues: Sequence[str]) -> None:
+    def __init__(self, app: Celery, queues: Sequence[str], transport_options: Mapping[str, Any] | None = None) -> None:
+        """``transport_options``: over the app's broker transport options, for this reader's connection only
+        (``REDIS_OPTIONS`` on a Redis broker)."""
         self._app = app
         self._names = tuple(queues)
+        self._options = dict(transport_options or {})
         self._connection: Any = None  # a kombu Connection
         self._queues: list[Any] = []  # kombu Queues bound to its channel
 
@@ -81,7 +90,7 @@ class QueueReader:
 
     def _bound(self) -> list[Any]:
         if self._connection is None:
-            self._connection = self._app.connection_for_read()
+            self._connection = self._app.connection_for_read(transport_options=self._options)
             channel = self._connection.default_channel
             self._queues = [KombuQueue(name).bind(channel) for name in self._names]
         return self._queues
