@@ -190,7 +190,7 @@ def fairness(
     )
     typer.echo(json.dumps(results, indent=2))
     if docs:
-        figures = {f"fair_p99_ratio_{m}": results[f"fair_p99_ratio_{m}"] for m in chosen}
+        figures = {f"fair_{what}_{m}": results[f"fair_{what}_{m}"] for m in chosen for what in ("p99_ratio", "floor")}
         if ANSWER in chosen:
             figures["fair_p99_ratio"] = results[f"fair_p99_ratio_{ANSWER}"]
         merge_figures(docs_dir / "benchmarks.json", figures)

@@ -34,7 +34,7 @@ from scheduler.policy import Member, OpenSet, WaitingRequest, place, preempt, sw
 from scheduler.queue import QueuedRequest
 from scheduler.row_tasks import RowTasks
 from scheduler.service import CAPACITY_TTL_S, SchedulerService
-from scheduler.store import RunningSet
+from scheduler.store import RunningMember, RunningSet
 from shared.compat import StepKey, key_model, step_key
 from shared.contracts import RequestSpec
 from shared.logging_setup import ids as ids_of
@@ -239,7 +239,7 @@ class StepSchedulerService(SchedulerService):
                     for m in members.get(s.worker, [])
                 ),
                 evicting=s.worker in self._evicting,
-                pending=tuple(self._flow_of(rid) for rid in self._sent.get(s.worker, {})),
+                pending=self._pending(s, members.get(s.worker, [])),
             )
             for s in placeable
             if s.worker in members
@@ -293,6 +293,16 @@ class StepSchedulerService(SchedulerService):
             if not request.aborted and request.level == level and queued is not None:
                 firsts.setdefault((_flow(queued), request.key), request.id)
         return tuple(firsts.values())
+
+    def _pending(self, s: OpenSet, members: Sequence[RunningMember]) -> tuple[Hashable, ...]:
+        """The flows of the requests we sent to ``s`` that are not among its ``members`` yet: the latest sent, at
+        most as many as its count holds past its members (``P:step:rows`` counts what was sent and has not left;
+        the levels hash, what runs), so that one that ended unseen does not count."""
+        on_way = max(0, s.rows - len(members))
+        running = {m.request_id for m in members}
+        sent = self._sent.get(s.worker, {})
+        latest = sorted((rid for rid in sent if rid not in running), key=sent.__getitem__, reverse=True)
+        return tuple(self._flow_of(rid) for rid in latest[:on_way])
 
     def _flow_of(self, request_id: str) -> Hashable:
         known = self._flows.get(request_id)
