@@ -77,8 +77,9 @@ class BatchingSettings(SettingsConcern):
     """'priority': requests wait in levels by their priority, the highest non-empty level is served first, FIFO within a
     level, and a batch holds one level only. 'fcfs': one FIFO of arrival order, request priorities are ignored.
     'fair': the priority levels, and inside each deficit round robin over flows (a flow = the request's model and API
-    key), weighted by the key's and the model's share, FIFO within a flow. Requests that all keep the default
-    priority (and one key, one model) are served in arrival order in each."""
+    key), weighted by the key's and the model's share, FIFO within a flow; in step mode a flow's waiting request also
+    takes a full set's row from a flow running at least two more (a swap at one step boundary). Requests that all
+    keep the default priority (and one key, one model) are served in arrival order in each."""
 
     default_priority: int = Field(
         0,
