@@ -319,15 +319,7 @@ class SchedulerStore:
         """Send scheduled batch ``batch_id`` (its ``BatchMessage`` JSON, ``count`` requests) to ``worker``'s running
         set of step key ``digest`` (``step_join.lua``): False when refused (the worker is gone, its set closed,
         sealed, on another key, or it would hold more than ``cap`` requests); the caller publishes it instead."""
-        keys = [
-            self.keys.step_sets,
-            self.keys.step_rows,
-            self.keys.step_inbox(worker),
-            self.keys.workers,
-            self.keys.storing,
-        ]
-        worker_ttl_ms = int(self._settings.worker_ttl_s * 1000)
-        args: list[str | int] = [worker, digest, message_json, batch_id, count, cap, worker_ttl_ms, self._inbox_ttl_ms]
+        keys, args = self._join_call(worker, digest, message_json, batch_id, count, cap)
         return int(self._step_join(keys=keys, args=args)) == 1
 
     def step_swap(
@@ -337,18 +329,23 @@ class SchedulerStore:
         the eviction of ``evict`` whose room it takes (``step_swap.lua``): 2 when both were sent, 1 when ``evict``
         had left and the batch was sent as a plain join, 0 when refused (as ``step_join``; the caller publishes
         it instead)."""
+        keys, args = self._join_call(worker, digest, message_json, batch_id, count, cap)
+        eviction = StepEviction(evict=evict, joiner=batch_id).model_dump_json()
+        return int(self._step_swap(keys=[*keys, self.keys.step_levels(worker)], args=[*args, evict, eviction]))
+
+    def _join_call(
+        self, worker: str, digest: str, message_json: str, batch_id: str, count: int, cap: int
+    ) -> tuple[list[str], list[str | int]]:
+        """The keys and arguments ``step_join.lua`` takes, which ``step_swap.lua`` begins with."""
         keys = [
             self.keys.step_sets,
             self.keys.step_rows,
             self.keys.step_inbox(worker),
             self.keys.workers,
             self.keys.storing,
-            self.keys.step_levels(worker),
         ]
         worker_ttl_ms = int(self._settings.worker_ttl_s * 1000)
-        eviction = StepEviction(evict=evict, joiner=batch_id).model_dump_json()
-        args: list[str | int] = [worker, digest, message_json, batch_id, count, cap, worker_ttl_ms, self._inbox_ttl_ms]
-        return int(self._step_swap(keys=keys, args=[*args, evict, eviction]))
+        return keys, [worker, digest, message_json, batch_id, count, cap, worker_ttl_ms, self._inbox_ttl_ms]
 
     def step_levels(self, workers: Sequence[str]) -> dict[str, list[RunningMember]]:
         """The requests running in each worker's set with their priorities and join times
