@@ -83,6 +83,7 @@ class _Run:
     token: str
     inputs: dict[str, InputImages] = field(default_factory=dict)
     outputs: list[tuple[list[RequestSpec], list[object], Progress]] = field(default_factory=list)
+    last: str | None = None  # the request its last planned forward runs (that forward alone is watched)
     _ended: Statuses = field(default_factory=dict)  # requests ended while their forward ran (aborted)
     _lock: threading.Lock = field(default_factory=threading.Lock)  # _ended is written by reporter threads
 
@@ -173,7 +174,8 @@ class BatchExecutor:
         self.writer = ResultWriter(store, results, self._traits, outage_retry_s=outage_retry_s)
         """Ends this worker's requests (shared with the step-mode loop, ``gpu_worker.step_loop``)."""
         self.watch: ForwardWatch | None = None
-        """Told when each forward starts and of each of its steps: the worker's lookahead (``gpu_worker.app``)."""
+        """Told when a batch's last planned forward starts (the one that runs its last request: the only one, when
+        fused and of one key) and of each of its steps: the worker's lookahead (``gpu_worker.app``)."""
 
     def execute(self, batch: BatchMessage) -> BatchOutcome | Locked:
         """Run ``batch``'s forwards unless another run holds it (then ``Locked``: retry later), then hand its
@@ -292,9 +294,12 @@ class BatchExecutor:
         if not specs:
             return {}
         if not self._runner.fused:
+            run.last = specs[-1].id
             return self._run_each(specs, run)
         statuses: Statuses = {}
-        for group in compat_groups(specs):  # one group unless the batch mixes keys (a step-mode scheduler's batch)
+        groups = compat_groups(specs)
+        run.last = groups[-1][-1].id
+        for group in groups:  # one group unless the batch mixes keys (a step-mode scheduler's batch)
             statuses.update(self._run_group(group, run))
         return statuses
 
@@ -368,7 +373,9 @@ class BatchExecutor:
         (see the module's docstring); the outputs of every spec, in order, and the forward's last (step, total),
         left for their ending to write when the forward ran to its end."""
         on_aborted = partial(self._end_aborted, {spec.id: spec for spec in specs}, run)
-        watch = self.watch
+        # only the batch's last planned forward is watched: a batch taken ahead during an earlier one (one request at
+        # a time, one group of several) would wait, claimed, through all the forwards left
+        watch = self.watch if any(spec.id == run.last for spec in specs) else None
         on_progress = watch.step if watch is not None else None
         reporter = StepReporter(
             self._store, [spec.id for spec in specs], run.token, on_aborted=on_aborted, on_progress=on_progress

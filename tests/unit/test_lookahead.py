@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 
 import fakeredis
@@ -16,9 +16,10 @@ from celery import Celery
 from gpu_worker.executor import BatchOutcome, Prepared
 from gpu_worker.lookahead import CHAIN_S, Lookahead, Miss, chain_open, take_now
 from gpu_worker.queue_reader import QueueReader, due
+from gpu_worker.runner import StepCallback
 from gpu_worker.store import Locked
 from shared.celery_config import RUN_BATCH_TASK
-from shared.contracts import BatchMessage, Task
+from shared.contracts import BatchMessage, RequestSpec, Task
 from shared.settings import Settings
 from tests.unit.test_executor import ScriptedRunner, executor, results, scheduled_batch
 
@@ -287,3 +288,48 @@ def test_what_escapes_while_preparing_ahead_fails_the_batch_where_it_runs(fake_s
 @pytest.fixture
 def fake_settings() -> Settings:
     return Settings(key_prefix="t", max_batch_attempts=3, batch_lock_ttl_s=5, result_ttl_s=60)
+
+
+class OneAtATime(ScriptedRunner):
+    """A runner that is not fused (one forward per request), each forward reporting its two steps; records which
+    request each forward ran."""
+
+    fused = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ran: list[str] = []
+
+    def run(self, specs: Sequence[RequestSpec], on_step: StepCallback) -> list[list[object]]:
+        self.ran.append(specs[0].id)
+        on_step(1, 2)
+        on_step(2, 2)
+        return super().run(specs, on_step)
+
+
+class SeenSteps:
+    """A ``ForwardWatch`` that notes, for each step it is told of, the request whose forward reported it."""
+
+    def __init__(self, runner: OneAtATime) -> None:
+        self.runner = runner
+        self.stepped: list[str] = []
+
+    def forward_started(self) -> None:
+        pass
+
+    def step(self, step: int, total: int) -> None:
+        self.stepped.append(self.runner.ran[-1])
+
+
+def test_only_a_batchs_last_forward_is_looked_ahead_of(fake_settings: Settings) -> None:
+    """A batch of several forwards (a runner that is not fused): the lookahead is told of the last one's steps only,
+    so a batch it takes waits for that forward's end, not for every forward left after the first."""
+    client = fakeredis.FakeRedis(decode_responses=True)
+    runner = OneAtATime()
+    worker = executor(client, fake_settings, runner)
+    watch = worker.watch = SeenSteps(runner)
+    outcome = worker.execute(scheduled_batch(client, fake_settings, ["one", "two", "three"]))
+    assert isinstance(outcome, BatchOutcome)
+    assert outcome.wait(5) == dict.fromkeys(("one", "two", "three"), "succeeded")
+    assert runner.ran == ["one", "two", "three"]
+    assert watch.stepped == ["three", "three"]
