@@ -49,7 +49,7 @@ from pydantic import ValidationError
 from gpu_worker.executor import BatchExecutor, Prepared
 from gpu_worker.finisher import BackgroundFinisher
 from gpu_worker.heartbeat import Heartbeat
-from gpu_worker.lookahead import Lookahead, Miss, chain_open
+from gpu_worker.lookahead import Lookahead, Miss, chain_may_start, chain_open
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.output_bounds import OutputBounds
 from gpu_worker.prompt_cache import PromptCache
@@ -434,29 +434,44 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
         lookahead = state.lookahead
         began = time.monotonic()
         state.chain = chain = _Chain(began, began)
-        taken: _Next | None = None
+        taken: _Next | None = None  # the batch running now, when the lookahead took it
+        waiting: _Next | None = None  # collected, not started: given back if the task ends before it starts
         try:
             while True:
                 if lookahead is not None:
                     lookahead.arm()
-                try:
-                    if taken is None:  # the task's own batch
-                        locked = run_one(batch, None)
-                    else:
-                        with log_context(batch_id=batch.batch_id):
-                            locked = run_one(batch, taken.prepared)
-                except BaseException:
-                    hand_back(lookahead.collect() if lookahead is not None else None)
-                    raise
-                previous, taken = taken, lookahead.collect() if lookahead is not None else None
+                if taken is None:  # the task's own batch
+                    locked = run_one(batch, None)
+                else:
+                    with log_context(batch_id=batch.batch_id):
+                        locked = run_one(batch, taken.prepared)
+                waiting = lookahead.collect() if lookahead is not None else None
                 if locked is not None:  # another worker runs this batch (a duplicate delivery)
-                    if previous is None:  # look again when its lock could lapse
+                    if taken is None:  # look again when its lock could lapse
                         raise self.retry(countdown=locked.retry_after_s, **publish_options(settings))  # bounded
-                    retry_later(previous.message, previous.queue, locked.retry_after_s)
-                if taken is None:
+                    retry_later(taken.message, taken.queue, locked.retry_after_s)
+                if waiting is None:
                     return
+                chain_s = time.monotonic() - chain.began
+                if not chain_may_start(chain_s, settings.soft_time_limit_s):
+                    # the batch before ran far past its estimate (forwards left after the one looked ahead of, a
+                    # forward that stalled, the soft limit): started now, it could meet the task's time limits
+                    log.warning(
+                        "batch %s taken ahead given back: its chain has run %.1f s", waiting.batch.batch_id, chain_s
+                    )
+                    hand_back(waiting)
+                    waiting = None
+                    return
+                taken, waiting = waiting, None
                 batch = taken.batch
                 chain.batch_began = time.monotonic()
+        except BaseException:
+            # whatever ended the task (an error, the soft limit, a retry), a batch taken ahead and not started (or
+            # still being taken) goes back: none is left claimed and held with no run to come
+            hand_back(waiting)
+            if lookahead is not None:
+                hand_back(lookahead.collect())
+            raise
         finally:
             state.chain = None
 

@@ -19,13 +19,16 @@ looks per forward.
 
 How long (``chain_open``): the chain runs inside one Celery task, under its time limits, and a warm shutdown waits
 for it; it takes no next batch once the chain plus another batch as long as the current one would pass
-``CHAIN_S`` (or half the soft time limit), so the task ends and Celery's hand-off takes the next one.
+``CHAIN_S`` (or half the soft time limit), so the task ends and Celery's hand-off takes the next one; and it starts
+none it took past that bound (``chain_may_start``: the batch before ran far past its estimate), giving it back
+instead. Only a batch's last planned forward is looked ahead of (the executor's ``ForwardWatch``), so a batch taken
+waits for one forward's end, not for the forwards left after it.
 
 Faults: a pre-claimed batch is claimed, locked and held by the heartbeat like a running one, so a worker that dies
 holding it loses it exactly as a running batch (its lock lapses, the reaper publishes it again; its writes are fenced
 by its claim token); one taken from the queue and not yet claimed is a lost message (the reaper publishes it again
-after ``batch_claim_timeout_s``). A chain that stops on an error gives its pre-claimed batch back uncounted
-(``give_back.lua``).
+after ``batch_claim_timeout_s``). A chain that stops on an error (or the soft limit, or a retry) gives its
+pre-claimed batch back uncounted (``give_back.lua``), one still being taken too once its take returns.
 """
 
 from __future__ import annotations
@@ -69,6 +72,15 @@ def chain_open(chain_s: float, batch_s: float, soft_limit_s: float) -> bool:
     """Whether a chain that has run ``chain_s`` (from its task's start) may take one more batch, which is assumed to
     take as long as the current one so far (``batch_s``): it must end within ``CHAIN_S`` and half the soft limit."""
     return chain_s + batch_s <= min(CHAIN_S, soft_limit_s / 2)
+
+
+def chain_may_start(chain_s: float, soft_limit_s: float) -> bool:
+    """Whether a batch taken ahead may start ``chain_s`` after its chain's task began: within ``CHAIN_S`` and half
+    the soft limit, as ``chain_open`` planned when it was taken. Past it (the batch before ran far longer than its
+    estimate: forwards left after the one looked ahead of, a forward that stalled, the soft limit met) it is given
+    back uncounted instead, so every batch of a chain starts with at least half the soft limit before it, and a warm
+    shutdown waits at most ``CHAIN_S`` plus one batch."""
+    return chain_s <= min(CHAIN_S, soft_limit_s / 2)
 
 
 class Lookahead(Generic[T]):
