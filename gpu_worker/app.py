@@ -257,7 +257,7 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
             # in the pool process: a thread and a broker connection do not survive the fork
             options = READER_REDIS_OPTIONS if broker_transport(settings).name == "redis" else None
             state.reader = QueueReader(app, served_queues(settings, worker_name), options)
-            state.lookahead = Lookahead(take_next, settings.worker_lookahead_s)
+            state.lookahead = Lookahead(take_next, settings.worker_lookahead_s, on_stale=hand_back)
         state.residency = Residency(
             models,
             load,

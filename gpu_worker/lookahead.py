@@ -38,6 +38,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,10 @@ class Lookahead(Generic[T]):
     """One thread that, while a batch's forwards run, calls ``take`` to obtain the next batch (a ``T``) or learn that
     none waits (``Miss``); the batch's runner says when (``forward_started``, ``step``), the task that runs the batch
     arms it before (``arm``) and collects what it took after (``collect``). ``take`` runs on the lookahead's thread
-    only; one that raises is logged and ends the look for that batch."""
+    only; one that raises is logged and ends the look for that batch. What it took and nobody collected within
+    ``stale_after_s`` (the forward it was taken ahead of stalled: it could not start within the chain's bound
+    anyway, ``chain_may_start``) is handed to ``on_stale`` (the worker gives it back uncounted, so another worker
+    runs it instead of it waiting for the stalled forward, up to the hard time limit)."""
 
     def __init__(
         self,
@@ -97,8 +101,12 @@ class Lookahead(Generic[T]):
         poll_every_s: float = POLL_EVERY_S,
         clock: Callable[[], float] = time.monotonic,
         name: str = "batch-lookahead",
+        on_stale: Callable[[T], None] | None = None,
+        stale_after_s: float = CHAIN_S,
     ) -> None:
         self._take = take
+        self._on_stale = on_stale
+        self._stale_after_s = stale_after_s
         self._lead_s = lead_s
         self._poll_every_s = poll_every_s
         self._clock = clock
@@ -139,6 +147,7 @@ class Lookahead(Generic[T]):
             self._armed = self._due = False
             self._cond.wait_for(lambda: not self._busy)
             taken, self._taken = self._taken, None
+            self._cond.notify_all()  # collected: no longer stale
             return taken
 
     def close(self) -> None:
@@ -147,6 +156,10 @@ class Lookahead(Generic[T]):
             self._closed, self._armed = True, False
             self._cond.notify_all()
         self._thread.join(5.0)
+
+    def _collected(self, taken: object) -> bool:
+        """Whether ``taken`` was collected (or the lookahead closed): under ``_cond``."""
+        return self._closed or self._taken is not taken
 
     def _run(self) -> None:
         while True:
@@ -173,3 +186,13 @@ class Lookahead(Generic[T]):
                     self._taken = found
                     self._due = False
                 self._cond.notify_all()
+                if found is Miss.EMPTY or found is Miss.STOP or self._on_stale is None:
+                    continue
+                if self._cond.wait_for(partial(self._collected, found), self._stale_after_s):
+                    continue
+                self._taken, self._armed = None, False  # stale: collect finds nothing, and looks no more
+            log.warning("the batch taken ahead waited %.1f s for the forward running: handed back", self._stale_after_s)
+            try:
+                self._on_stale(found)
+            except Exception:  # noqa: BLE001 - the thread must outlive it (its lock then lapses for the reaper)
+                log.exception("handing back a batch taken ahead failed")

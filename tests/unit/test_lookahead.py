@@ -333,3 +333,28 @@ def test_only_a_batchs_last_forward_is_looked_ahead_of(fake_settings: Settings) 
     assert outcome.wait(5) == dict.fromkeys(("one", "two", "three"), "succeeded")
     assert runner.ran == ["one", "two", "three"]
     assert watch.stepped == ["three", "three"]
+
+
+def test_a_batch_taken_and_not_collected_in_time_is_handed_back(inbox: Inbox) -> None:
+    """The forward it was taken ahead of stalls (a native hang up to the hard time limit): past ``stale_after_s``
+    the batch taken goes to ``on_stale`` (the worker gives it back uncounted, another worker runs it) and the
+    forward's end collects nothing; one collected in time is never handed back."""
+    stale: list[str] = []
+    lookahead = Lookahead(inbox.take, lead_s=1.0, poll_every_s=0.001, on_stale=stale.append, stale_after_s=0.1)
+    try:
+        inbox.items += ["B2", "B3"]
+        lookahead.arm()
+        lookahead.forward_started()
+        lookahead.step(1, 1)
+        wait_until(lambda: stale == ["B2"])
+        assert lookahead.collect() is None
+        assert inbox.looks == 1  # no look after it for that forward
+        lookahead.arm()
+        lookahead.forward_started()
+        lookahead.step(1, 1)
+        wait_until(lambda: inbox.looks == 2)
+        assert lookahead.collect() == "B3"
+        time.sleep(0.2)
+        assert stale == ["B2"]
+    finally:
+        lookahead.close()
