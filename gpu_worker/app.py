@@ -453,7 +453,7 @@ def create_worker_app(settings: Settings, worker_name: str) -> Celery:
                 if waiting is None:
                     return
                 chain_s = time.monotonic() - chain.began
-                if not chain_may_start(chain_s, settings.soft_time_limit_s):
+                if not chain_may_start(chain_s, settings.soft_time_limit_s, settings.worker_lookahead_s):
                     # the batch before ran far past its estimate (forwards left after the one looked ahead of, a
                     # forward that stalled, the soft limit): started now, it could meet the task's time limits
                     log.warning(

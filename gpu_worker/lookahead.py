@@ -75,13 +75,14 @@ def chain_open(chain_s: float, batch_s: float, soft_limit_s: float) -> bool:
     return chain_s + batch_s <= min(CHAIN_S, soft_limit_s / 2)
 
 
-def chain_may_start(chain_s: float, soft_limit_s: float) -> bool:
+def chain_may_start(chain_s: float, soft_limit_s: float, lead_s: float) -> bool:
     """Whether a batch taken ahead may start ``chain_s`` after its chain's task began: within ``CHAIN_S`` and half
-    the soft limit, as ``chain_open`` planned when it was taken. Past it (the batch before ran far longer than its
-    estimate: forwards left after the one looked ahead of, a forward that stalled, the soft limit met) it is given
-    back uncounted instead, so every batch of a chain starts with at least half the soft limit before it, and a warm
-    shutdown waits at most ``CHAIN_S`` plus one batch."""
-    return chain_s <= min(CHAIN_S, soft_limit_s / 2)
+    the soft limit, as ``chain_open`` planned when it was taken, plus the lead (``lead_s``: the forward it was taken
+    ahead of had that long left, by its estimate). Past it (the batch before ran far past its estimate: forwards
+    left after the one looked ahead of, a forward that stalled, the soft limit met) it is given back uncounted
+    instead, so every batch of a chain starts at most that long after its task did (a warm shutdown waits that plus
+    one batch), with the rest of the soft limit before it."""
+    return chain_s <= min(CHAIN_S, soft_limit_s / 2) + lead_s
 
 
 class Lookahead(Generic[T]):

@@ -220,13 +220,13 @@ class InProcessWorker:
 @pytest.fixture
 def in_process_worker(redis_server: RedisServer) -> Iterator[InProcessWorker]:
     """The lookahead's worker app in this process, on the session's Redis (its Redis and its broker), with a
-    ``HeldRunner`` and a lead far above a forward (it takes the next batch at a forward's first step)."""
+    ``HeldRunner`` (its first step says the forward ends at once: the next batch is taken then)."""
     settings = Settings(
         redis_url=redis_server.url,
         celery_broker_url=redis_server.url,
         key_prefix=f"inproc{uuid.uuid4().hex[:8]}",
         runner=f"{__name__}:HeldRunner",
-        worker_lookahead_s=60.0,
+        worker_lookahead_s=0.1,
         batch_lock_ttl_s=4.0,
     )
     signals = (worker_process_init, worker_process_shutdown)
@@ -269,8 +269,9 @@ def test_a_batch_taken_ahead_is_given_back_when_the_chain_would_start_it_past_it
     in_process_worker: InProcessWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The forward before ran far past its pace's estimate (its first step said it would end at once): the batch
-    taken at that step would start past the chain's bound (``CHAIN_S``, made 0.3 s here), so it is given back
-    uncounted and the task ends, instead of running it with less of the task's time limits left than planned."""
+    taken at that step would start past the chain's bound (``CHAIN_S``, made 0.3 s here, plus the 0.1 s lead), so it
+    is given back uncounted and the task ends, instead of running with less of the task's time limits left than
+    planned."""
     worker = in_process_worker
     monkeypatch.setattr(lookahead_module, "CHAIN_S", 0.3)
     first, second = worker.schedule("B1", "a1"), worker.schedule("B2", "b1")

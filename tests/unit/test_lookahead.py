@@ -14,7 +14,7 @@ import pytest
 from celery import Celery
 
 from gpu_worker.executor import BatchOutcome, Prepared
-from gpu_worker.lookahead import CHAIN_S, Lookahead, Miss, chain_open, take_now
+from gpu_worker.lookahead import CHAIN_S, Lookahead, Miss, chain_may_start, chain_open, take_now
 from gpu_worker.queue_reader import QueueReader, due
 from gpu_worker.runner import StepCallback
 from gpu_worker.store import Locked
@@ -58,6 +58,22 @@ def test_a_chain_takes_no_batch_that_would_end_past_its_bound(
     chain_s: float, batch_s: float, soft_limit_s: float, open_: bool
 ) -> None:
     assert chain_open(chain_s, batch_s, soft_limit_s) is open_
+
+
+@pytest.mark.parametrize(
+    ("chain_s", "soft_limit_s", "lead_s", "starts"),
+    [
+        (CHAIN_S - 0.5, 810, 0.1, True),
+        (CHAIN_S + 0.05, 810, 0.1, True),  # taken at the bound, its forward ending within the lead: it runs
+        (CHAIN_S + 0.5, 810, 0.1, False),  # the forward before ran far past its estimate: given back
+        (4.6, 9, 0.1, True),  # half a 9 s soft limit, plus the lead
+        (5.0, 9, 0.1, False),
+    ],
+)
+def test_a_batch_taken_ahead_starts_only_within_the_chains_bound(
+    chain_s: float, soft_limit_s: float, lead_s: float, starts: bool
+) -> None:
+    assert chain_may_start(chain_s, soft_limit_s, lead_s) is starts
 
 
 class Inbox:
