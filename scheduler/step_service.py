@@ -221,7 +221,9 @@ class StepSchedulerService(SchedulerService):
         if not workers:
             return None
         self._members_at, self._members_for = now, look
-        members = self._store.step_levels(workers)
+        # fair: a sealed set's rows count for their flows too (they run to their end), though none is swapped out
+        sealed = [s for s in self._sets or () if s.sealed] if fair else []
+        members = self._store.step_levels([*workers, *(s.worker for s in sealed)])
         for worker in workers:  # an eviction is done once its request left the set's levels (requeued or ended)
             if worker in self._evicting and self._evicting[worker] not in {m.request_id for m in members[worker]}:
                 del self._evicting[worker]
@@ -243,6 +245,20 @@ class StepSchedulerService(SchedulerService):
             )
             for s in placeable
             if s.worker in members
+        ]
+        candidates += [
+            OpenSet(
+                s.worker,
+                s.digest,
+                s.rows,
+                sealed=True,
+                members=tuple(
+                    Member(m.request_id, m.priority, m.joined_ms, self._flow_of(m.request_id))
+                    for m in members.get(s.worker, [])
+                ),
+                pending=self._pending(OpenSet(s.worker, s.digest, s.rows), members.get(s.worker, [])),
+            )
+            for s in sealed
         ]
         decision = preempt(head, candidates, free, self._config)
         if decision is None:

@@ -166,3 +166,27 @@ def test_the_scheduler_swaps_a_probe_into_a_set_its_flood_fills_and_sends_the_ev
     message = BatchMessage.model_validate_json(batch)
     assert message.request_ids == ("p1",) and StepEviction.model_validate_json(eviction).joiner == message.batch_id
     assert client.hget(keys.request("f3"), "status") == "queued" and celery.batches == []
+
+
+def test_a_flows_requests_in_a_sealed_set_count_so_it_never_swaps_out_a_lighter_flow() -> None:
+    s = loop_settings("fair")  # max_num_seqs 2
+    client = fakeredis.FakeRedis(decode_responses=True)
+    keys = k.RedisKeys("t")
+    for worker in (WORKER, "w2"):
+        client.zadd(keys.workers, {worker: time.time() * 1000})
+        client.hset(keys.step_sets, worker, digest())
+        client.hset(keys.step_rows, worker, 0)
+    celery = PublishedBatches()
+    with running(scheduler(client, s, celery)):
+        submit(client, keys, "f1", "f2", key="flood")
+        assert wait_until(lambda: client.llen(keys.step_inbox(WORKER)) == 1, 3)  # w1: the lowest name
+        client.delete(keys.step_inbox(WORKER))
+        client.hset(keys.step_levels(WORKER), mapping={"f1": "0 1000", "f2": "0 1001"})
+        client.hset(keys.step_sets, WORKER, k.STEP_SEALED)  # w1's set drains its two flood rows
+        submit(client, keys, "p1", "p2", key="probe")
+        assert wait_until(lambda: client.llen(keys.step_inbox("w2")) == 1, 3)
+        client.delete(keys.step_inbox("w2"))
+        client.hset(keys.step_levels("w2"), mapping={"p1": "0 1002", "p2": "0 1003"})
+        submit(client, keys, "f3", key="flood")  # the flood runs 2 (sealed) and the probe 2: no swap
+        swapped = wait_until(lambda: client.llen(keys.step_inbox("w2")) > 0, 1.5)  # past the sets' cache
+    assert not swapped and client.hget(keys.request("f3"), "status") == "queued" and celery.batches == []
