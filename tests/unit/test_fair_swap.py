@@ -190,3 +190,25 @@ def test_a_flows_requests_in_a_sealed_set_count_so_it_never_swaps_out_a_lighter_
         submit(client, keys, "f3", key="flood")  # the flood runs 2 (sealed) and the probe 2: no swap
         swapped = wait_until(lambda: client.llen(keys.step_inbox("w2")) > 0, 1.5)  # past the sets' cache
     assert not swapped and client.hget(keys.request("f3"), "status") == "queued" and celery.batches == []
+
+
+def test_a_swap_that_waits_for_joiners_to_show_among_the_members_is_made_once_they_do() -> None:
+    s = loop_settings("fair").model_copy(update={"scheduler_block_ms": 2000})  # max_num_seqs 2; no wake-up to lean on
+    client = fakeredis.FakeRedis(decode_responses=True)
+    keys = k.RedisKeys("t")
+    client.zadd(keys.workers, {WORKER: time.time() * 1000})
+    client.hset(keys.step_sets, WORKER, digest())
+    client.hset(keys.step_rows, WORKER, 0)
+    inbox = keys.step_inbox(WORKER)
+    with running(scheduler(client, s, PublishedBatches())):
+        submit(client, keys, "f1", "f2", "f3", key="flood")
+        assert wait_until(lambda: client.llen(inbox) == 1, 3)  # f1 and f2 on their way: no member to evict yet
+        submit(client, keys, "p1", key="probe")
+        time.sleep(0.1)  # the probe looked and found the flood's rows on their way
+        assert client.llen(inbox) == 1
+        client.delete(inbox)  # they join: the worker records them, which wakes no one
+        client.hset(keys.step_levels(WORKER), mapping={"f1": "0 1000", "f2": "0 1001"})
+        assert wait_until(lambda: client.llen(inbox) == 2, 1)  # the scheduler looked again (SWAP_RETRY_S)
+        eviction, batch = client.lrange(inbox, 0, -1)
+    assert StepEviction.model_validate_json(eviction).evict == "f2"
+    assert BatchMessage.model_validate_json(batch).request_ids == ("p1",)
