@@ -230,6 +230,8 @@ class StepSchedulerService(SchedulerService):
         if fair:
             self._running = {m.request_id for listed in members.values() for m in listed}
             self._forget_sent(now)
+            # a member whose eviction is pending gave its room to its joiner (counted on its way): not to its flow
+            members = {w: [m for m in listed if m.request_id != self._evicting.get(w)] for w, listed in members.items()}
         candidates = [
             OpenSet(
                 s.worker,

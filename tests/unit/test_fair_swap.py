@@ -212,3 +212,30 @@ def test_a_swap_that_waits_for_joiners_to_show_among_the_members_is_made_once_th
         eviction, batch = client.lrange(inbox, 0, -1)
     assert StepEviction.model_validate_json(eviction).evict == "f2"
     assert BatchMessage.model_validate_json(batch).request_ids == ("p1",)
+
+
+def test_a_request_whose_eviction_is_pending_counts_no_longer_for_its_flow_but_its_joiner_does() -> None:
+    s = loop_settings("fair")  # max_num_seqs 2
+    client = fakeredis.FakeRedis(decode_responses=True)
+    keys = k.RedisKeys("t")
+    for worker in (WORKER, "w2"):
+        client.zadd(keys.workers, {worker: time.time() * 1000})
+        client.hset(keys.step_sets, worker, digest())
+        client.hset(keys.step_rows, worker, 0)
+    celery = PublishedBatches()
+    with running(scheduler(client, s, celery)):
+        submit(client, keys, "f1", "f2", key="flood")
+        assert wait_until(lambda: client.llen(keys.step_inbox(WORKER)) == 1, 3)
+        submit(client, keys, "f3", key="flood")
+        submit(client, keys, "t1", key="third")
+        assert wait_until(lambda: client.llen(keys.step_inbox("w2")) == 1, 3)
+        for worker in (WORKER, "w2"):
+            client.delete(keys.step_inbox(worker))
+        client.hset(keys.step_levels(WORKER), mapping={"f1": "0 1000", "f2": "0 1001"})
+        client.hset(keys.step_levels("w2"), mapping={"f3": "0 1002", "t1": "0 1003"})
+        submit(client, keys, "p1", key="probe")  # the flood runs 3, the probe none: it swaps in for f3
+        assert wait_until(lambda: client.llen(keys.step_inbox("w2")) == 2, 3)
+        submit(client, keys, "p2", key="probe")  # f3 still runs (its boundary is not there yet): 2 against 1
+        swapped = wait_until(lambda: client.llen(keys.step_inbox(WORKER)) > 0, 1)
+    assert StepEviction.model_validate_json(client.lindex(keys.step_inbox("w2"), 0) or "").evict == "f3"
+    assert not swapped and client.hget(keys.request("p2"), "status") == "queued" and celery.batches == []
