@@ -327,8 +327,8 @@ class SchedulerStore:
     ) -> int:
         """Send scheduled batch ``batch_id`` to ``worker``'s full running set of step key ``digest`` with, ahead of it,
         the eviction of ``evict`` whose room it takes (``step_swap.lua``): 2 when both were sent, 1 when ``evict``
-        had left and the batch was sent as a plain join, 0 when refused (as ``step_join``; the caller publishes
-        it instead)."""
+        had left (or the set had room already) and the batch was sent as a plain join, 0 when refused (as
+        ``step_join``; the caller publishes it instead)."""
         keys, args = self._join_call(worker, digest, message_json, batch_id, count, cap)
         eviction = StepEviction(evict=evict, joiner=batch_id).model_dump_json()
         return int(self._step_swap(keys=[*keys, self.keys.step_levels(worker)], args=[*args, evict, eviction]))

@@ -137,6 +137,19 @@ def test_step_swap_sends_the_eviction_ahead_of_the_batch_or_a_plain_join_when_it
     assert sched.step_swap(WORKER, "digest", message, "B4", 1, 2, "r") == 0
 
 
+def test_step_swap_evicts_no_one_when_the_set_has_room_for_the_batch_already() -> None:
+    client = fakeredis.FakeRedis(decode_responses=True)
+    store, _, _ = running_request(client)  # r runs in w1's set of "digest"
+    client.hset(store.keys.step_rows, WORKER, 1)  # its other row was counted out (its last step) since the look
+    client.zadd(store.keys.workers, {WORKER: time.time() * 1000})
+    sched = SchedulerStore(client, settings())
+    message = BatchMessage(batch_id="B2", request_ids=("p",), created_at=0.0).model_dump_json()
+    assert sched.step_swap(WORKER, "digest", message, "B2", 1, 2, "r") == 1  # a plain join: r runs on
+    [sent] = client.lrange(store.keys.step_inbox(WORKER), 0, -1)
+    assert BatchMessage.model_validate_json(sent).batch_id == "B2"
+    assert client.hget(store.keys.step_rows, WORKER) == "2"
+
+
 # --- the scheduler's loop ---------------------------------------------------------------------------------------
 
 
