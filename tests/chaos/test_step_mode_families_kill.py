@@ -1,8 +1,8 @@
-"""A step-mode worker of each new step-mode family (SDXL, PixArt-Sigma, Flux, Sana: the real tiny demo pipeline,
-``FUSEFLEET_DEMO_FAMILY``) is SIGKILLed while its running set holds two requests of two batches (the one that opened
-the set, one that joined it with other steps and guidance): nothing is lost. Both batches are published again once
-their locks lapse, and each request ends ``succeeded`` exactly once, on the worker that replaced it, with the image
-its solo run gives (within 1/255: it ran again from step 0 with its own seed).
+"""A step-mode worker of each step-mode family (SDXL, PixArt-Sigma, Flux, Sana, Qwen-Image, LTX-Video: the real
+tiny demo pipeline, ``FUSEFLEET_DEMO_FAMILY``) is SIGKILLed while its running set holds two requests of two batches
+(the one that opened the set, one that joined it with other steps and guidance): nothing is lost. Both batches are
+published again once their locks lapse, and each request ends ``succeeded`` exactly once, on the worker that
+replaced it, with the image its solo run gives (within 1/255: it ran again from step 0 with its own seed).
 """
 
 from __future__ import annotations
@@ -23,23 +23,22 @@ from tests.support.solo import png_array, solo_image
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(300)]
 
+# every family with a step-mode adapter, ~20 s each (SD 1.x's kill is tests/chaos/test_step_mode_kill.py)
 STEP_FAMILIES = [
-    # in CI: a DiT with text rows only (PixArt) and a packed-latent transformer with image rows (Flux); SD 1.x's kill
-    # is tests/chaos/test_step_mode_kill.py. The kill path is the step loop's, the same for every adapter; the others,
-    # slower here (SDXL ~170 s, Sana ~120 s with its 1500-step opener, on the 2-core VM under load), run under -m soak
-    pytest.param("stable-diffusion-xl", marks=pytest.mark.soak),
+    "stable-diffusion-xl",
     "pixart",
     "flux",
-    pytest.param("sana", marks=pytest.mark.soak),
-    pytest.param("qwen-image", marks=pytest.mark.soak),  # ~220 s on the 2-core VM (its 150-step opener): -m soak
-    pytest.param("ltx-video", marks=pytest.mark.soak),  # 9-frame videos, ~45 s: soak to keep the family runs ~5 min
+    "sana",
+    "qwen-image",
+    "ltx-video",
 ]
 FRAMES = 9
 SIDE = 32
 # (opener, joiner) steps: both must still run when the worker is killed, after the joiner's step 2 shows (progress
-# is written every 250 ms); tiny Sana takes ~1.3 ms a step alone on the 2-core VM: 150 steps could end in 0.2 s
-STEPS = {"sana": (1500, 1200)}
-DEFAULT_STEPS = (150, 120)
+# is written every 250 ms); with one torch thread a tiny family takes 1-3 ms a step alone on the 2-core VM (tiny
+# LTX-Video ran 120 steps in 0.23 s), so 150 steps could end before the kill
+STEPS = {"sana": (1500, 1200), "ltx-video": (1500, 1200), "qwen-image": (600, 480)}
+DEFAULT_STEPS = (150, 120)  # PixArt's scheduler takes at most 1000
 
 
 @pytest.mark.parametrize("family", STEP_FAMILIES)

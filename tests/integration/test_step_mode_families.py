@@ -38,9 +38,8 @@ STEP_FAMILIES = [
     "pixart",
     "flux",
     "sana",
-    # ~40-65 s each here: soak, so the family fleet and kill runs stay ~5 min by default (-m soak runs them)
-    pytest.param("qwen-image", marks=pytest.mark.soak),
-    pytest.param("ltx-video", marks=pytest.mark.soak),
+    "qwen-image",
+    "ltx-video",
 ]
 FRAMES = 9  # a video family's requests (one step key: every request of the set has these frames)
 SIDE = 32
