@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -23,6 +24,10 @@ import redis
 _PR_SET_PDEATHSIG = 1
 
 AppendFsync = Literal["always", "everysec", "no"]
+
+
+START_TRIES = 3
+"""Starts of a server whose picked port another process took meanwhile (each with a newly picked port)."""
 
 
 def free_port() -> int:
@@ -69,14 +74,21 @@ class EmbeddedValkey:
         port: int | None = None,
         persistent: bool = False,
         appendfsync: AppendFsync = "everysec",
+        port_picker: Callable[[], int] = free_port,
     ) -> None:
-        self.port = port or free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        # a port it picked (none given) may be taken by another process before the server binds it: its first
+        # start then picks another (``START_TRIES``); a restart keeps its port, and so does a port given
+        self._pick_port: Callable[[], int] | None = port_picker if port is None else None
+        self._use_port(port or port_picker())
         self.data_dir = data_dir
         self.persistent = persistent
         self.appendfsync = appendfsync
         self._process: subprocess.Popen[bytes] | None = None
         self._paused = False
+
+    def _use_port(self, port: int) -> None:
+        self.port = port
+        self.url = f"redis://127.0.0.1:{port}/0"
 
     @property
     def log_path(self) -> Path:
@@ -110,6 +122,20 @@ class EmbeddedValkey:
         ]
 
     def start(self, timeout_s: float = 10.0) -> EmbeddedValkey:
+        """Start the server and wait until it answers (``timeout_s``); RuntimeError naming its log if it does not."""
+        picker = self._pick_port
+        tries = START_TRIES if picker is not None else 1
+        for attempt in range(1, tries + 1):
+            if self._start(timeout_s):
+                self._pick_port = None  # started: restarts keep this port
+                return self
+            if picker is None or attempt == tries or not self._port_was_taken():
+                break
+            self._use_port(picker())  # lost the race for the port it picked: another one
+        raise RuntimeError(f"Valkey did not start; see {self.log_path}")
+
+    def _start(self, timeout_s: float) -> bool:
+        """One start: whether the server answered within ``timeout_s`` (else it is stopped)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(
@@ -118,17 +144,25 @@ class EmbeddedValkey:
         self._paused = False
         client = redis.Redis.from_url(self.url, socket_timeout=2.0)
         deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                client.ping()
-                return self
-            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
-                if time.monotonic() > deadline or self._process.poll() is not None:
-                    self.stop()
-                    raise RuntimeError(f"Valkey did not start; see {self.log_path}") from None
-                time.sleep(0.05)
-            finally:
-                client.close()
+        try:
+            while True:
+                try:
+                    client.ping()
+                    return True
+                except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+                    if time.monotonic() > deadline or self._process.poll() is not None:
+                        self.stop()
+                        return False
+                    time.sleep(0.05)
+        finally:
+            client.close()
+
+    def _port_was_taken(self) -> bool:
+        """Whether the last start failed because its port was in use (the server's log says so)."""
+        try:
+            return "Address already in use" in self.log_path.read_text(errors="replace")[-2000:]
+        except OSError:
+            return False
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM (Valkey flushes its append-only file and exits), SIGKILL if it does not."""

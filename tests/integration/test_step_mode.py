@@ -22,6 +22,7 @@ from tests.support.redis_server import RedisServer
 from tests.support.solo import no_stop, png_array, solo_image
 
 LONG_STEPS = 400  # long enough for the others to join while it runs (the demo model takes ~10 ms a step)
+ABORTED_STEPS = 900  # a long request aborted at the end, outlasting its joiners and their solo runs (DDIM: < 1000)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,7 @@ def test_requests_of_other_lora_adapters_join_one_running_set(step_fleet: Fleet,
     request without one, and each equals its solo run with its own adapter (that adapters change a row is
     tests/unit/test_step_engine_image_tasks.py's)."""
     fleet = step_fleet
-    long = fleet.submit(prompt="the long one", num_inference_steps=LONG_STEPS, seed=30)
+    long = fleet.submit(prompt="the long one", num_inference_steps=ABORTED_STEPS, seed=30)
     fleet.wait_running(long, min_step=2)
     adapters = {"lora": LoraRef(name=LORA_NAME, scale=0.8), "none": None}
     joiners = {
@@ -100,7 +101,7 @@ def test_text_and_image_requests_of_two_strengths_join_one_running_set(
     one set opened by a long text-to-image one; each image-to-image row starts at its strength's step from its own
     input image, and each request equals its own solo run (the pipeline's call, request-level) within 1/255."""
     fleet = step_fleet
-    long = fleet.submit(prompt="the long one", num_inference_steps=LONG_STEPS, seed=40)
+    long = fleet.submit(prompt="the long one", num_inference_steps=ABORTED_STEPS, seed=40)
     fleet.wait_running(long, min_step=2)
     text = fleet.submit(prompt="a lighthouse", num_inference_steps=4, guidance_scale=6.0, seed=43)
     lora = LoraRef(name=LORA_NAME, scale=0.8)

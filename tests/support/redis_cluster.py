@@ -55,7 +55,7 @@ class ClusterNode(EmbeddedValkey):
     """One cluster-enabled ``redis-server`` (its ``nodes.conf`` in its folder, so a restart rejoins the cluster)."""
 
     def __init__(self, data_dir: Path, server: str) -> None:
-        super().__init__(data_dir, port=free_cluster_port())
+        super().__init__(data_dir, port_picker=free_cluster_port)
         self._server = server
 
     def argv(self) -> list[str]:
