@@ -109,6 +109,14 @@ def test_a_flow_tried_once_is_not_tried_again_and_the_first_that_may_takes_it(tr
 # --- step_swap.lua ------------------------------------------------------------------------------------------
 
 
+def empty_sets(client: fakeredis.FakeRedis, keys: k.RedisKeys, *workers: str) -> None:
+    """Each of ``workers`` live with an empty running set of ``digest()`` open."""
+    for worker in workers:
+        client.zadd(keys.workers, {worker: time.time() * 1000})
+        client.hset(keys.step_sets, worker, digest())
+        client.hset(keys.step_rows, worker, 0)
+
+
 def test_step_swap_sends_the_eviction_ahead_of_the_batch_or_a_plain_join_when_its_request_left() -> None:
     client = fakeredis.FakeRedis(decode_responses=True)
     store, _, _ = running_request(client)  # r runs in w1's set of "digest", counted 2 (cap 2 below)
@@ -185,10 +193,7 @@ def test_a_flows_requests_in_a_sealed_set_count_so_it_never_swaps_out_a_lighter_
     s = loop_settings("fair")  # max_num_seqs 2
     client = fakeredis.FakeRedis(decode_responses=True)
     keys = k.RedisKeys("t")
-    for worker in (WORKER, "w2"):
-        client.zadd(keys.workers, {worker: time.time() * 1000})
-        client.hset(keys.step_sets, worker, digest())
-        client.hset(keys.step_rows, worker, 0)
+    empty_sets(client, keys, WORKER, "w2")
     celery = PublishedBatches()
     with running(scheduler(client, s, celery)):
         submit(client, keys, "f1", "f2", key="flood")
@@ -209,9 +214,7 @@ def test_a_swap_that_waits_for_joiners_to_show_among_the_members_is_made_once_th
     s = loop_settings("fair").model_copy(update={"scheduler_block_ms": 2000})  # max_num_seqs 2; no wake-up to lean on
     client = fakeredis.FakeRedis(decode_responses=True)
     keys = k.RedisKeys("t")
-    client.zadd(keys.workers, {WORKER: time.time() * 1000})
-    client.hset(keys.step_sets, WORKER, digest())
-    client.hset(keys.step_rows, WORKER, 0)
+    empty_sets(client, keys, WORKER)
     inbox = keys.step_inbox(WORKER)
     with running(scheduler(client, s, PublishedBatches())):
         submit(client, keys, "f1", "f2", "f3", key="flood")
@@ -231,10 +234,7 @@ def test_a_request_whose_eviction_is_pending_counts_no_longer_for_its_flow_but_i
     s = loop_settings("fair")  # max_num_seqs 2
     client = fakeredis.FakeRedis(decode_responses=True)
     keys = k.RedisKeys("t")
-    for worker in (WORKER, "w2"):
-        client.zadd(keys.workers, {worker: time.time() * 1000})
-        client.hset(keys.step_sets, worker, digest())
-        client.hset(keys.step_rows, worker, 0)
+    empty_sets(client, keys, WORKER, "w2")
     celery = PublishedBatches()
     with running(scheduler(client, s, celery)):
         submit(client, keys, "f1", "f2", key="flood")
