@@ -67,12 +67,12 @@ class QueueReader:
                 if message is None:
                     continue
                 headers = message.headers or {}
-                body = message.decode()
-                if headers.get("task") != RUN_BATCH_TASK or not due(headers.get("eta")) or not _batch_args(body):
+                args = _batch_args(message.decode())
+                if headers.get("task") != RUN_BATCH_TASK or not due(headers.get("eta")) or not args:
                     message.reject(requeue=True)  # Celery's consumer takes it once the chain ends
                     return Miss.STOP
                 message.ack()
-                return _batch_args(body)[0], queue.name
+                return args[0], queue.name
             return Miss.EMPTY
         except Exception as exc:  # noqa: BLE001 - the broker failed: this look ends, the next connects again
             log.warning("looking ahead in %s failed: %s: %s", ", ".join(self._names), type(exc).__name__, exc)
