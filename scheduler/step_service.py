@@ -195,6 +195,10 @@ class StepSchedulerService(SchedulerService):
             ]
 
     # --- preemption ---------------------------------------------------------------------------------------------
+    def _members_of(self, running: Sequence[RunningMember]) -> tuple[Member, ...]:
+        """A set's running requests as the policy weighs them, each with the flow this scheduler knows it by."""
+        return tuple(Member(m.request_id, m.priority, m.joined_ms, self._flow_of(m.request_id)) for m in running)
+
     def _preempt(self, head: list[WaitingRequest], sets: Sequence[RunningSet], free: int) -> float | None:
         """When the head can neither join a set nor start one: priority levels, ask a set of its key to evict a
         request of a lower level (``scheduler.policy.preempt``); else, in the fair order, swap waiting requests of
@@ -238,10 +242,7 @@ class StepSchedulerService(SchedulerService):
                 s.key,
                 s.rows,
                 s.sealed,
-                members=tuple(
-                    Member(m.request_id, m.priority, m.joined_ms, self._flow_of(m.request_id))
-                    for m in members.get(s.worker, [])
-                ),
+                members=self._members_of(members.get(s.worker, [])),
                 evicting=s.worker in self._evicting,
                 pending=self._pending(s, members.get(s.worker, [])),
             )
@@ -254,10 +255,7 @@ class StepSchedulerService(SchedulerService):
                 s.digest,
                 s.rows,
                 sealed=True,
-                members=tuple(
-                    Member(m.request_id, m.priority, m.joined_ms, self._flow_of(m.request_id))
-                    for m in members.get(s.worker, [])
-                ),
+                members=self._members_of(members.get(s.worker, [])),
                 pending=self._pending(OpenSet(s.worker, s.digest, s.rows), members.get(s.worker, [])),
             )
             for s in sealed
