@@ -29,11 +29,12 @@ from typing import TypeVar
 from api.events_feed import EventFeed, FeedEvent
 from api.input_images import StoredInputs
 from api.outage import StoreUnavailable
-from api.store import Forgotten, RequestStore, SubmissionCounters, SubmitOutcome, Submitter, Webhook
+from api.store import Forgotten, RequestStore, SubmissionCounters, Submitter, Webhook
 from api.waiter import CompletionWaiter
 from shared.contracts import RequestSpec, RequestState, RequestStatus, WorkerCapabilities
 from shared.fleet_state import FleetReader, FleetSnapshot, RunningBatch, merge_snapshots
 from shared.shards import Shards
+from shared.submit_call import SubmitOutcome
 
 _V = TypeVar("_V")
 

@@ -12,14 +12,16 @@ from typing import Literal, Protocol, TypeVar, cast
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from api.coalescer import Coalescer
 from api.input_images import StoredInputs
 from api.outage import REDIS_FAILURES, StoreUnavailable
 from shared.contracts import RequestSpec, RequestState, RequestStatus, WorkerCapabilities
 from shared.fleet_state import parse_capabilities
-from shared.keys import ABORT, FORGET, RATE_LIMIT, SUBMIT, RedisKeys, abort_keys, submit_keys
+from shared.keys import ABORT, FORGET, RATE_LIMIT, SUBMIT, RedisKeys, abort_keys
 from shared.results import ResultStore, ResultStoreError
 from shared.shards import ID_BYTES
 from shared.state import STATE_FIELDS, parse_state
+from shared.submit_call import SubmitGroup, SubmitOutcome, SubmitRow, submit_call, submit_outcomes
 
 _T = TypeVar("_T")
 _A = TypeVar("_A")
@@ -31,10 +33,12 @@ OWNER_FIELD = "key"
 RefusalReason = Literal["invalid", "queue_full", "rate_limited", "max_queued", "input_budget"]
 """Why a submission was refused: a 422 (limits, capabilities, input images), a full queue (503), one of the
 API key's limits (429: its rate, its max queued), or the input budget (429, or 413: ``api.input_budget``)."""
-SubmitOutcome = Literal["accepted", "queue_full", "max_queued", "input_budget"]
-"""What ``RequestStore.submit`` did: queued everything, or nothing because the queue, the key or the input budget
-is full."""
-_SUBMIT_OUTCOMES: dict[int, SubmitOutcome] = {1: "accepted", 0: "queue_full", -1: "max_queued", -2: "input_budget"}
+COALESCED_SUBMISSIONS = 64
+"""Most submissions in one ``submit.lua`` call (``api.coalescer``: concurrent ones share a round trip)."""
+COALESCED_INPUT_BYTES = 1 << 20
+"""Most input image bytes in one coalesced call (a submission holding more goes alone)."""
+COALESCED_READS = 128
+"""Most request states in one pipeline of reads."""
 _OWNED_STATE_FIELDS = (*STATE_FIELDS, OWNER_FIELD)
 VIDEO_LIST_PRUNE = 4
 """Oldest entries of a video list checked (and dropped when their request is gone) at each addition."""
@@ -116,6 +120,13 @@ class RequestStore:
         self._capabilities_read: asyncio.Future[list[WorkerCapabilities]] | None = None  # the read under way
         self.counters: SubmissionCounters | None = None  # set by api.metrics at start-up
         self._submit = redis.register_script(SUBMIT)
+        self._submissions = Coalescer(
+            self._submit_groups,
+            COALESCED_SUBMISSIONS,
+            weight=lambda group: sum(row.input_bytes for row in group.rows),
+            max_weight=COALESCED_INPUT_BYTES,
+        )
+        self._reads = Coalescer(self._read_states, COALESCED_READS)
         self._abort = redis.register_script(ABORT)
         self._forget = redis.register_script(FORGET)
         self._rate_limit = redis.register_script(RATE_LIMIT)
@@ -133,33 +144,37 @@ class RequestStore:
     ) -> SubmitOutcome:
         """Queue all ``specs`` (with their input images, ``inputs[i]`` for ``specs[i]``, under ``submitter``'s key,
         with their webhooks, ``webhooks[i]``) in one atomic step, or nothing when the queue would overflow, the key
-        exceed its max queued or the inputs the input budget."""
-        name, limited, max_queued, share = "", "", 0, ""  # no key; a key without a max queued: its name only
+        exceed its max queued or the inputs the input budget. Concurrent submissions of this process share one
+        script call (``api.coalescer``), each accepted or refused on its own."""
+        rows = tuple(
+            SubmitRow(
+                spec.id,
+                spec.model_dump_json(),
+                spec.created_at,
+                stored.image if stored else b"",
+                stored.mask if stored and stored.mask else b"",
+                webhook.url if webhook else "",
+                webhook.on if webhook else "",
+            )
+            for spec, stored, webhook in zip(
+                specs, inputs or [None] * len(specs), webhooks or [None] * len(specs), strict=True
+            )
+        )
+        group = SubmitGroup(rows)
         if submitter is not None:
-            name = submitter.name
-            share = "" if submitter.share == 1 else repr(submitter.share)
-            if submitter.max_queued is not None:
-                limited, max_queued = "1", submitter.max_queued
-        keys = submit_keys(self._keys, [spec.id for spec in specs], self._keys.api_key_unfinished(name))
-        budget = "" if self._max_input_bytes is None else self._max_input_bytes
-        args: list[str | bytes | int | float] = [
-            self._max_queue_len,
-            name,
-            limited,
-            max_queued,
-            self._result_ttl_s,
-            budget,
-            share,
-        ]
-        for spec, stored in zip(specs, inputs or [None] * len(specs), strict=True):
-            image = stored.image if stored else b""
-            mask = stored.mask if stored and stored.mask else b""
-            args += [spec.id, spec.model_dump_json(), repr(spec.created_at), image, mask]
-        if webhooks is not None and any(webhooks):
-            for webhook in webhooks:
-                args += [webhook.url, webhook.on] if webhook else ["", ""]
-        outcome = await self._bounded(self._submit(keys=keys, args=args))
-        return _SUBMIT_OUTCOMES[int(outcome)]
+            group = SubmitGroup(rows, submitter.name, submitter.max_queued, submitter.share)
+        return await self._bounded(self._submissions(group))  # its wait for a flush in flight counts, too
+
+    async def _submit_groups(self, groups: Sequence[SubmitGroup]) -> list[SubmitOutcome]:
+        """One ``submit.lua`` call of concurrent submissions (``self._submissions``), each accepted or refused alone."""
+        keys, args = submit_call(
+            self._keys,
+            groups,
+            max_queue_len=self._max_queue_len,
+            set_ttl_s=self._result_ttl_s,
+            max_input_bytes=self._max_input_bytes,
+        )
+        return submit_outcomes(await self._bounded(self._submit(keys=keys, args=args)))
 
     async def take_tokens(self, name: str, rate_per_s: float, burst: int, cost: int) -> float:
         """Take ``cost`` tokens from API key ``name``'s bucket (``burst`` tokens, refilled at ``rate_per_s``):
@@ -170,9 +185,16 @@ class RequestStore:
 
     async def get(self, request_id: str, owner: str | None = None) -> RequestState | None:
         """The state of a request, or None when it is unknown (never submitted, or expired) or, with ``owner``,
-        not submitted with that API key."""
-        values = await self._bounded(self._redis.hmget(self._keys.request(request_id), _OWNED_STATE_FIELDS))
-        return _owned_state(values, owner)
+        not submitted with that API key. Concurrent reads of this process share one pipeline (``api.coalescer``)."""
+        return await self._bounded(self._reads((request_id, owner)))
+
+    async def _read_states(self, reads: Sequence[tuple[str, str | None]]) -> list[RequestState | None]:
+        """The states of concurrent ``get``s (``self._reads``) in one pipeline of ``HMGET``s."""
+        pipe = self._redis.pipeline(transaction=False)
+        for request_id, _ in reads:
+            pipe.hmget(self._keys.request(request_id), _OWNED_STATE_FIELDS)
+        replies = await self._bounded(pipe.execute())
+        return [_owned_state(values, owner) for values, (_, owner) in zip(replies, reads, strict=True)]
 
     def _video_list(self, owner: str | None) -> str:
         return self._keys.videos if owner is None else self._keys.api_key_videos(owner)

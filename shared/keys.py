@@ -242,11 +242,6 @@ WEBHOOK_OUTCOME = _lua("webhook_outcome")
 # ``KEYS`` of the scripts called from more than one place (a facade and tests that drive a script directly)
 
 
-def submit_keys(keys: RedisKeys, request_ids: Iterable[str], unfinished: str) -> list[str]:
-    """``KEYS`` of ``SUBMIT``: ``unfinished`` is the API key's unfinished set (touched only with a max queued)."""
-    return [keys.requests, keys.input_bytes, unfinished, *keys.request_strides(request_ids)]
-
-
 def abort_keys(keys: RedisKeys, request_id: str) -> list[str]:
     """``KEYS`` of ``ABORT``."""
     return [*keys.end_keys, keys.requests, keys.scheduler_aborted, keys.events, *keys.request_keys(request_id)]

@@ -296,12 +296,23 @@ async def test_long_poll_ends_within_wait_s_plus_socket_timeout_when_redis_stall
 
 
 class FailingRedis(fakeredis.FakeAsyncRedis):
-    """A client whose every command raises ``failure`` (its pub/sub, which the waiter uses, still works)."""
+    """A client whose every command, alone or in a pipeline, raises ``failure`` (its pub/sub, which the waiter
+    uses, still works)."""
 
     failure: BaseException = redis_errors.ConnectionError("down")
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         raise self.failure
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        failure = self.failure
+
+        async def execute(raise_on_error: bool = True) -> Any:
+            raise failure
+
+        pipe.execute = execute  # type: ignore[method-assign]
+        return pipe
 
 
 FAILURES = [

@@ -21,6 +21,7 @@ from shared import keys as k
 from shared.contracts import TIMEOUT_ERROR, BatchMessage, RequestSpec, RequestStatus
 from shared.settings import Settings
 from shared.state import STATE_FIELDS, parse_state
+from shared.submit_call import SubmitGroup, SubmitRow, submit_call
 from tests.unit.test_scheduler_service import PublishedBatches, running, scheduler, wait_until
 
 
@@ -42,11 +43,10 @@ def spec(rid: str, **fields: Any) -> RequestSpec:
 
 def submit(client: fakeredis.FakeRedis, keys: k.RedisKeys, *specs: RequestSpec) -> None:
     """``submit.lua`` as the api calls it (``api.store.RequestStore.submit``), without an API key."""
-    args: list[object] = [1000, "", "", 0, 60, "", ""]  # '': no input budget, share 1
-    for one in specs:
-        args += [one.id, one.model_dump_json(), repr(one.created_at), "", ""]
+    group = SubmitGroup(tuple(SubmitRow(one.id, one.model_dump_json(), one.created_at) for one in specs))
+    call_keys, args = submit_call(keys, [group], max_queue_len=1000, set_ttl_s=60, max_input_bytes=None)
     script = client.register_script(k.SUBMIT)
-    assert script(keys=k.submit_keys(keys, [s.id for s in specs], keys.api_key_unfinished("")), args=args) == 1
+    assert script(keys=call_keys, args=args) == [1]
 
 
 def state(client: fakeredis.FakeRedis, keys: k.RedisKeys, rid: str) -> Any:

@@ -15,6 +15,7 @@ from shared import keys as k
 from shared.contracts import BatchMessage, ErrorInfo, RequestSpec, RequestStatus
 from shared.results.redis_store import RedisResultStore
 from shared.settings import Settings
+from shared.submit_call import SubmitGroup, SubmitRow, submit_call, submit_outcomes
 
 
 @pytest.fixture
@@ -35,14 +36,17 @@ def submit(
     """``submit.lua`` for requests whose ids are also their prompts; under API key ``key`` ('' = none), with its
     ``max_queued`` (0 = the key has none); ``spec_fields`` replace the defaults of their specs (64x64, 4 steps,
     guidance 5)."""
-    args: list[object] = [max_len, key, "1" if max_queued else "", max_queued, 60, "", share]  # '': no budget
+    rows = []
     for rid in ids:
         defaults: dict[str, object] = {"width": 64, "height": 64, "num_inference_steps": 4, "guidance_scale": 5.0}
         fields = {"id": rid, "model": "demo", "prompt": rid, "seed": 1, "created_at": time.time()}
         spec = RequestSpec.model_validate(fields | defaults | spec_fields)
-        args += [rid, spec.model_dump_json(), spec.created_at, "", ""]
+        rows.append(SubmitRow(rid, spec.model_dump_json(), spec.created_at))
+    group = SubmitGroup(tuple(rows), key, max_queued or None, float(share) if share else 1.0)
+    call_keys, args = submit_call(keys, [group], max_queue_len=max_len, set_ttl_s=60, max_input_bytes=None)
     script = client.register_script(k.SUBMIT)
-    return int(script(keys=k.submit_keys(keys, ids, keys.api_key_unfinished(key)), args=args))
+    (outcome,) = script(keys=call_keys, args=args)
+    return int(outcome)
 
 
 def status(client: fakeredis.FakeRedis, keys: k.RedisKeys, rid: str) -> str:
@@ -64,6 +68,45 @@ def test_submit_refuses_a_full_queue_as_a_whole(client: fakeredis.FakeRedis) -> 
     assert submit(client, keys, "c", "d", max_len=3) == 0
     assert client.xlen(keys.requests) == 2
     assert not client.exists(keys.request("c"))
+
+
+def row(rid: str, image: bytes = b"", webhook: str = "") -> SubmitRow:
+    spec = RequestSpec(id=rid, model="demo", prompt=rid, seed=1, width=64, height=64, created_at=time.time())
+    return SubmitRow(rid, spec.model_dump_json(), spec.created_at, image=image, webhook_url=webhook,
+                     webhook_on=" succeeded " if webhook else "")  # fmt: skip
+
+
+def test_submit_takes_groups_in_order_each_accepted_or_refused_alone(client: fakeredis.FakeRedis) -> None:
+    keys = k.RedisKeys("t")
+    groups = [
+        SubmitGroup((row("a"), row("b"))),
+        SubmitGroup((row("c"), row("d")), key_name="k1", max_queued=1),  # the key's max queued: refused
+        SubmitGroup((row("e"),), key_name="k1", max_queued=1, share=2.0),
+        SubmitGroup((row("f"), row("g"))),  # the queue (4) holds a, b, e: no room for two more
+        SubmitGroup((row("h", image=b"x" * 6), row("i", webhook="http://hook"))),  # room for 2 more? no: 1
+        SubmitGroup((row("j", image=b"y" * 6),)),  # the budget (10) holds 6 of j's: accepted
+    ]
+    call_keys, args = submit_call(keys, groups, max_queue_len=4, set_ttl_s=60, max_input_bytes=10)
+    reply = client.register_script(k.SUBMIT)(keys=call_keys, args=args)
+    assert submit_outcomes(reply) == ["accepted", "max_queued", "accepted", "queue_full", "queue_full", "accepted"]
+    assert [e[1]["id"] for e in client.xrange(keys.requests)] == ["a", "b", "e", "j"]
+    assert all(not client.exists(keys.request(rid)) for rid in "cdfghi")
+    assert client.hmget(keys.request("e"), ["key", "share", "status"]) == ["k1", "2.0", "queued"]
+    assert client.smembers(keys.api_key_unfinished("k1")) == {keys.request("e")}
+    assert client.get(keys.input_bytes) == "6" and client.hget(keys.request("j"), "input_bytes") == "6"
+    assert [e[1] for e in client.xrange(keys.request_events("j"))] == [{"event": "queued"}]
+
+
+def test_submit_checks_each_group_against_the_budget_the_groups_before_it_left(client: fakeredis.FakeRedis) -> None:
+    keys = k.RedisKeys("t")
+    groups = [SubmitGroup((row("a", image=b"x" * 6),)), SubmitGroup((row("b", image=b"x" * 6),)),
+              SubmitGroup((row("c", image=b"x" * 4), row("d", webhook="http://hook")))]  # fmt: skip
+    call_keys, args = submit_call(keys, groups, max_queue_len=100, set_ttl_s=60, max_input_bytes=10)
+    reply = client.register_script(k.SUBMIT)(keys=call_keys, args=args)
+    assert submit_outcomes(reply) == ["accepted", "input_budget", "accepted"]
+    assert client.get(keys.input_bytes) == "10"
+    assert client.hmget(keys.request("d"), ["webhook", "webhook_on"]) == ["http://hook", " succeeded "]
+    assert client.hget(keys.request("c"), "webhook") is None
 
 
 def test_schedule_moves_only_queued_unaborted_requests(client: fakeredis.FakeRedis, settings: Settings) -> None:
