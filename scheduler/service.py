@@ -12,12 +12,14 @@ docs/architecture.md#delivery-guarantees.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Hashable, Sequence
 
+import redis
 from celery import Celery
 
 from scheduler.capacity import ModelSlots, decide_by_model, prefetch_decide, prefetch_room
@@ -84,7 +86,7 @@ class SchedulerService:
         self._placed: dict[str, str] = {}  # batch id -> the worker it was placed on (its own queue), in flight
         self._free: int | None = None  # free worker slots as last counted (minus our dispatches since)
         self._free_at = 0.0
-        self._live: int | None = None  # live workers that announced, counted with the free slots when needed
+        self._live: int | None = None  # live workers, counted with the free slots (``SchedulerStore.slots``)
         # prefetch (scheduler.capacity): a fleet of one model, request-level mode, an order other than fair
         self._prefetches = not (
             self.serves_step_mode or len(settings.catalog) > 1 or settings.scheduling_policy == "fair"
@@ -130,6 +132,9 @@ class SchedulerService:
                 deadline = self._dispatch_ready()
         except LeaseLost:
             log.warning("scheduler lease taken over; standing by")
+        finally:
+            with contextlib.suppress(redis.RedisError, OSError):  # else the next leader's replay acknowledges them
+                self._store.flush_acks()
 
     # --- hooks (``scheduler.step_service`` overrides them) -------------------------------------------------------
     def _key(self, spec: RequestSpec) -> Hashable:
@@ -300,8 +305,8 @@ class SchedulerService:
         arrival costs no count."""
         now = self._clock()
         if self._free is None or now - self._free_at > CAPACITY_TTL_S:
-            self._free, self._free_at = self._store.free_slots(), now
-            self._live = None
+            slots, self._free_at = self._store.slots(), now
+            self._free, self._live = slots.free, slots.live
             if len(self._settings.catalog) > 1:  # with the count: what occupies each worker (scheduler.capacity)
                 busy = self._store.busy_models(self._batch_models)
                 for batch_id in set(self._placed) - set(self._batch_models):  # out of flight
@@ -316,9 +321,7 @@ class SchedulerService:
         left it): look again."""
         if not self._prefetches or free > 0:
             return False  # free > 0: the policy's own turn
-        if self._live is None:  # counted again with the free slots
-            self._live = len(self._store.worker_models())
-        if prefetch_room(free, self._live) <= 0:
+        if self._live is None or prefetch_room(free, self._live) <= 0:  # _live: counted with the free slots
             return False
         decision = prefetch_decide(self._head_window(check=True), self._clock(), self._config)
         self._forget(decision.dropped_ids)

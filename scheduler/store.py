@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import redis
 
@@ -83,6 +83,14 @@ class RunningMember:
     joined_ms: float  # when it joined the set (the worker's wall clock, ms)
 
 
+class Slots(NamedTuple):
+    """``SchedulerStore.slots``: free worker slots (below 0 once batches wait for one) and the live workers that
+    announced what they serve (``free_slots.lua``)."""
+
+    free: int
+    live: int
+
+
 class LeaseLost(Exception):
     """The batch transition was refused: another scheduler holds the lease now."""
 
@@ -104,6 +112,8 @@ class SchedulerStore:
         self._step_evict = client.register_script(k.STEP_EVICT)
         self._step_swap = client.register_script(k.STEP_SWAP)
         self._aborted_due = True  # take the aborted set at the next read (see read_new)
+        self._acks_due: list[str] = []  # request entries to acknowledge and delete with the next read (ack)
+        self._events_due: list[str] = []  # wake-up events read, to acknowledge with the next read
 
     def ensure_groups(self) -> None:
         """Create the scheduler's consumer groups if missing (each lead starts here): its first read takes the
@@ -130,18 +140,20 @@ class SchedulerStore:
         )
         take = self._aborted_due
         pipe = self._redis.pipeline(transaction=False)
+        sent = self._queue_acks(pipe)
         pipe.xreadgroup(
             k.SCHEDULER_GROUP, k.SCHEDULER_CONSUMER, streams, count=limit if limit > 0 else most, block=block_ms
         )
         if take:
             pipe.spop(self.keys.scheduler_aborted, ABORTED_PAGE)  # after the read: see take_aborted
-        reply, *popped = pipe.execute()
+        reply, *popped = pipe.execute()[sent:]
+        self._acks_sent(sent)
         read = by_stream(reply)
         events = read.get(self.keys.events, [])
         kinds = [str((fields or {}).get("type", "")) for _, fields in events]
         if QUEUE_ABORT in kinds:
             self._aborted_due = True  # until taken: an outage in between must not strand them
-        self._discard_events([entry_id for entry_id, _ in events])
+        self._events_due += [entry_id for entry_id, _ in events]  # acknowledged with the next read
         entries = [self._entry(entry_id, fields) for entry_id, fields in read.get(self.keys.requests, [])]
         aborted = [str(rid) for rid in (popped[0] if take and popped[0] else [])]
         if len(aborted) == ABORTED_PAGE or (not take and self._aborted_due):
@@ -192,10 +204,37 @@ class SchedulerStore:
             self._discard_events(ids)
 
     def _discard_events(self, entry_ids: list[str]) -> None:
-        """Acknowledge wake-up events once read; the stream itself is bounded by its writers (every XADD to it trims
+        """Acknowledge wake-up events at once; the stream itself is bounded by its writers (every XADD to it trims
         it to about ``EVENTS_MAXLEN`` entries), so they are not deleted one by one."""
         if entry_ids:
             self._redis.xack(self.keys.events, k.SCHEDULER_GROUP, *entry_ids)
+
+    def _queue_acks(self, pipe: Any) -> int:
+        """Put the acknowledgements due (``ack``, the wake-ups ``read_new`` read) at the head of ``pipe``; how many
+        commands that added (their replies come first)."""
+        sent = 0
+        if self._acks_due:
+            pipe.xack(self.keys.requests, k.SCHEDULER_GROUP, *self._acks_due)
+            pipe.xdel(self.keys.requests, *self._acks_due)
+            sent += 2
+        if self._events_due:
+            pipe.xack(self.keys.events, k.SCHEDULER_GROUP, *self._events_due)
+            sent += 1
+        return sent
+
+    def _acks_sent(self, sent: int) -> None:
+        """The acknowledgements ``_queue_acks`` put in a pipeline were carried out (kept for the next until then:
+        a failed round trip sends them again; acknowledging and deleting an entry twice does nothing)."""
+        if sent:
+            self._acks_due, self._events_due = [], []
+
+    def flush_acks(self) -> None:
+        """Send the acknowledgements due now (a lead's end), not with the next read."""
+        pipe = self._redis.pipeline(transaction=False)
+        sent = self._queue_acks(pipe)
+        if sent:
+            pipe.execute()
+            self._acks_sent(sent)
 
     @staticmethod
     def _entry(entry_id: str, fields: dict[str, str] | None) -> StreamEntry:
@@ -280,16 +319,20 @@ class SchedulerStore:
         return {str(batch_id): known.get(batch_id) for batch_id in occupying}
 
     def ack(self, entry_ids: Iterable[str]) -> None:
-        """Acknowledge and delete stream entries whose requests no longer need the scheduler."""
-        ids = list(entry_ids)
-        if ids:
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.xack(self.keys.requests, k.SCHEDULER_GROUP, *ids)
-            pipe.xdel(self.keys.requests, *ids)
-            pipe.execute()
+        """Acknowledge and delete stream entries whose requests no longer need the scheduler: in the round trip of
+        the next ``read_new`` (or ``flush_acks``), not one of their own. Until then they stay pending, as after a
+        scheduler killed before its acknowledgement: a new leader's replay finds their requests past ``queued``
+        (or gone) and acknowledges them (``SchedulerService._recover``); the queue-length check of ``submit.lua``
+        counts them for the rest of the scheduler's round."""
+        self._acks_due += entry_ids
 
     def free_slots(self) -> int:
-        """Live worker slots (stale heartbeats swept first, by Redis time) minus batches in flight that occupy one.
+        """``slots().free``."""
+        return self.slots().free
+
+    def slots(self) -> Slots:
+        """Live worker slots (stale heartbeats swept first, by Redis time) minus batches in flight that occupy one,
+        and the live workers, in one round trip.
 
         A batch leaves flight only when none of its requests is unfinished (``batch_done.lua``, ``reap.lua``),
         so a batch waiting to be published again still holds the slot it will take; a batch whose forward is over
@@ -304,7 +347,8 @@ class SchedulerStore:
             self.keys.step_sets,
             self.keys.step_rows,
         ]
-        return int(self._free_slots(keys=keys, args=[ttl_ms]))
+        free, live = self._free_slots(keys=keys, args=[ttl_ms])
+        return Slots(int(free), int(live))
 
     def running_sets(self) -> list[RunningSet]:
         """Every worker's step-mode running set (one round trip), sealed ones included, by worker name. Sets of

@@ -5,7 +5,9 @@
 -- KEYS[1] workers zset, KEYS[2] inflight zset, KEYS[3] capabilities hash, KEYS[4] storing zset,
 -- KEYS[5] step sets hash, KEYS[6] step rows hash.
 -- ARGV[1] worker ttl (ms).
--- Returns the number of free slots (negative when more is busy than live).
+-- Returns {free slots (negative when more is busy than live), live workers that announced what they serve (the
+-- capabilities left after the sweep; heartbeat.lua writes a worker's with its beat)}: one snapshot of both, so the
+-- scheduler's prefetch bound (scheduler/capacity.py prefetch_room) needs no read of its own.
 local workers, inflight, capabilities, storing, step_sets, step_rows = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
   KEYS[6]
 local worker_ttl_ms = tonumber(ARGV[1])
@@ -22,4 +24,4 @@ if #stale > 0 then
 end
 local busy = redis.call('ZCARD', inflight) - redis.call('ZINTERCARD', 2, inflight, storing)
   + redis.call('HLEN', step_sets)
-return live - busy
+return {live - busy, math.min(live, redis.call('HLEN', capabilities))}
