@@ -353,13 +353,30 @@ def redis(
     docs_dir: Annotated[Path, typer.Option(help="Where benchmarks.json is.")] = Path("docs"),
     idle_s: Annotated[float, typer.Option(help="Then the fleet's idle Redis CPU rate over this long (0: not).")] = 5.0,
     by_script: Annotated[bool, typer.Option(help="SLOWLOG every command: execution time by script.")] = False,
+    baseline: Annotated[
+        str | None, typer.Option(help="Also an earlier git revision's fleet, side by side (ratios); e.g. 4387453.")
+    ] = None,
+    rounds: Annotated[int, typer.Option(help="With --baseline: rounds of each, in turns.")] = 3,
 ) -> None:
     """Redis commands and Redis CPU per request, by command (SIMULATED GPU runner, 20 steps; and the null runner):
-    a private Valkey, CONFIG RESETSTAT after a warm-up, INFO commandstats and cpu after the requests."""
+    a private Valkey, CONFIG RESETSTAT after a warm-up, INFO commandstats and cpu after the requests. With
+    ``--baseline``: only the simulated runner, on that revision and this tree in turns, and the ratios."""
     from bench.redis_cost import figures as redis_figures
-    from bench.redis_cost import report, run
+    from bench.redis_cost import report, run, side_by_side
     from bench.report import merge_figures
 
+    if baseline is not None:
+        compared = side_by_side(
+            baseline, rounds, requests=requests, concurrency=concurrency, steps=steps, seqs=seqs,
+            log_dir=LOGS / "redis", idle_s=idle_s,
+        )  # fmt: skip
+        typer.echo(compared.table())
+        if docs:
+            ratios = {"redis_us_ratio_to_baseline": compared.ratio("us_per_request"),
+                      "redis_cmds_ratio_to_baseline": compared.ratio("cmds_per_request")}  # fmt: skip
+            merge_figures(docs_dir / "benchmarks.json", ratios)
+            typer.echo(f"figures: {docs_dir / 'benchmarks.json'}", err=True)
+        return
     runners = ("simulated", "null") if null else ("simulated",)
     results = run(
         runners,

@@ -12,7 +12,12 @@ import redis
 
 from fusefleet.up import LocalFleet
 from fusefleet.valkey import free_port
-from shared.keys import RedisKeys
+
+
+def live_workers(client: redis.Redis) -> int:
+    """The workers announced on this private server: every ``...workers`` zset's members (this tree names it
+    ``RedisKeys().workers``; a baseline's tree may name it otherwise, as before the keys' hash tags)."""
+    return sum(int(client.zcard(key)) for key in client.scan_iter(match="*workers", _type="zset"))
 
 
 @contextmanager
@@ -26,8 +31,11 @@ def bench_fleet(
     log_dir: Path,
     extra_env: dict[str, str] | None = None,
     ready_timeout_s: float = 180.0,
+    code_dir: Path | None = None,
 ) -> Iterator[str]:
-    """Start a fleet on a fresh embedded Valkey; yields the API base URL once every worker is live."""
+    """Start a fleet on a fresh embedded Valkey; yields the API base URL once every worker is live. ``code_dir``:
+    the fleet's processes run from that source tree (an earlier revision, for a side-by-side baseline), the
+    benchmark's client and this harness from this one."""
     env = {
         "FUSEFLEET_MAX_NUM_SEQS": str(max_num_seqs),
         "FUSEFLEET_REQUEST_BATCH_MAX_WAIT_MS": str(wait_ms),
@@ -40,7 +48,13 @@ def bench_fleet(
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="fusefleet-bench-") as state:
         fleet = LocalFleet(
-            host="127.0.0.1", port=port, workers=workers, state_dir=Path(state), env_overrides=env, log_dir=log_dir
+            host="127.0.0.1",
+            port=port,
+            workers=workers,
+            state_dir=Path(state),
+            env_overrides=env,
+            log_dir=log_dir,
+            code_dir=code_dir,
         )
         try:
             fleet.start()
@@ -48,9 +62,9 @@ def bench_fleet(
                 raise RuntimeError(f"fleet did not start; logs in {log_dir}")
             client = redis.Redis.from_url(fleet.env["FUSEFLEET_REDIS_URL"])
             deadline = time.monotonic() + ready_timeout_s
-            while client.zcard(RedisKeys().workers) < workers:
+            while (live := live_workers(client)) < workers:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"only {client.zcard(RedisKeys().workers)} of {workers} workers came up")
+                    raise RuntimeError(f"only {live} of {workers} workers came up")
                 time.sleep(0.2)
             yield f"http://127.0.0.1:{port}"
         finally:

@@ -31,9 +31,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import statistics
+import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -219,10 +221,12 @@ def measure(
     log_dir: Path,
     idle_s: float = 0.0,
     by_script: bool = False,
+    code_dir: Path | None = None,
 ) -> RedisCost:
     """One fleet of ``runner`` (a key of ``RUNNERS``) on a private Valkey: warm up, reset the stats, run the
     requests closed-loop, read the stats; then, for ``idle_s`` > 0, the idle rate (see the module docstring).
-    ``by_script``: log every command's execution time (SLOWLOG) over the window and sum it by script."""
+    ``by_script``: log every command's execution time (SLOWLOG) over the window and sum it by script.
+    ``code_dir``: the fleet runs from that source tree (``side_by_side``'s baseline), the client from this one."""
     with tempfile.TemporaryDirectory(prefix="fusefleet-redis-cost-") as folder:
         server = EmbeddedValkey(Path(folder)).start()
         try:
@@ -230,7 +234,12 @@ def measure(
             with (
                 redis.Redis.from_url(server.url) as client,
                 bench_fleet(
-                    max_num_seqs=seqs, wait_ms=20, runner=RUNNERS[runner], log_dir=log_dir / runner, extra_env=env
+                    max_num_seqs=seqs,
+                    wait_ms=20,
+                    runner=RUNNERS[runner],
+                    log_dir=log_dir / runner,
+                    extra_env=env,
+                    code_dir=code_dir,
                 ) as base,
             ):
                 target = FusefleetTarget(base, wait_s=60)
@@ -304,3 +313,68 @@ def report(results: Mapping[str, RedisCost], top: int | None = 15) -> str:
 def run(runners: Sequence[str], **kwargs: Any) -> dict[str, RedisCost]:
     """``measure`` each runner in turn."""
     return {runner: measure(runner, **kwargs) for runner in runners}
+
+
+@dataclass(frozen=True)
+class SideBySide:
+    """The simulated runner's cost on an earlier revision (``baseline``, its fleet run from a worktree of it) and on
+    this tree, measured in turns in one run (baseline first in each round) with the same client and load."""
+
+    baseline: str
+    before: tuple[RedisCost, ...]
+    after: tuple[RedisCost, ...]
+
+    @staticmethod
+    def _median(costs: Sequence[RedisCost], figure: str) -> float:
+        return float(statistics.median(getattr(cost, figure) for cost in costs))
+
+    def ratio(self, figure: str) -> float:
+        """This tree's median of ``figure`` (a ``RedisCost`` property) over the baseline's."""
+        return self._median(self.after, figure) / self._median(self.before, figure)
+
+    def table(self) -> str:
+        """Markdown: each figure's rounds and medians, before and after, and their ratio."""
+        rows = [
+            ("commands / request", "cmds_per_request", "{:.1f}"),
+            ("Redis CPU µs / request", "us_per_request", "{:.0f}"),
+            ("socket reads / request", "reads_per_request", "{:.2f}"),
+        ]
+        lines = [
+            f"| per request | {self.baseline} (rounds) | median | this tree (rounds) | median | ratio |",
+            "|---|---|---|---|---|---|",
+        ]
+        for label, figure, form in rows:
+            before = ", ".join(form.format(getattr(cost, figure)) for cost in self.before)
+            after = ", ".join(form.format(getattr(cost, figure)) for cost in self.after)
+            lines.append(
+                f"| {label} | {before} | {form.format(self._median(self.before, figure))} | {after} "
+                f"| {form.format(self._median(self.after, figure))} | {self.ratio(figure):.3f} |"
+            )
+        return "\n".join(lines)
+
+
+@contextmanager
+def worktree(revision: str) -> Iterator[Path]:
+    """A detached git worktree of ``revision`` of this repository, removed afterwards."""
+    repo = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory(prefix="fusefleet-baseline-") as parent:
+        path = Path(parent) / "tree"
+        subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(path), revision], check=True,
+                       capture_output=True)  # fmt: skip
+        try:
+            yield path
+        finally:
+            subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(path)], check=False,
+                           capture_output=True)  # fmt: skip
+
+
+def side_by_side(baseline: str, rounds: int, **kwargs: Any) -> SideBySide:
+    """``measure`` the simulated runner ``rounds`` times on ``baseline`` (a git revision) and on this tree, in
+    turns (ABAB...), each on a fresh fleet and Valkey."""
+    before: list[RedisCost] = []
+    after: list[RedisCost] = []
+    with worktree(baseline) as tree:
+        for _ in range(rounds):
+            before.append(measure("simulated", code_dir=tree, **kwargs))
+            after.append(measure("simulated", **kwargs))
+    return SideBySide(baseline, tuple(before), tuple(after))

@@ -77,6 +77,7 @@ class LocalFleet:
     log_dir: Path | None = None  # None: the services log to this terminal
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # what the services run with, set by start()
+    code_dir: Path | None = None  # run the services from this source tree (a benchmark's baseline); None: this one
     _valkey: EmbeddedValkey | None = None
 
     def _environment(self) -> dict[str, str]:
@@ -108,8 +109,11 @@ class LocalFleet:
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             output = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        own = dict(env)
+        if self.code_dir is not None:  # its packages first: ``-m`` puts the working directory ahead of the rest
+            own["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.code_dir), own.get("PYTHONPATH")]))
         self.processes[name] = subprocess.Popen(
-            [sys.executable, "-m", "fusefleet", *command], env=dict(env), stdout=output, stderr=output
+            [sys.executable, "-m", "fusefleet", *command], env=own, stdout=output, stderr=output, cwd=self.code_dir
         )
 
     def wait_until_ready(self, timeout_s: float = 120.0) -> bool:

@@ -1,10 +1,15 @@
-"""``python -m bench redis``'s pure part: the commandstats rows it keeps and the per-request arithmetic."""
+"""``python -m bench redis``'s pure part: the commandstats rows it keeps, the per-request arithmetic and the
+side-by-side ratios; and that a fleet started from another source tree (its baseline) runs that tree's code."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
-from bench.redis_cost import CommandCost, RedisCost, command_costs, figures
+from bench.redis_cost import CommandCost, RedisCost, SideBySide, command_costs, figures
+from fusefleet.up import LocalFleet
 
 STATS: dict[str, dict[str, float]] = {
     "cmdstat_evalsha": {"calls": 40, "usec": 4000, "usec_per_call": 100.0, "rejected_calls": 0, "failed_calls": 0},
@@ -81,3 +86,32 @@ def test_the_idle_share_is_the_idle_rate_over_the_window_per_request() -> None:
     cost = RedisCost(10, (CommandCost("hget", 50, 10),), cpu_s=0.01, window_s=2.0, idle_cpu_rate=0.002)
     assert cost.idle_share_us == pytest.approx(400.0)  # 2 ms/s x 2 s over 10 requests
     assert cost.summary()["idle_share_us"] == pytest.approx(400.0)
+
+
+def test_side_by_side_ratios_are_this_trees_medians_over_the_baselines() -> None:
+    def cost(cmds: int, cpu_s: float, reads: int) -> RedisCost:
+        return RedisCost(10, (CommandCost("hget", cmds, 1),), cpu_s=cpu_s, reads=reads)
+
+    compared = SideBySide(
+        "abc1234",
+        before=(cost(1500, 0.011, 100), cost(1520, 0.010, 102), cost(1480, 0.012, 98)),
+        after=(cost(300, 0.004, 26), cost(290, 0.005, 27), cost(310, 0.0041, 25)),
+    )
+    assert compared.ratio("cmds_per_request") == pytest.approx(30.0 / 150.0)
+    assert compared.ratio("us_per_request") == pytest.approx(410.0 / 1100.0)
+    table = compared.table()
+    assert "| Redis CPU µs / request | 1100, 1000, 1200 | 1100 | 400, 500, 410 | 410 | 0.373 |" in table
+    assert "| socket reads / request | 10.00, 10.20, 9.80 | 10.00 | 2.60, 2.70, 2.50 | 2.60 | 0.260 |" in table
+
+
+def test_a_fleet_from_another_source_tree_runs_that_trees_code(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "fusefleet").mkdir(parents=True)
+    marker = tmp_path / "ran"
+    (tree / "fusefleet" / "__main__.py").write_text(
+        f"import pathlib, sys\npathlib.Path({str(marker)!r}).write_text(' '.join(sys.argv[1:]))\n"
+    )
+    fleet = LocalFleet(host="127.0.0.1", port=1, workers=0, state_dir=tmp_path / "state", code_dir=tree)
+    fleet._spawn("probe", ["scheduler"], {"PATH": os.environ.get("PATH", "")})
+    assert fleet.processes["probe"].wait(timeout=60) == 0
+    assert marker.read_text() == "scheduler"
