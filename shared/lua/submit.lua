@@ -32,9 +32,11 @@ local stream, inputs_key = KEYS[1], KEYS[2]
 local max_len, set_ttl, budget = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local GROUP_ARGS, ROW_ARGS = 5, 7
 
+local queued = redis.call('XLEN', stream)  -- read once: only this call adds to it meanwhile (group by group)
+
 -- the refusal (0, -1, -2) of a group of n requests, or nil
 local function refusal(unfinished_set, has_max_queued, max_queued, n)
-  if redis.call('XLEN', stream) + n > max_len then return 0 end
+  if queued + n > max_len then return 0 end
   if has_max_queued then
     local count = 0
     for _, hash in ipairs(redis.call('SMEMBERS', unfinished_set)) do
@@ -97,6 +99,7 @@ while a <= #ARGV do
       queue(request_keys(key_at + 1 + (j - 1) * REQUEST_STRIDE), first + (j - 1) * ROW_ARGS, owner, unfinished_set,
             has_max_queued)
     end
+    queued = queued + n
     if has_max_queued then redis.call('EXPIRE', unfinished_set, set_ttl) end
     if inputs > 0 then
       redis.call('INCRBY', inputs_key, inputs)
