@@ -69,16 +69,16 @@ class Coalescer(Generic[Item, Result]):
                     results = await self._flush([item for item, _ in batch])
                     if len(results) != len(batch):
                         raise RuntimeError(f"a flush of {len(batch)} items returned {len(results)} results")
-                except BaseException as exc:  # noqa: BLE001 - each waiting call gets it
+                except Exception as exc:  # noqa: BLE001 - each call of the flush gets it
                     for _, future in batch:
                         if not future.done():
                             future.set_exception(exc)
-                    if isinstance(exc, asyncio.CancelledError):
-                        for _, future in self._waiting:
-                            future.cancel()
-                        self._waiting = []
-                        raise
                     continue
+                except BaseException:  # cancelled (the loop closing): so is every call still waiting
+                    for _, future in batch + self._waiting:
+                        future.cancel()
+                    self._waiting = []
+                    raise
                 for (_, future), result in zip(batch, results, strict=True):
                     if not future.done():
                         future.set_result(result)

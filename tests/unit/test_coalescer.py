@@ -116,3 +116,22 @@ async def test_a_flush_returning_the_wrong_number_of_results_fails_its_calls() -
 def test_max_items_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="max_items"):
         Coalescer(Recorder(), max_items=0)
+
+
+async def test_a_flush_cancelled_cancels_its_calls_and_those_waiting() -> None:
+    flush = Recorder()
+    flush.gate = asyncio.Event()
+    coalescer = Coalescer(flush, max_items=8)
+    in_flight = asyncio.ensure_future(coalescer(1))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    waiting = asyncio.ensure_future(coalescer(2))
+    await asyncio.sleep(0)
+    assert coalescer._flushing is not None
+    coalescer._flushing.cancel()
+    for call in (in_flight, waiting):
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    assert flush.batches == [[1]]
+    flush.gate.set()
+    assert await coalescer(3) == 6  # a later call starts a flush of its own
