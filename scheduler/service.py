@@ -305,13 +305,16 @@ class SchedulerService:
         arrival costs no count."""
         now = self._clock()
         if self._free is None or now - self._free_at > CAPACITY_TTL_S:
-            slots, self._free_at = self._store.slots(), now
-            self._free, self._live = slots.free, slots.live
+            self._free_at = now
             if len(self._settings.catalog) > 1:  # with the count: what occupies each worker (scheduler.capacity)
-                busy = self._store.busy_models(self._batch_models)
+                capacity = self._store.capacity(self._batch_models)
+                slots = capacity.slots
                 for batch_id in set(self._placed) - set(self._batch_models):  # out of flight
                     del self._placed[batch_id]
-                self._slots = ModelSlots.count(self._store.worker_models(), busy, self._placed)
+                self._slots = ModelSlots.count(capacity.workers, capacity.busy, self._placed)
+            else:
+                slots = self._store.slots()
+            self._free, self._live = slots.free, slots.live
         return self._free
 
     def _prefetch(self, free: int) -> bool:

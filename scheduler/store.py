@@ -91,6 +91,15 @@ class Slots(NamedTuple):
     live: int
 
 
+class Capacity(NamedTuple):
+    """``SchedulerStore.capacity``: the free slots, what each live worker announces (by name) and each batch in
+    flight that occupies a worker -> its model (None when unknown)."""
+
+    slots: Slots
+    workers: dict[str, WorkerCapabilities]
+    busy: dict[str, str | None]
+
+
 class LeaseLost(Exception):
     """The batch transition was refused: another scheduler holds the lease now."""
 
@@ -298,6 +307,32 @@ class SchedulerStore:
         """The ids of the batches in flight (one round trip)."""
         return {str(batch_id) for batch_id in self._redis.zrange(self.keys.inflight, 0, -1)}
 
+    def capacity(self, known: dict[str, str]) -> Capacity:
+        """``slots``, ``worker_models`` and ``busy_models(known)`` in one round trip (plus one per batch in flight
+        whose model is not known): the live workers are read after ``free_slots.lua`` swept the stale ones, in the
+        same pipeline, so no Redis time is needed to tell them (and no ``TIME``, which a cluster pipeline refuses)."""
+        try:
+            (free, live), workers, announced, inflight, storing = self._capacity_reads()
+        except redis.exceptions.NoScriptError:  # a cluster pipeline loads no script: a plain call does, then again
+            self.slots()
+            (free, live), workers, announced, inflight, storing = self._capacity_reads()
+        out: dict[str, WorkerCapabilities] = {}
+        for worker in workers:
+            capabilities = parse_capabilities(announced.get(worker))
+            if capabilities is not None:
+                out[str(worker)] = capabilities
+        busy = self._occupying(known, inflight, storing)
+        return Capacity(Slots(int(free), int(live)), out, busy)
+
+    def _capacity_reads(self) -> list[Any]:
+        pipe = self._redis.pipeline(transaction=False)
+        self._free_slots(keys=self._free_slots_keys(), args=[int(self._settings.worker_ttl_s * 1000)], client=pipe)
+        pipe.zrange(self.keys.workers, 0, -1)
+        pipe.hgetall(self.keys.capabilities)
+        pipe.zrange(self.keys.inflight, 0, -1)
+        pipe.zrange(self.keys.storing, 0, -1)
+        return list(pipe.execute())
+
     def busy_models(self, known: dict[str, str]) -> dict[str, str | None]:
         """Each batch in flight that occupies a worker (not in the storing zset: its forward is running or it waits
         for one) -> its model, from ``known`` (batch id -> model: this call drops the batches no longer in flight
@@ -307,6 +342,10 @@ class SchedulerStore:
         pipe.zrange(self.keys.inflight, 0, -1)
         pipe.zrange(self.keys.storing, 0, -1)
         inflight, storing = pipe.execute()
+        return self._occupying(known, inflight, storing)
+
+    def _occupying(self, known: dict[str, str], inflight: list[str], storing: list[str]) -> dict[str, str | None]:
+        """``busy_models`` from the in-flight and storing zsets as read."""
         for batch_id in set(known) - set(inflight):
             del known[batch_id]
         storing_ids = set(storing)
@@ -338,17 +377,12 @@ class SchedulerStore:
         so a batch waiting to be published again still holds the slot it will take; a batch whose forward is over
         while its outputs are stored (``forward_done.lua``) frees its worker's slot for the next batch.
         """
-        ttl_ms = int(self._settings.worker_ttl_s * 1000)
-        keys = [
-            self.keys.workers,
-            self.keys.inflight,
-            self.keys.capabilities,
-            self.keys.storing,
-            self.keys.step_sets,
-            self.keys.step_rows,
-        ]
-        free, live = self._free_slots(keys=keys, args=[ttl_ms])
+        free, live = self._free_slots(keys=self._free_slots_keys(), args=[int(self._settings.worker_ttl_s * 1000)])
         return Slots(int(free), int(live))
+
+    def _free_slots_keys(self) -> list[str]:
+        keys = self.keys
+        return [keys.workers, keys.inflight, keys.capabilities, keys.storing, keys.step_sets, keys.step_rows]
 
     def running_sets(self) -> list[RunningSet]:
         """Every worker's step-mode running set (one round trip), sealed ones included, by worker name. Sets of

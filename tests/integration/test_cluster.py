@@ -177,3 +177,31 @@ async def test_a_pipeline_reads_the_clock_with_the_fleets_keys(redis_cluster: Lo
         assert abs(seconds + micros / 1e6 - time.time()) < 5 and depth == 0
     finally:
         await client.aclose()
+
+
+def test_the_schedulers_capacity_read_is_one_pipeline_with_its_script_on_the_fleets_node(
+    redis_cluster: LocalRedisCluster,
+) -> None:
+    """``SchedulerStore.capacity`` runs ``free_slots.lua`` in a pipeline with four reads; a cluster pipeline loads no
+    script, so its first call on a node that has none (a fresh cluster, a failover) loads it and reads again."""
+    from scheduler.store import SchedulerStore, Slots
+    from shared.contracts import Task, WorkerCapabilities
+    from shared.redis_conn import sync_client
+
+    prefix = f"ff-capacity-{uuid.uuid4().hex[:8]}"
+    settings = Settings(redis_url=redis_cluster.url, redis_cluster=True, broker_url="redis://127.0.0.1:1/0",
+                        key_prefix=prefix)  # fmt: skip
+    client = sync_client(settings)
+    try:
+        client.script_flush()  # every node: no script loaded anywhere
+        store = SchedulerStore(client, settings)
+        sd = WorkerCapabilities(model="sd", pipeline="StableDiffusionPipeline", tasks=(Task.TEXT_TO_IMAGE,))
+        client.zadd(store.keys.workers, {"w1": time.time() * 1000})
+        client.hset(store.keys.capabilities, "w1", sd.model_dump_json())
+        client.zadd(store.keys.inflight, {"B1": time.time() * 1000})
+        capacity = store.capacity({"B1": "sd"})
+        assert capacity.slots == Slots(free=0, live=1) and capacity.workers == {"w1": sd}
+        assert capacity.busy == {"B1": "sd"}
+        assert store.capacity({"B1": "sd"}) == capacity  # loaded now: one pipeline
+    finally:
+        client.close()

@@ -13,6 +13,7 @@ import redis
 
 from scheduler.store import SchedulerStore, Slots
 from shared import keys as k
+from shared.contracts import Task, WorkerCapabilities
 from shared.settings import Settings
 from tests.unit.test_scripts import submit
 
@@ -85,3 +86,19 @@ def test_slots_count_the_live_workers_that_announced(store: SchedulerStore) -> N
     client.zadd(keys.inflight, {"B1": now_ms})
     assert store.slots() == Slots(free=1, live=1)  # "old" is swept, capabilities and all
     assert client.hkeys(keys.capabilities) == ["w1"] and store.free_slots() == 1
+
+
+def test_capacity_reads_in_one_round_trip_what_slots_worker_models_and_busy_models_read(store: SchedulerStore) -> None:
+    keys, client = store.keys, store._redis
+    now_ms = time.time() * 1000
+    sd = WorkerCapabilities(model="sd", pipeline="StableDiffusionPipeline", tasks=(Task.TEXT_TO_IMAGE,))
+    flux = WorkerCapabilities(model="flux", pipeline="FluxPipeline", tasks=(Task.TEXT_TO_IMAGE,))
+    client.zadd(keys.workers, {"w1": now_ms, "w2": now_ms, "old": now_ms - 3_600_000})
+    client.hset(keys.capabilities, mapping={"w1": sd.model_dump_json(), "w2": flux.model_dump_json(), "old": "{}"})
+    client.zadd(keys.inflight, {"B1": now_ms, "B2": now_ms})
+    client.zadd(keys.storing, {"B2": now_ms})  # its forward is over: it occupies no worker
+    known = {"B1": "sd", "B9": "sd"}  # B9 left flight
+    capacity = store.capacity(known)
+    assert capacity.slots == Slots(free=1, live=2) and capacity.workers == {"w1": sd, "w2": flux}
+    assert capacity.busy == {"B1": "sd"} and known == {"B1": "sd"}
+    assert capacity.workers == store.worker_models() and capacity.slots == store.slots()  # the separate reads agree
