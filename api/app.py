@@ -22,7 +22,7 @@ from api.openapi import serve_limits
 from api.outage import StoreUnavailable, store_unavailable_response
 from api.routes import events, fleet, health, requests, ui
 from api.shard_router import ShardedFeed, ShardedFleet, ShardedStore, ShardedWaiter
-from api.store import RequestStore
+from api.store import RequestStore, StateReads
 from api.stream_slots import StreamSlots
 from api.validation import validation_error_response
 from api.waiter import CompletionWaiter
@@ -45,9 +45,14 @@ class _ShardParts:
 
 
 def _request_store(
-    settings: Settings, text: aioredis.Redis, results: ResultStore | None, binary: SyncRedis | None
+    settings: Settings,
+    text: aioredis.Redis,
+    results: ResultStore | None,
+    binary: SyncRedis | None,
+    reads: StateReads | None = None,
 ) -> RequestStore:
-    """The request store of ``settings``' keys, with ``results`` (injected) or the result store they name."""
+    """The request store of ``settings``' keys, with ``results`` (injected) or the result store they name, sharing
+    ``reads`` (the state reads on ``text``) with the other shards' stores."""
     if results is None:
         assert binary is not None
         # bounded like the api's Redis calls, and by the threads asyncio.to_thread may run (at most 32)
@@ -60,6 +65,7 @@ def _request_store(
         max_input_bytes=settings.max_queued_input_bytes,
         result_ttl_s=settings.result_ttl_s,
         call_timeout_s=settings.redis_socket_timeout_s,
+        reads=reads,
     )
 
 
@@ -69,10 +75,11 @@ def _shard_parts(
     streams: aioredis.Redis,
     results: ResultStore | None,
     binary: SyncRedis | None,
+    reads: StateReads,
 ) -> _ShardParts:
     """The parts of the shard whose settings are ``settings``; ``streams`` is the event streams' own client."""
     keys = RedisKeys(settings.key_prefix)
-    store = _request_store(settings, text, results, binary)
+    store = _request_store(settings, text, results, binary, reads)
     timeout_s = settings.redis_socket_timeout_s
     return _ShardParts(
         store=store,
@@ -121,8 +128,10 @@ def create_app(
         if streams is not text:
             owned.append(streams)
         shards = Shards(settings)
+        reads = StateReads(text, settings.redis_socket_timeout_s)  # one pipeline for every shard's state reads
         parts = {
-            shard: _shard_parts(shards.settings_of(shard), text, streams, results, binary) for shard in shards.names
+            shard: _shard_parts(shards.settings_of(shard), text, streams, results, binary, reads)
+            for shard in shards.names
         }
         if not shards.sharded:  # one shard, the fleet's own keys: its parts themselves
             (part,) = parts.values()
@@ -131,7 +140,7 @@ def create_app(
             app.state.events = part.events  # the SSE routes (api/routes/events.py)
             app.state.fleet = part.fleet  # GET /v1/fleet (api/routes/fleet.py), /metrics
         else:  # api.shard_router: by model, by id, and the fleet-wide reads over every shard
-            home = parts[HOME].store if HOME in parts else _request_store(settings, text, results, binary)
+            home = parts[HOME].store if HOME in parts else _request_store(settings, text, results, binary, reads)
             app.state.store = ShardedStore(shards, {shard: part.store for shard, part in parts.items()}, home)
             app.state.waiter = ShardedWaiter(shards, {shard: part.waiter for shard, part in parts.items()})
             app.state.events = ShardedFeed(shards, {shard: part.events for shard, part in parts.items()})

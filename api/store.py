@@ -87,6 +87,37 @@ class Forgotten:
     result_keys: tuple[str, ...]
 
 
+class StateReads:
+    """Concurrent reads of request states on one client, whatever shard's keys they are (``api.coalescer``): one
+    pipeline of ``HMGET``s (a cluster client splits it by node). Every shard's ``RequestStore`` of an api process
+    shares one, so its long polls ending together cost one round trip however the requests spread over shards."""
+
+    def __init__(self, redis: aioredis.Redis, call_timeout_s: float) -> None:
+        self._redis = redis
+        self._call_timeout_s = call_timeout_s
+        self._coalescer = Coalescer(self._read, COALESCED_READS)
+
+    @property
+    def flushes(self) -> int:
+        """The pipelines sent so far."""
+        return self._coalescer.flushes
+
+    async def __call__(self, read: tuple[str, str | None]) -> RequestState | None:
+        """The state in hash ``read[0]``, None when gone or (with an owner ``read[1]``) not that API key's."""
+        return await self._coalescer(read)
+
+    async def _read(self, reads: Sequence[tuple[str, str | None]]) -> list[RequestState | None]:
+        pipe = self._redis.pipeline(transaction=False)
+        for hash_key, _ in reads:
+            pipe.hmget(hash_key, _OWNED_STATE_FIELDS)
+        try:
+            async with asyncio.timeout(self._call_timeout_s):
+                replies = await pipe.execute()
+        except REDIS_FAILURES as exc:
+            raise StoreUnavailable(exc) from exc
+        return [_owned_state(values, owner) for values, (_, owner) in zip(replies, reads, strict=True)]
+
+
 class RequestStore:
     """Submits, reads, aborts and deletes requests; reads their images from the result store.
 
@@ -96,6 +127,7 @@ class RequestStore:
 
     Every call ends within ``call_timeout_s`` (waiting for a pooled connection, connecting and every round trip
     included) and raises ``StoreUnavailable`` when Redis or the result store fails or does not answer in time.
+    ``reads``: the state reads it shares with the other shards' stores on ``redis`` (None: its own).
     """
 
     def __init__(
@@ -108,6 +140,7 @@ class RequestStore:
         result_ttl_s: int,
         call_timeout_s: float,
         max_input_bytes: int | None = None,
+        reads: StateReads | None = None,
     ) -> None:
         self._redis = redis
         self.results = results
@@ -126,7 +159,7 @@ class RequestStore:
             weight=lambda group: sum(row.input_bytes for row in group.rows),
             max_weight=COALESCED_INPUT_BYTES,
         )
-        self._reads = Coalescer(self._read_states, COALESCED_READS)
+        self._reads = reads if reads is not None else StateReads(redis, call_timeout_s)
         self._abort = redis.register_script(ABORT)
         self._forget = redis.register_script(FORGET)
         self._rate_limit = redis.register_script(RATE_LIMIT)
@@ -186,15 +219,8 @@ class RequestStore:
     async def get(self, request_id: str, owner: str | None = None) -> RequestState | None:
         """The state of a request, or None when it is unknown (never submitted, or expired) or, with ``owner``,
         not submitted with that API key. Concurrent reads of this process share one pipeline (``api.coalescer``)."""
-        return await self._bounded(self._reads((request_id, owner)))
+        return await self._bounded(self._reads((self._keys.request(request_id), owner)))
 
-    async def _read_states(self, reads: Sequence[tuple[str, str | None]]) -> list[RequestState | None]:
-        """The states of concurrent ``get``s (``self._reads``) in one pipeline of ``HMGET``s."""
-        pipe = self._redis.pipeline(transaction=False)
-        for request_id, _ in reads:
-            pipe.hmget(self._keys.request(request_id), _OWNED_STATE_FIELDS)
-        replies = await self._bounded(pipe.execute())
-        return [_owned_state(values, owner) for values, (_, owner) in zip(replies, reads, strict=True)]
 
     def _video_list(self, owner: str | None) -> str:
         return self._keys.videos if owner is None else self._keys.api_key_videos(owner)

@@ -396,3 +396,16 @@ async def test_a_sharded_fleet_asks_each_busy_batch_of_its_own_shard_alone() -> 
     running = await fleet.running(("h3",))
     assert [(b.batch_id, b.size) for b in running] == [("h3", 2)]
     assert home.asked[-1] == ("h3",) and fast.asked[-1] == ("h3",)
+
+
+async def test_concurrent_reads_of_requests_in_several_shards_share_one_pipeline(api: Api) -> None:
+    await announce(api, HOME_KEYS, "w1", SD)
+    await announce(api, FAST_KEYS, "w2", FX)
+    ids = [await submit(api, "sd"), await submit(api, "fx"), await submit(api, "sd"), await submit(api, "fx")]
+    stores = api.app.state.store.stores
+    reads = stores["fast"]._reads
+    assert all(store._reads is reads for store in stores.values())  # one for every shard
+    before = reads.flushes
+    replies = await asyncio.gather(*(api.http.get(f"/v1/requests/{rid}") for rid in ids))
+    assert [reply.json()["id"] for reply in replies] == ids
+    assert reads.flushes - before < len(ids)
