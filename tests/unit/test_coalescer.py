@@ -30,6 +30,21 @@ class Recorder:
         return [item * 2 for item in items]
 
 
+def gated(max_items: int = 8) -> tuple[Recorder, Coalescer[int, int]]:
+    """A recorder whose flushes wait for its gate, and a coalescer over it."""
+    flush = Recorder()
+    flush.gate = asyncio.Event()
+    return flush, Coalescer(flush, max_items=max_items)
+
+
+async def flushing(coalescer: Coalescer[int, int], item: int) -> asyncio.Future[int]:
+    """A call of ``item`` whose flush is under way (held at the recorder's gate)."""
+    call = asyncio.ensure_future(coalescer(item))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    return call
+
+
 async def test_a_call_alone_is_flushed_at_once_and_gets_its_own_result() -> None:
     flush = Recorder()
     coalescer = Coalescer(flush, max_items=8)
@@ -39,12 +54,8 @@ async def test_a_call_alone_is_flushed_at_once_and_gets_its_own_result() -> None
 
 
 async def test_calls_arriving_while_a_flush_is_in_flight_go_together_in_the_next() -> None:
-    flush = Recorder()
-    flush.gate = asyncio.Event()
-    coalescer = Coalescer(flush, max_items=3)
-    first = asyncio.ensure_future(coalescer(1))
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)  # the first flush is in flight, waiting for the gate
+    flush, coalescer = gated(max_items=3)
+    first = await flushing(coalescer, 1)
     later = [asyncio.ensure_future(coalescer(item)) for item in (2, 3, 4, 5)]
     await asyncio.sleep(0)
     assert flush.batches == [[1]]
@@ -70,12 +81,8 @@ async def test_a_call_heavier_than_the_weight_bound_goes_alone_and_lighter_ones_
 
 
 async def test_a_failed_flush_fails_each_of_its_calls_and_the_next_flush_still_runs() -> None:
-    flush = Recorder()
-    flush.gate = asyncio.Event()
-    coalescer = Coalescer(flush, max_items=8)
-    first = asyncio.ensure_future(coalescer(1))
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
+    flush, coalescer = gated()
+    first = await flushing(coalescer, 1)
     second, third = asyncio.ensure_future(coalescer(2)), asyncio.ensure_future(coalescer(3))
     await asyncio.sleep(0)
     flush.failure = ConnectionError("down")
@@ -88,12 +95,8 @@ async def test_a_failed_flush_fails_each_of_its_calls_and_the_next_flush_still_r
 
 
 async def test_a_call_cancelled_while_waiting_is_never_flushed_and_one_in_flight_still_is() -> None:
-    flush = Recorder()
-    flush.gate = asyncio.Event()
-    coalescer = Coalescer(flush, max_items=8)
-    in_flight = asyncio.ensure_future(coalescer(1))
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
+    flush, coalescer = gated()
+    in_flight = await flushing(coalescer, 1)
     waiting, kept = asyncio.ensure_future(coalescer(2)), asyncio.ensure_future(coalescer(3))
     await asyncio.sleep(0)
     waiting.cancel()
@@ -119,12 +122,8 @@ def test_max_items_below_one_is_refused() -> None:
 
 
 async def test_a_flush_cancelled_cancels_its_calls_and_those_waiting() -> None:
-    flush = Recorder()
-    flush.gate = asyncio.Event()
-    coalescer = Coalescer(flush, max_items=8)
-    in_flight = asyncio.ensure_future(coalescer(1))
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
+    flush, coalescer = gated()
+    in_flight = await flushing(coalescer, 1)
     waiting = asyncio.ensure_future(coalescer(2))
     await asyncio.sleep(0)
     assert coalescer._flushing is not None
