@@ -1,7 +1,7 @@
 """Each model's room and its own batches, in a fleet of several models (pure: no I/O, no clock).
 
 The scheduler places every batch on one worker (``scheduler.placement``), so it counts, with each count of free
-slots, what occupies each worker: the batches in flight that occupy one (``SchedulerStore.busy_models``: batch ->
+slots, what occupies each worker: the batches in flight that occupy one (``SchedulerStore.capacity``: batch ->
 model) and the worker each was placed on. A model has **room** when ``placement.place`` names a worker for its next
 batch now: a free worker that holds it resident, or a free one that should load it. Requests of a model without
 room wait aside (``SchedulerService``), in the scheduler, where later arrivals make its batch fuller, so no batch

@@ -430,7 +430,7 @@ class SchedulerService:
         model's queue)."""
         several = len(self._settings.catalog) > 1  # one model: every batch is its, nothing to read
         model = model or (self._store.model_of(request_ids) if several else None) or self._settings.model_id
-        if several:  # for the model's room (busy_models forgets it once out of flight)
+        if several:  # for the model's room (the capacity count forgets it once out of flight)
             self._batch_models[batch_id] = model
         message = self._message(batch_id, request_ids, model)
         worker = self._place(batch_id, request_ids, model) if several else None

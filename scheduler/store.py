@@ -308,9 +308,10 @@ class SchedulerStore:
         return {str(batch_id) for batch_id in self._redis.zrange(self.keys.inflight, 0, -1)}
 
     def capacity(self, known: dict[str, str]) -> Capacity:
-        """``slots``, ``worker_models`` and ``busy_models(known)`` in one round trip (plus one per batch in flight
-        whose model is not known): the live workers are read after ``free_slots.lua`` swept the stale ones, in the
-        same pipeline, so no Redis time is needed to tell them (and no ``TIME``, which a cluster pipeline refuses)."""
+        """``slots``, ``worker_models`` and what occupies each worker (``Capacity.busy``, see ``_occupying``) in one
+        round trip (plus one per batch in flight whose model is not known): the live workers are read after
+        ``free_slots.lua`` swept the stale ones, in the same pipeline, so no Redis time is needed to tell them (and no
+        ``TIME``, which a cluster pipeline refuses)."""
         try:
             (free, live), workers, announced, inflight, storing = self._capacity_reads()
         except redis.exceptions.NoScriptError:  # a cluster pipeline loads no script: a plain call does, then again
@@ -333,19 +334,12 @@ class SchedulerStore:
         pipe.zrange(self.keys.storing, 0, -1)
         return list(pipe.execute())
 
-    def busy_models(self, known: dict[str, str]) -> dict[str, str | None]:
+    def _occupying(self, known: dict[str, str], inflight: list[str], storing: list[str]) -> dict[str, str | None]:
         """Each batch in flight that occupies a worker (not in the storing zset: its forward is running or it waits
         for one) -> its model, from ``known`` (batch id -> model: this call drops the batches no longer in flight
         and adds those it read) or else its requests' specs (``model_of``, for those batches only); None where no
-        spec is left. One round trip, plus one per batch not known."""
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.zrange(self.keys.inflight, 0, -1)
-        pipe.zrange(self.keys.storing, 0, -1)
-        inflight, storing = pipe.execute()
-        return self._occupying(known, inflight, storing)
-
-    def _occupying(self, known: dict[str, str], inflight: list[str], storing: list[str]) -> dict[str, str | None]:
-        """``busy_models`` from the in-flight and storing zsets as read."""
+        spec is left. ``inflight`` and ``storing``: the zsets as ``capacity`` read them; one round trip per batch
+        not known."""
         for batch_id in set(known) - set(inflight):
             del known[batch_id]
         storing_ids = set(storing)

@@ -134,7 +134,7 @@ def finish_the_batch(client: fakeredis.FakeRedis, store: SchedulerStore, batch_i
     client.xadd(store.keys.events, {"type": "batch_done"})
 
 
-def test_busy_models_reads_what_it_does_not_know_and_forgets_what_left() -> None:
+def test_capacity_reads_the_model_of_a_busy_batch_it_does_not_know_and_forgets_what_left() -> None:
     settings = Settings(key_prefix="t", models=MODELS)
     client = fakeredis.FakeRedis(decode_responses=True)
     store = SchedulerStore(client, settings)
@@ -143,7 +143,7 @@ def test_busy_models_reads_what_it_does_not_know_and_forgets_what_left() -> None
     client.zadd(store.keys.inflight, {"b1": 1, "b2": 2, "b3": 3})
     client.zadd(store.keys.storing, {"b3": 3})  # its forward is over: it frees its worker
     known = {"b2": "sd", "gone": "sd"}
-    assert store.busy_models(known) == {"b1": "px", "b2": "sd"}
+    assert store.capacity(known).busy == {"b1": "px", "b2": "sd"}
     assert known == {"b1": "px", "b2": "sd"}
 
 
