@@ -88,7 +88,7 @@ def test_slots_count_the_live_workers_that_announced(store: SchedulerStore) -> N
     assert client.hkeys(keys.capabilities) == ["w1"] and store.free_slots() == 1
 
 
-def test_capacity_reads_in_one_round_trip_what_slots_worker_models_and_busy_models_read(store: SchedulerStore) -> None:
+def test_capacity_reads_in_one_round_trip_what_slots_and_worker_models_read(store: SchedulerStore) -> None:
     keys, client = store.keys, store._redis
     now_ms = time.time() * 1000
     sd = WorkerCapabilities(model="sd", pipeline="StableDiffusionPipeline", tasks=(Task.TEXT_TO_IMAGE,))
