@@ -116,7 +116,7 @@ class SchedulerService:
                     reaped_at = now
                 if renewal.due(now):
                     if not renewal.renew(now):
-                        return
+                        break
                     self._store.report_queued(len(self._queue), self._lease.ttl_ms)
                 block_s = renewal.until_due_s(now)
                 if deadline is not None:
@@ -132,9 +132,10 @@ class SchedulerService:
                 deadline = self._dispatch_ready()
         except LeaseLost:
             log.warning("scheduler lease taken over; standing by")
-        finally:
-            with contextlib.suppress(redis.RedisError, OSError):  # else the next leader's replay acknowledges them
-                self._store.flush_acks()
+        # a lead that ends (stopped, lease lost) sends the acknowledgements due, best effort: else the next leader's
+        # replay acknowledges them. One that ends by an outage keeps them for its next lead's first read.
+        with contextlib.suppress(redis.RedisError, OSError):
+            self._store.flush_acks()
 
     # --- hooks (``scheduler.step_service`` overrides them) -------------------------------------------------------
     def _key(self, spec: RequestSpec) -> Hashable:
