@@ -314,7 +314,7 @@ class SchedulerStore:
         ``TIME``, which a cluster pipeline refuses)."""
         try:
             (free, live), workers, announced, inflight, storing = self._capacity_reads()
-        except redis.exceptions.NoScriptError:  # a cluster pipeline loads no script: a plain call does, then again
+        except redis.exceptions.NoScriptError:  # not loaded on this server (yet): a plain call loads it, then again
             self.slots()
             (free, live), workers, announced, inflight, storing = self._capacity_reads()
         out: dict[str, WorkerCapabilities] = {}
@@ -327,7 +327,9 @@ class SchedulerStore:
 
     def _capacity_reads(self) -> list[Any]:
         pipe = self._redis.pipeline(transaction=False)
-        self._free_slots(keys=self._free_slots_keys(), args=[int(self._settings.worker_ttl_s * 1000)], client=pipe)
+        keys = self._free_slots_keys()
+        # EVALSHA itself: a script registered with a plain pipeline costs it a SCRIPT EXISTS round trip first
+        pipe.evalsha(self._free_slots.sha, len(keys), *keys, int(self._settings.worker_ttl_s * 1000))
         pipe.zrange(self.keys.workers, 0, -1)
         pipe.hgetall(self.keys.capabilities)
         pipe.zrange(self.keys.inflight, 0, -1)
