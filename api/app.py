@@ -22,7 +22,7 @@ from api.openapi import serve_limits
 from api.outage import StoreUnavailable, store_unavailable_response
 from api.routes import events, fleet, health, requests, ui
 from api.shard_router import ShardedFeed, ShardedFleet, ShardedStore, ShardedWaiter
-from api.store import RequestStore, StateReads
+from api.store import RequestStore, StateReads, Submissions
 from api.stream_slots import StreamSlots
 from api.validation import validation_error_response
 from api.waiter import CompletionWaiter
@@ -50,9 +50,10 @@ def _request_store(
     results: ResultStore | None,
     binary: SyncRedis | None,
     reads: StateReads | None = None,
+    submissions: Submissions | None = None,
 ) -> RequestStore:
     """The request store of ``settings``' keys, with ``results`` (injected) or the result store they name, sharing
-    ``reads`` (the state reads on ``text``) with the other shards' stores."""
+    ``reads`` and ``submissions`` (the state reads and submissions on ``text``) with the other shards' stores."""
     if results is None:
         assert binary is not None
         # bounded like the api's Redis calls, and by the threads asyncio.to_thread may run (at most 32)
@@ -66,6 +67,7 @@ def _request_store(
         result_ttl_s=settings.result_ttl_s,
         call_timeout_s=settings.redis_socket_timeout_s,
         reads=reads,
+        submissions=submissions,
     )
 
 
@@ -76,10 +78,11 @@ def _shard_parts(
     results: ResultStore | None,
     binary: SyncRedis | None,
     reads: StateReads,
+    submissions: Submissions,
 ) -> _ShardParts:
     """The parts of the shard whose settings are ``settings``; ``streams`` is the event streams' own client."""
     keys = RedisKeys(settings.key_prefix)
-    store = _request_store(settings, text, results, binary, reads)
+    store = _request_store(settings, text, results, binary, reads, submissions)
     timeout_s = settings.redis_socket_timeout_s
     return _ShardParts(
         store=store,
@@ -128,9 +131,11 @@ def create_app(
         if streams is not text:
             owned.append(streams)
         shards = Shards(settings)
-        reads = StateReads(text, settings.redis_socket_timeout_s)  # one pipeline for every shard's state reads
+        # one pipeline for every shard's state reads, one for its submissions
+        reads = StateReads(text, settings.redis_socket_timeout_s)
+        submissions = Submissions(text, settings.redis_socket_timeout_s)
         parts = {
-            shard: _shard_parts(shards.settings_of(shard), text, streams, results, binary, reads)
+            shard: _shard_parts(shards.settings_of(shard), text, streams, results, binary, reads, submissions)
             for shard in shards.names
         }
         if not shards.sharded:  # one shard, the fleet's own keys: its parts themselves
@@ -140,7 +145,11 @@ def create_app(
             app.state.events = part.events  # the SSE routes (api/routes/events.py)
             app.state.fleet = part.fleet  # GET /v1/fleet (api/routes/fleet.py), /metrics
         else:  # api.shard_router: by model, by id, and the fleet-wide reads over every shard
-            home = parts[HOME].store if HOME in parts else _request_store(settings, text, results, binary, reads)
+            home = (
+                parts[HOME].store
+                if HOME in parts
+                else _request_store(settings, text, results, binary, reads, submissions)
+            )
             app.state.store = ShardedStore(shards, {shard: part.store for shard, part in parts.items()}, home)
             app.state.waiter = ShardedWaiter(shards, {shard: part.waiter for shard, part in parts.items()})
             app.state.events = ShardedFeed(shards, {shard: part.events for shard, part in parts.items()})

@@ -7,10 +7,10 @@ import contextlib
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypeVar, cast
+from typing import Any, Literal, Protocol, TypeVar, cast
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from api.coalescer import Coalescer
 from api.input_images import StoredInputs
@@ -118,6 +118,76 @@ class StateReads:
         return [_owned_state(values, owner) for values, (_, owner) in zip(replies, reads, strict=True)]
 
 
+class Submissions:
+    """Concurrent submissions on one client, whatever shard's (``api.coalescer``): one pipeline of ``submit.lua``
+    calls, one a shard's store, each carrying that store's submissions as its groups (so every script still touches
+    one slot; a cluster client splits the pipeline by node). Every shard's ``RequestStore`` of an api process shares
+    one, so its concurrent submissions cost one round trip however they spread over shards."""
+
+    def __init__(self, redis: aioredis.Redis, call_timeout_s: float) -> None:
+        self._redis = redis
+        self._script = redis.register_script(SUBMIT)
+        self._call_timeout_s = call_timeout_s
+        self._coalescer: Coalescer[tuple[RequestStore, SubmitGroup], SubmitOutcome | BaseException] = Coalescer(
+            self._submit,
+            COALESCED_SUBMISSIONS,
+            weight=lambda item: sum(row.input_bytes for row in item[1].rows),
+            max_weight=COALESCED_INPUT_BYTES,
+        )
+
+    @property
+    def flushes(self) -> int:
+        """The pipelines sent so far."""
+        return self._coalescer.flushes
+
+    async def __call__(self, item: tuple[RequestStore, SubmitGroup]) -> SubmitOutcome:
+        """Submit group ``item[1]`` in store ``item[0]``'s shard: what it came to."""
+        outcome = await self._coalescer(item)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    async def _submit(
+        self, items: Sequence[tuple[RequestStore, SubmitGroup]]
+    ) -> list[SubmitOutcome | BaseException]:
+        stores: dict[int, tuple[RequestStore, list[int]]] = {}
+        for i, (store, _) in enumerate(items):
+            stores.setdefault(id(store), (store, []))[1].append(i)
+        calls = [(rows, store.submit_call([items[i][1] for i in rows])) for store, rows in stores.values()]
+        replies = await self._run([call for _, call in calls])
+        out: list[SubmitOutcome | BaseException] = [StoreUnavailable(RuntimeError("not submitted"))] * len(items)
+        for (rows, _), reply in zip(calls, replies, strict=True):
+            outcomes: Sequence[SubmitOutcome | BaseException]
+            if isinstance(reply, BaseException):  # that shard's call failed (its script refused, say): its own
+                outcomes = [StoreUnavailable(reply) if isinstance(reply, REDIS_FAILURES) else reply] * len(rows)
+            else:
+                outcomes = submit_outcomes(reply)
+            for i, outcome in zip(rows, outcomes, strict=True):
+                out[i] = outcome
+        return out
+
+    async def _run(self, calls: Sequence[tuple[list[str], list[str | bytes | int]]]) -> list[Any]:
+        """Each call's reply, or the error it raised, in one pipeline (a call whose script the server had not
+        loaded, which ran nothing, is made again once the script is loaded)."""
+        try:
+            async with asyncio.timeout(self._call_timeout_s):
+                replies = await self._pipeline(calls)
+                missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+                if missing:
+                    await self._redis.script_load(SUBMIT)
+                    for i, reply in zip(missing, await self._pipeline([calls[i] for i in missing]), strict=True):
+                        replies[i] = reply
+        except REDIS_FAILURES as exc:
+            raise StoreUnavailable(exc) from exc
+        return replies
+
+    async def _pipeline(self, calls: Sequence[tuple[list[str], list[str | bytes | int]]]) -> list[Any]:
+        pipe = self._redis.pipeline(transaction=False)
+        for keys, args in calls:
+            pipe.evalsha(self._script.sha, len(keys), *keys, *args)  # EVALSHA itself: no SCRIPT EXISTS first
+        return list(await pipe.execute(raise_on_error=False))
+
+
 class RequestStore:
     """Submits, reads, aborts and deletes requests; reads their images from the result store.
 
@@ -127,7 +197,8 @@ class RequestStore:
 
     Every call ends within ``call_timeout_s`` (waiting for a pooled connection, connecting and every round trip
     included) and raises ``StoreUnavailable`` when Redis or the result store fails or does not answer in time.
-    ``reads``: the state reads it shares with the other shards' stores on ``redis`` (None: its own).
+    ``reads`` and ``submissions``: the state reads and submissions it shares with the other shards' stores on
+    ``redis`` (None: its own).
     """
 
     def __init__(
@@ -141,6 +212,7 @@ class RequestStore:
         call_timeout_s: float,
         max_input_bytes: int | None = None,
         reads: StateReads | None = None,
+        submissions: Submissions | None = None,
     ) -> None:
         self._redis = redis
         self.results = results
@@ -152,13 +224,7 @@ class RequestStore:
         self._capabilities: tuple[float, list[WorkerCapabilities]] | None = None
         self._capabilities_read: asyncio.Future[list[WorkerCapabilities]] | None = None  # the read under way
         self.counters: SubmissionCounters | None = None  # set by api.metrics at start-up
-        self._submit = redis.register_script(SUBMIT)
-        self._submissions = Coalescer(
-            self._submit_groups,
-            COALESCED_SUBMISSIONS,
-            weight=lambda group: sum(row.input_bytes for row in group.rows),
-            max_weight=COALESCED_INPUT_BYTES,
-        )
+        self._submissions = submissions if submissions is not None else Submissions(redis, call_timeout_s)
         self._reads = reads if reads is not None else StateReads(redis, call_timeout_s)
         self._abort = redis.register_script(ABORT)
         self._forget = redis.register_script(FORGET)
@@ -196,18 +262,17 @@ class RequestStore:
         group = SubmitGroup(rows)
         if submitter is not None:
             group = SubmitGroup(rows, submitter.name, submitter.max_queued, submitter.share)
-        return await self._bounded(self._submissions(group))  # its wait for a flush in flight counts, too
+        return await self._bounded(self._submissions((self, group)))  # its wait for a flush in flight counts, too
 
-    async def _submit_groups(self, groups: Sequence[SubmitGroup]) -> list[SubmitOutcome]:
-        """One ``submit.lua`` call of concurrent submissions (``self._submissions``), each accepted or refused alone."""
-        keys, args = submit_call(
+    def submit_call(self, groups: Sequence[SubmitGroup]) -> tuple[list[str], list[str | bytes | int]]:
+        """``(KEYS, ARGV)`` of one ``submit.lua`` call of ``groups`` in this store's keys, under its limits."""
+        return submit_call(
             self._keys,
             groups,
             max_queue_len=self._max_queue_len,
             set_ttl_s=self._result_ttl_s,
             max_input_bytes=self._max_input_bytes,
         )
-        return submit_outcomes(await self._bounded(self._submit(keys=keys, args=args)))
 
     async def take_tokens(self, name: str, rate_per_s: float, burst: int, cost: int) -> float:
         """Take ``cost`` tokens from API key ``name``'s bucket (``burst`` tokens, refilled at ``rate_per_s``):

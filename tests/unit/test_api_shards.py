@@ -409,3 +409,25 @@ async def test_concurrent_reads_of_requests_in_several_shards_share_one_pipeline
     replies = await asyncio.gather(*(api.http.get(f"/v1/requests/{rid}") for rid in ids))
     assert [reply.json()["id"] for reply in replies] == ids
     assert reads.flushes - before < len(ids)
+
+
+async def test_concurrent_submissions_to_several_shards_share_one_pipeline_and_each_shard_refuses_its_own(
+    api: Api,
+) -> None:
+    await announce(api, HOME_KEYS, "w1", SD)
+    await announce(api, FAST_KEYS, "w2", FX)
+    submissions = api.app.state.store.stores["fast"]._submissions
+    assert all(store._submissions is submissions for store in api.app.state.store.stores.values())
+
+    async def post(model: str) -> Any:
+        return await api.http.post("/v1/requests", json={"prompt": "a fox", "model": model})
+
+    before = submissions.flushes
+    replies = await asyncio.gather(*(post(model) for model in ("sd", "fx") * 4))
+    assert [reply.status_code for reply in replies] == [202] * 8
+    assert submissions.flushes - before < len(replies)
+    assert (await api.redis.xlen(HOME_KEYS.requests), await api.redis.xlen(FAST_KEYS.requests)) == (4, 4)
+    # each shard's queue holds 5 (max_queue_len): the fast one has room for one more, home for one too
+    replies = await asyncio.gather(*(post(model) for model in ("fx", "fx", "fx", "sd")))
+    assert sorted(reply.status_code for reply in replies[:3]) == [202, 503, 503] and replies[3].status_code == 202
+    assert (await api.redis.xlen(HOME_KEYS.requests), await api.redis.xlen(FAST_KEYS.requests)) == (5, 5)
