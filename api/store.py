@@ -87,6 +87,15 @@ class Forgotten:
     result_keys: tuple[str, ...]
 
 
+async def bounded(call: Awaitable[_T], timeout_s: float) -> _T:
+    """``call``'s result within ``timeout_s``; ``StoreUnavailable`` when Redis fails or does not answer in time."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await call
+    except REDIS_FAILURES as exc:
+        raise StoreUnavailable(exc) from exc
+
+
 class StateReads:
     """Concurrent reads of request states on one client, whatever shard's keys they are (``api.coalescer``): one
     pipeline of ``HMGET``s (a cluster client splits it by node). Every shard's ``RequestStore`` of an api process
@@ -110,11 +119,7 @@ class StateReads:
         pipe = self._redis.pipeline(transaction=False)
         for hash_key, _ in reads:
             pipe.hmget(hash_key, _OWNED_STATE_FIELDS)
-        try:
-            async with asyncio.timeout(self._call_timeout_s):
-                replies = await pipe.execute()
-        except REDIS_FAILURES as exc:
-            raise StoreUnavailable(exc) from exc
+        replies = await bounded(pipe.execute(), self._call_timeout_s)
         return [_owned_state(values, owner) for values, (_, owner) in zip(replies, reads, strict=True)]
 
 
@@ -150,35 +155,31 @@ class Submissions:
     async def _submit(
         self, items: Sequence[tuple[RequestStore, SubmitGroup]]
     ) -> list[SubmitOutcome | BaseException]:
-        stores: dict[int, tuple[RequestStore, list[int]]] = {}
+        rows_of: dict[RequestStore, list[int]] = {}  # each store's items (stores hash by identity), in order
         for i, (store, _) in enumerate(items):
-            stores.setdefault(id(store), (store, []))[1].append(i)
-        calls = [(rows, store.submit_call([items[i][1] for i in rows])) for store, rows in stores.values()]
-        replies = await self._run([call for _, call in calls])
-        out: list[SubmitOutcome | BaseException] = [StoreUnavailable(RuntimeError("not submitted"))] * len(items)
-        for (rows, _), reply in zip(calls, replies, strict=True):
-            outcomes: Sequence[SubmitOutcome | BaseException]
+            rows_of.setdefault(store, []).append(i)
+        replies = await self._run([store.submit_call([items[i][1] for i in rows]) for store, rows in rows_of.items()])
+        out: dict[int, SubmitOutcome | BaseException] = {}
+        for rows, reply in zip(rows_of.values(), replies, strict=True):
             if isinstance(reply, BaseException):  # that shard's call failed (its script refused, say): its own
-                outcomes = [StoreUnavailable(reply) if isinstance(reply, REDIS_FAILURES) else reply] * len(rows)
+                failure = StoreUnavailable(reply) if isinstance(reply, REDIS_FAILURES) else reply
+                out.update((i, failure) for i in rows)
             else:
-                outcomes = submit_outcomes(reply)
-            for i, outcome in zip(rows, outcomes, strict=True):
-                out[i] = outcome
-        return out
+                out.update(zip(rows, submit_outcomes(reply), strict=True))
+        return [out[i] for i in range(len(items))]
 
     async def _run(self, calls: Sequence[tuple[list[str], list[str | bytes | int]]]) -> list[Any]:
         """Each call's reply, or the error it raised, in one pipeline (a call whose script the server had not
         loaded, which ran nothing, is made again once the script is loaded)."""
-        try:
-            async with asyncio.timeout(self._call_timeout_s):
-                replies = await self._pipeline(calls)
-                missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-                if missing:
-                    await self._redis.script_load(SUBMIT)
-                    for i, reply in zip(missing, await self._pipeline([calls[i] for i in missing]), strict=True):
-                        replies[i] = reply
-        except REDIS_FAILURES as exc:
-            raise StoreUnavailable(exc) from exc
+        return await bounded(self._run_loading(calls), self._call_timeout_s)
+
+    async def _run_loading(self, calls: Sequence[tuple[list[str], list[str | bytes | int]]]) -> list[Any]:
+        replies = await self._pipeline(calls)
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:
+            await self._redis.script_load(SUBMIT)
+            for i, reply in zip(missing, await self._pipeline([calls[i] for i in missing]), strict=True):
+                replies[i] = reply
         return replies
 
     async def _pipeline(self, calls: Sequence[tuple[list[str], list[str | bytes | int]]]) -> list[Any]:
@@ -459,8 +460,4 @@ class RequestStore:
             raise StoreUnavailable(exc, f"the result store ({self.results.kind})") from exc
 
     async def _bounded(self, call: Awaitable[_T]) -> _T:
-        try:
-            async with asyncio.timeout(self._call_timeout_s):
-                return await call
-        except REDIS_FAILURES as exc:
-            raise StoreUnavailable(exc) from exc
+        return await bounded(call, self._call_timeout_s)

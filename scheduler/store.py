@@ -314,8 +314,8 @@ class SchedulerStore:
         ``TIME``, which a cluster pipeline refuses)."""
         try:
             (free, live), workers, announced, inflight, storing = self._capacity_reads()
-        except redis.exceptions.NoScriptError:  # not loaded on this server (yet): a plain call loads it, then again
-            self.slots()
+        except redis.exceptions.NoScriptError:  # not loaded on this server (yet): load it, then read again
+            self._redis.script_load(k.FREE_SLOTS)
             (free, live), workers, announced, inflight, storing = self._capacity_reads()
         out: dict[str, WorkerCapabilities] = {}
         for worker in workers:
