@@ -306,7 +306,6 @@ class SchedulerService:
         arrival costs no count."""
         now = self._clock()
         if self._free is None or now - self._free_at > CAPACITY_TTL_S:
-            self._free_at = now
             if len(self._settings.catalog) > 1:  # with the count: what occupies each worker (scheduler.capacity)
                 capacity = self._store.capacity(self._batch_models)
                 slots = capacity.slots
@@ -315,7 +314,7 @@ class SchedulerService:
                 self._slots = ModelSlots.count(capacity.workers, capacity.busy, self._placed)
             else:
                 slots = self._store.slots()
-            self._free, self._live = slots.free, slots.live
+            self._free, self._live, self._free_at = slots.free, slots.live, now  # together, once counted
         return self._free
 
     def _prefetch(self, free: int) -> bool:
