@@ -102,3 +102,30 @@ def test_capacity_reads_in_one_round_trip_what_slots_and_worker_models_read(stor
     assert capacity.slots == Slots(free=1, live=2) and capacity.workers == {"w1": sd, "w2": flux}
     assert capacity.busy == {"B1": "sd"} and known == {"B1": "sd"}
     assert capacity.workers == store.worker_models() and capacity.slots == store.slots()  # the separate reads agree
+    trips = round_trips(client)
+    store.capacity(known)  # its script loaded by now
+    assert trips == {"commands": 0, "pipelines": 1}
+
+
+def round_trips(client: Any) -> dict[str, int]:
+    """Count from now on ``client``'s plain commands and its pipelines executed (each one round trip)."""
+    counts = {"commands": 0, "pipelines": 0}
+    command, pipeline = client.execute_command, client.pipeline
+
+    def counted_command(*args: Any, **kwargs: Any) -> Any:
+        counts["commands"] += 1
+        return command(*args, **kwargs)
+
+    def counted_pipeline(*args: Any, **kwargs: Any) -> Any:
+        pipe = pipeline(*args, **kwargs)
+        execute = pipe.execute
+
+        def counted_execute(*a: Any, **k: Any) -> Any:
+            counts["pipelines"] += 1
+            return execute(*a, **k)
+
+        pipe.execute = counted_execute
+        return pipe
+
+    client.execute_command, client.pipeline = counted_command, counted_pipeline
+    return counts
