@@ -31,6 +31,17 @@ def _position(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+def _story(fleet: Fleet, statuses: dict[str, str], request_ids: list[str]) -> str:
+    """What a failed timing assertion prints: the statuses, each request's events and what the services logged
+    about the set (CI keeps no log files)."""
+    events = {
+        rid: [(entry, f["event"], f.get("step")) for entry, f in fleet.redis.xrange(fleet.keys.request_events(rid))]
+        for rid in request_ids
+    }
+    logged = fleet.log_excerpt(r"preempt|evict|joined|refused|published|sealed|closed|heartbeat|lease|WARNING|ERROR")
+    return f"{statuses}\nevents: {events}\nlogs:\n{logged}"
+
+
 @pytest.fixture(scope="module")
 def small_set_fleet(
     redis_server: RedisServer, model_cache: Path, lora_dir: Path, tmp_path_factory: pytest.TempPathFactory
@@ -57,7 +68,7 @@ def test_a_higher_priority_request_preempts_a_low_one_which_is_requeued_and_stil
     assert state["status"] == "succeeded", (state, fleet.logs_hint())
     assert np.abs(png_array(fleet.image(high)) - solo_image(solo_runner, state)).max() <= 1
     still = {rid: fleet.get(rid)["status"] for rid in lows}
-    assert "succeeded" not in still.values(), still  # it did not wait for a low one to end
+    assert "succeeded" not in still.values(), _story(fleet, still, [*lows, high])  # it waited for no low one
     # one low request was requeued: its events say so, at the step it had reached, on the set's worker
     requeued = {
         rid: [f for _, f in fleet.redis.xrange(fleet.keys.request_events(rid)) if f["event"] == "requeued"]

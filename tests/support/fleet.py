@@ -12,6 +12,7 @@ broker (unless it names one) and ``Fleet.redis`` is a cluster client.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -143,6 +144,18 @@ class Fleet:
 
     def logs_hint(self) -> str:
         return "service logs: " + ", ".join(str(s.log_path) for s in self.services)
+
+    def log_excerpt(self, pattern: str, last: int = 40) -> str:
+        """The last ``last`` lines of every service's log that match ``pattern`` (a regex), each named by its
+        service's log file: what a failed assertion about timing prints, since CI keeps no log files."""
+        found = re.compile(pattern)
+        lines: list[str] = []
+        for service in self.services:
+            path = Path(service.log_path)
+            if path.exists():
+                text = path.read_text(errors="replace").splitlines()
+                lines += [f"{path.name}: {line[:300]}" for line in text if found.search(line)][-last:]
+        return "\n".join(lines)
 
     # --- API helpers ---------------------------------------------------------------------------------------
     def submit(self, **params: Any) -> str:
