@@ -6,10 +6,11 @@ worker serves yet is accepted: it waits for one, as every request waits while no
 announces, per model it serves, the model's ``ModelTraits`` and tasks with its heartbeat (``P:capabilities``,
 ``WorkerCapabilities.served``). A request that asks for what its model does not take — a size that is not a
 multiple of its patch size, a negative prompt a guidance-distilled model would ignore, frames for an image model, a
-task its family has no pipeline for, a ``strength`` for a video model's image (its first frame) — is refused with
-a 422 naming the field, instead of failing (or silently doing something else) on a worker. Only the workers of the
-request's model count: nothing is refused while none of them has announced itself, and where they differ a request
-is accepted when any of them can run it.
+task its family has no pipeline for, more steps than its scheduler sets timesteps for (``gpu_worker.step_limit``), a
+``strength`` for a video model's image (its first frame) — is refused with a 422 naming the field, instead of
+failing (or silently doing something else) on a worker. Only the workers of the request's model count: nothing is
+refused while none of them has announced itself, and where they differ a request is accepted when any of them can
+run it.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ def trait_errors(request: GenerateRequest, traits: ModelTraits, model: str, loc:
     elif length is not None and traits.max_sequence_length is not None and length > traits.max_sequence_length:
         message = f"max_sequence_length must be at most {traits.max_sequence_length} for {name}"
         errors.append(_error("less_than_equal", loc, "max_sequence_length", message, length))
+    most = traits.max_inference_steps
+    if most is not None and request.num_inference_steps > most:
+        message = f"num_inference_steps must be at most {most} for {name}: its scheduler runs no more steps"
+        errors.append(_error("less_than_equal", loc, "num_inference_steps", message, request.num_inference_steps))
     if request.lora is not None and not traits.lora:
         message = f"{name} does not take LoRA adapters"
         errors.append(_error("parameter_unsupported", loc, "lora", message, request.lora.name))

@@ -42,6 +42,7 @@ from gpu_worker.prompt_cache import PromptCache, install
 from gpu_worker.runner import InputImages, Runner, StepCallback, StepSet, Video
 from gpu_worker.step_engine import StepEngine, step_tasks, supports
 from gpu_worker.step_engine.request_set import RequestSet
+from gpu_worker.step_limit import largest_step_count
 from gpu_worker.torch_env import make_generators, resolve_device, resolve_dtype
 from shared.compat import StepKey, compat_key, pixel_cost
 from shared.contracts import BatchKnee, LoraRef, ModelTraits, RequestSpec, Task
@@ -145,6 +146,9 @@ class DiffusersRunner(Runner):
                 "lora": hasattr(self.pipe, "load_lora_weights"),
                 # say once: its step-engine adapter's tasks (none where it runs request-level: ``step_mode``)
                 "step_tasks": step_tasks(self.pipe) if self.step_mode else (),
+                "max_inference_steps": largest_step_count(
+                    getattr(self.pipe, "scheduler", None), settings.max_inference_steps
+                ),
                 "approximate": self.approximations.describe() if self.approximations.any else None,
             }
         )

@@ -241,6 +241,12 @@ class ModelTraits(Frozen):
         description="The tasks a step-mode row of this model carries itself, with its strength (its step-engine "
         "adapter's): requests of these tasks share a running set; empty: task and strength stay in the step key.",
     )
+    max_inference_steps: int | None = Field(
+        None,
+        ge=1,
+        description="The largest num_inference_steps its scheduler takes (every timestep it sets must index its "
+        "training schedule: gpu_worker.step_limit); None: any the fleet's max_inference_steps allows.",
+    )
     approximate: str | None = Field(
         None,
         description="The approximate accelerations on this model (gpu_worker.approximations: step cache, weight "

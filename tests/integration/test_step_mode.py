@@ -14,7 +14,7 @@ import pytest
 
 from gpu_worker.diffusers_runner import DiffusersRunner
 from gpu_worker.runner import InputImages
-from shared.contracts import LoraRef, RequestSpec, Task
+from shared.contracts import LoraRef, RequestSpec, Task, WorkerCapabilities
 from tests.integration.conftest import LORA_NAME, Fleet, running_fleet
 from tests.integration.test_image_tasks import encoded, picture
 from tests.support.processes import wait_for
@@ -168,3 +168,14 @@ def test_the_set_closes_and_frees_the_worker_when_empty(step_fleet: Fleet) -> No
         return not fleet.redis.hlen(keys.step_sets) and not fleet.redis.zcard(keys.inflight)
 
     wait_for(closed, 10, "the running set to close and its batches to leave flight")
+
+
+def test_more_steps_than_the_demo_scheduler_runs_are_refused_up_front(step_fleet: Fleet) -> None:
+    """DDIM of a 1000-step schedule, leading spacing, offset 1: 1000 steps index past its end (an IndexError on the
+    worker, in step mode and request-level alike); its worker announces 999, so the api refuses 1000 with a 422."""
+    [announced] = step_fleet.redis.hvals(step_fleet.keys.capabilities)
+    assert WorkerCapabilities.model_validate_json(announced).served[0].traits.max_inference_steps == 999
+    response = step_fleet.http.post("/v1/requests", json={"prompt": "a fox", "num_inference_steps": 1000})
+    assert response.status_code == 422, response.text
+    [error] = response.json()["detail"]
+    assert error["loc"][-1] == "num_inference_steps" and "at most 999" in error["msg"], error

@@ -130,3 +130,12 @@ async def test_a_burst_of_submissions_as_the_cache_lapses_reads_the_announcement
     monkeypatch.setattr("api.store.CAPABILITIES_TTL_S", 0.0)  # lapsed: the next call reads again, once
     await asyncio.gather(store.fleet_capabilities(), store.fleet_capabilities())
     assert reads == 2
+
+
+async def test_more_steps_than_the_models_scheduler_takes_are_refused(api: Api) -> None:
+    await announce(api, "w1", SD.model_copy(update={"max_inference_steps": 30}), "StableDiffusionPipeline")
+    assert dict(await refused(api, num_inference_steps=31)) == {
+        "num_inference_steps": "num_inference_steps must be at most 30 for this fleet's model (demo, "
+        "stable-diffusion): its scheduler runs no more steps"
+    }
+    assert await refused(api, num_inference_steps=30) == []
