@@ -48,6 +48,9 @@ def small_set_fleet(
 ) -> Iterator[Fleet]:
     log_dir = tmp_path_factory.mktemp("preemption-fleet-logs")
     env = {"FUSEFLEET_STEP_MODE": "1", "FUSEFLEET_MAX_NUM_SEQS": "2", "FUSEFLEET_REQUEST_BATCH_MAX_WAIT_MS": "0"}
+    # a beat later than worker_ttl_s (a starved CI host) sweeps the set's registration, and a swept set takes no
+    # joins and no evictions until it ends: liveness is not what this test is about
+    env["FUSEFLEET_WORKER_TTL_S"] = "30"
     with running_fleet(redis_server, model_cache, lora_dir, log_dir, **env) as fleet:
         yield fleet
 
