@@ -7,10 +7,12 @@ past that many steps some spacings index beyond the schedule: DDIM's ``leading``
 call then fails with an ``IndexError`` (so does the step engine), PNDM fails there too, DPM-Solver++ and UniPC fail
 further on (at 5000). What a scheduler takes is found by running it: a dry run sets the timesteps and steps through
 every one on a tiny sample with a made-up noise prediction, on a fresh copy of the scheduler (from its config: the
-pipeline's own is left as it was). The count tried first is the training schedule's length (or the fleet's
-``max_inference_steps`` when lower): no more steps are announced than it has timesteps, however many a spacing would
-take, so that one dry run decides for most schedulers; one that fails it is tried one step shorter, then bisected.
-A dry run costs about 0.1 ms a step on a CPU (0.02-0.4 s at 1000 steps), once per model load.
+pipeline's own is left as it was). The count tried first is, for a discrete scheduler (one that indexes
+``alphas_cumprod``), its training schedule's length (or the fleet's ``max_inference_steps`` when lower): no more steps
+are announced than it has timesteps, however many a spacing would take (PNDM fails at 1000 yet runs 5000), so that
+one dry run decides for most schedulers; a continuous one (flow matching) is tried at the fleet's ceiling. One that
+fails is tried one step shorter, then bisected. A dry run costs about 0.1 ms a step on a CPU (0.02-0.8 s at 1000
+steps), once per model load.
 """
 
 from __future__ import annotations
@@ -40,15 +42,17 @@ def _takes(scheduler: Any, steps: int) -> bool:
 
 
 def largest_step_count(scheduler: Any, ceiling: int) -> int | None:
-    """The largest step count ``scheduler`` takes, at most its training schedule's length; None when that is at
-    least ``ceiling`` (the fleet's ``max_inference_steps``: nothing more to refuse), or when it cannot be told (no
-    config, no schedule length, or no count runs at all on its own: a flow-matching scheduler that needs the image's
-    ``mu``, say): nothing is refused then."""
+    """The largest step count ``scheduler`` takes, a discrete one's at most its training schedule's length; None
+    when that is at least ``ceiling`` (the fleet's ``max_inference_steps``: nothing more to refuse), or when it
+    cannot be told (no config, no schedule length, or no count runs at all on its own: a flow-matching scheduler
+    that needs the image's ``mu``, say): nothing is refused then."""
     config = getattr(scheduler, "config", None)
     trained = getattr(config, "num_train_timesteps", None) if config is not None else None
     if not isinstance(trained, int) or trained < 1 or not hasattr(type(scheduler), "from_config"):
         return None
-    top = min(ceiling, trained)
+    # a discrete schedule is indexed by its timesteps: no more steps than it has entries; a continuous one (flow
+    # matching: sigmas, no alphas_cumprod) is tried at the ceiling itself
+    top = min(ceiling, trained) if hasattr(scheduler, "alphas_cumprod") else ceiling
     if _takes(scheduler, top):
         return None if top == ceiling else top
     if top > 1 and _takes(scheduler, top - 1):

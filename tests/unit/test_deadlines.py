@@ -211,7 +211,8 @@ def test_a_queued_request_past_its_deadline_fails_with_timeout(client: fakeredis
 
 def test_a_running_request_past_its_deadline_is_aborted(client: fakeredis.FakeRedis, settings: Settings) -> None:
     store = SchedulerStore(client, settings)
-    submit(client, store.keys, spec("slow", timeout_s=0.5), spec("other"))
+    # a deadline a loaded host dispatches well within (at 0.5 s, "slow" once expired queued before the first batch)
+    submit(client, store.keys, spec("slow", timeout_s=2.0), spec("other"))
     celery = PublishedBatches()
     worker = WorkerStore(client, settings)
     with running(scheduler(client, settings, celery)):
@@ -221,7 +222,7 @@ def test_a_running_request_past_its_deadline_is_aborted(client: fakeredis.FakeRe
         assert batch.request_ids == ("slow", "other")
         assert isinstance(worker.claim(batch, "tok", "w"), Claimed)
         # the sweep runs with the reaper, about every second
-        assert wait_until(lambda: client.hget(store.keys.request("slow"), "abort") == "1", 3)
+        assert wait_until(lambda: client.hget(store.keys.request("slow"), "abort") == "1", 5)
     assert worker.progress(["slow", "other"], 1, 4, "tok") == [RowSignal.ABORTED, RowSignal.GO_ON]
     assert client.hget(store.keys.request("slow"), "error_type") == TIMEOUT_ERROR
     assert not client.hexists(store.keys.request("other"), "abort")

@@ -62,14 +62,17 @@ def test_a_limit_at_or_above_the_fleets_ceiling_is_none() -> None:
         (diffusers.PNDMScheduler(**SD_CONFIG), 999),  # fails at 1000 (yet runs 5000)
         (diffusers.DPMSolverMultistepScheduler(**SD_CONFIG), 999),  # NaN at 1000 (a repeated timestep), fails at 5000
         (diffusers.LCMScheduler(**SD_CONFIG), 50),  # refuses more than its original_inference_steps
-        (diffusers.EulerDiscreteScheduler(**SD_CONFIG), 1000),
-        (diffusers.FlowMatchEulerDiscreteScheduler(), 1000),
+        (diffusers.EulerDiscreteScheduler(**SD_CONFIG), 1000),  # runs 5000, but has 1000 timesteps
     ],
-    ids=["pndm", "dpm-solver", "lcm", "euler", "flow-match"],
+    ids=["pndm", "dpm-solver", "lcm", "euler"],
 )
-def test_no_more_steps_than_the_training_schedule_has_timesteps(scheduler: Any, limit: int) -> None:
+def test_a_discrete_scheduler_runs_no_more_steps_than_its_schedule_has_timesteps(scheduler: Any, limit: int) -> None:
     assert largest_step_count(scheduler, 5000) == limit
     assert torch.isfinite(denoise(scheduler, limit)).all()
+
+
+def test_a_flow_matching_scheduler_is_tried_at_the_fleets_ceiling() -> None:
+    assert largest_step_count(diffusers.FlowMatchEulerDiscreteScheduler(shift=7.0), 5000) is None
 
 
 def test_past_its_limit_a_run_fails_or_ends_in_nan() -> None:
