@@ -196,9 +196,11 @@ def test_a_high_priority_request_overtakes_a_queued_backlog(client: fakeredis.Fa
 
 def test_a_queued_request_past_its_deadline_fails_with_timeout(client: fakeredis.FakeRedis, settings: Settings) -> None:
     store = SchedulerStore(client, settings)
-    submit(client, store.keys, spec("patient"), spec("hasty", timeout_s=0.3))
-    started = time.monotonic()
     with running(scheduler(client, settings, PublishedBatches())):  # no worker: nothing can start
+        # submitted once it leads (a loaded host may take a second to start it), so the deadline is the loop's
+        assert wait_until(lambda: client.exists(store.keys.scheduler_lease), 5)
+        submit(client, store.keys, spec("patient"), spec("hasty", timeout_s=0.3))
+        started = time.monotonic()
         assert wait_until(lambda: client.hget(store.keys.request("hasty"), "status") == "failed", 5)
     waited = time.monotonic() - started
     hasty = state(client, store.keys, "hasty")
