@@ -244,8 +244,8 @@ class ModelTraits(Frozen):
     max_inference_steps: int | None = Field(
         None,
         ge=1,
-        description="The largest num_inference_steps its scheduler takes (every timestep it sets must index its "
-        "training schedule: gpu_worker.step_limit); None: any the fleet's max_inference_steps allows.",
+        description="The largest num_inference_steps its scheduler runs (found by dry runs of it: "
+        "gpu_worker.step_limit); None: any the fleet's max_inference_steps allows.",
     )
     approximate: str | None = Field(
         None,
