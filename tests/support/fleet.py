@@ -151,10 +151,8 @@ class Fleet:
         found = re.compile(pattern)
         lines: list[str] = []
         for service in self.services:
-            path = Path(service.log_path)
-            if path.exists():
-                text = path.read_text(errors="replace").splitlines()
-                lines += [f"{path.name}: {line[:300]}" for line in text if found.search(line)][-last:]
+            name = Path(service.log_path).name
+            lines += [f"{name}: {line[:300]}" for line in service.log().splitlines() if found.search(line)][-last:]
         return "\n".join(lines)
 
     # --- API helpers ---------------------------------------------------------------------------------------
