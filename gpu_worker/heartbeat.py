@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable
 
 from gpu_worker.log_context import ids
-from gpu_worker.store import WorkerStore
+from gpu_worker.store import Beat, WorkerStore
 from shared.contracts import WorkerCapabilities
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,9 @@ class Heartbeat:
     never answers) lets its lock lapse, and the reaper runs the batch again.
 
     A quarantined worker (``withdraw``) announces nothing: its beats are refused (``heartbeat.lua``) and
-    ``quarantined`` is True until the quarantine ends; the first beat announced calls ``on_announce``.
+    ``quarantined`` is True until the quarantine ends; the first beat announced calls ``on_announce``. A later beat
+    that finds the worker swept from the live ones (a beat came later than ``worker_ttl_s``) runs the tasks given to
+    ``after_rejoin``.
     """
 
     LET_GO = 16
@@ -55,6 +57,8 @@ class Heartbeat:
         self.quarantined = False
         """The last beat was refused: this worker is quarantined (no slot, no batch)."""
         self._after_beat: list[Callable[[], None]] = []
+        self._after_rejoin: list[Callable[[], None]] = []
+        self._rejoined = threading.Event()  # a beat announced the worker anew: run the rejoin tasks
         self._thread = threading.Thread(target=self._loop, name="fusefleet-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -68,7 +72,8 @@ class Heartbeat:
         self._capabilities = capabilities
         if self._thread.is_alive() and self._announced:
             try:
-                self._store.heartbeat(self._worker, capabilities)
+                if self._store.heartbeat(self._worker, capabilities) == Beat.ANEW:
+                    self._rejoined.set()  # the next beat runs the rejoin tasks
             except Exception as exc:  # noqa: BLE001 - the next beat announces them
                 log.warning("could not announce the new capabilities now: %s", exc)
 
@@ -76,6 +81,11 @@ class Heartbeat:
         """Run ``task`` on the beat's thread after each successful beat (repairs that wait for Redis to answer); an
         error it raises is logged, and it runs again at the next beat."""
         self._after_beat.append(task)
+
+    def after_rejoin(self, task: Callable[[], None]) -> None:
+        """Run ``task`` on the beat's thread after a beat that announced the worker anew, having found it swept from
+        the live workers with what it had registered (``free_slots.lua``); an error it raises is logged."""
+        self._after_rejoin.append(task)
 
     def hold(self, batch_id: str, token: str) -> None:
         with self._lock:
@@ -147,7 +157,11 @@ class Heartbeat:
     def _beat(self) -> None:
         try:
             first = not self._announced
-            announced = self._store.heartbeat(self._worker, self._capabilities, first=first)
+            beat = self._store.heartbeat(self._worker, self._capabilities, first=first)
+            announced = bool(beat)
+            if beat == Beat.ANEW and not first:
+                log.warning("this worker was swept from the live workers (a beat came later than worker_ttl_s)")
+                self._rejoined.set()
             self.quarantined = not announced
             if announced and first:
                 self._announced = True
@@ -172,8 +186,12 @@ class Heartbeat:
         except Exception as exc:  # noqa: BLE001 - a Redis blip must not kill the beat; the next one retries
             log.warning("heartbeat failed: %s", exc)
             return
-        for task in self._after_beat:
+        rejoin_tasks: list[Callable[[], None]] = []
+        if self._rejoined.is_set():  # cleared before the tasks run: a later set() runs them at the next beat
+            self._rejoined.clear()
+            rejoin_tasks = self._after_rejoin
+        for task in [*rejoin_tasks, *self._after_beat]:
             try:
                 task()
-            except Exception as exc:  # noqa: BLE001 - tried again at the next beat
+            except Exception as exc:  # noqa: BLE001 - an after-beat task is tried again at the next beat
                 log.warning("after-beat task failed: %s", exc)

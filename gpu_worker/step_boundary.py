@@ -9,6 +9,11 @@ eviction is handed over as it was read, in inbox order. Before the set may close
 in flight (at most ``POLL_S`` plus one claim) and ``drain`` reads the rest on the caller's thread, so nothing popped
 from the inbox is left behind by ``step_close``.
 
+After a beat found the worker swept from the live ones with its set's registration (a beat later than
+``worker_ttl_s``, ``free_slots.lua``), ``register_again`` has the reader register the set again
+(``step_reopen.lua``), between two reads: with ``SetCount``'s count plus the requests of the batches left in the
+inbox, which while the set is not registered only this thread pops.
+
 ``Writes`` runs the set's bookkeeping writes in the order they were submitted, one at a time, on one thread: the
 count-outs (``step_leave.lua``, whose token protects a retried call only while one count-out is in flight at a
 time), the levels of joiners, the release of ended batches (``BATCH_DONE``). ``flush`` waits for them (before the
@@ -37,6 +42,7 @@ from gpu_worker.result_writer import ResultWriter
 from gpu_worker.store import Claimed, Locked
 from shared.compat import step_key
 from shared.contracts import BatchMessage, StepEviction, Task
+from shared.keys import STEP_SEALED
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +75,44 @@ class Eviction:
 Arrival = Joiner | Eviction
 
 
+class SetCount:
+    """The requests a running set is counted for in ``P:step:rows``, as its worker knows them: those it opened with
+    and those of each batch popped from its inbox, less those counted out (``step_leave.lua``) or requeued
+    (``requeue.lua``) once that call returned. A count-out in flight is still counted, so this is never below what
+    Redis counts; ``step_reopen.lua`` registers a swept set again with it. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rows = 0
+        self._opened = False
+
+    def open(self, rows: int) -> None:
+        """The set was registered with ``rows`` requests (``step_open``)."""
+        with self._lock:
+            self._rows += rows
+            self._opened = True
+
+    def add(self, rows: int) -> None:
+        with self._lock:
+            self._rows += rows
+
+    def subtract(self, rows: int) -> None:
+        with self._lock:
+            self._rows -= rows
+
+    @property
+    def rows(self) -> int | None:
+        """The count, or None before the set was opened."""
+        with self._lock:
+            return self._rows if self._opened else None
+
+
 class Arrivals:
     """Reads and claims a worker's inbox on its own thread while the set steps (see the module's docstring).
 
     ``on_skipped(count)`` is called (on this thread) with the requests of a batch another run holds (``Locked``):
-    the set will not run them, and the owner counts them out."""
+    the set will not run them, and the owner counts them out. ``count`` gains the requests of each batch popped;
+    ``sealed()`` says whether the set is sealed or its seal is due (what a registration made again says)."""
 
     def __init__(
         self,
@@ -83,6 +122,9 @@ class Arrivals:
         heartbeat: Heartbeat | None,
         on_skipped: Callable[[int], None],
         step_tasks: Collection[Task] = (),
+        *,
+        count: SetCount | None = None,
+        sealed: Callable[[], bool] = lambda: False,
     ) -> None:
         self._writer = writer
         self._store = writer.store
@@ -91,6 +133,9 @@ class Arrivals:
         self._step_tasks = step_tasks  # the tasks the set's rows carry (``shared.compat.step_key``)
         self._heartbeat = heartbeat
         self._on_skipped = on_skipped
+        self._count = count or SetCount()
+        self._sealed = sealed
+        self._register = threading.Event()  # register the set again before the next read (``register_again``)
         self._state = threading.Condition()
         self._ready: list[Arrival] = []
         self._error: BaseException | None = None
@@ -143,6 +188,11 @@ class Arrivals:
                 with self._state:
                     self._ready.append(arrival)
 
+    def register_again(self) -> None:
+        """The worker was swept from the live ones with its set's registration: register the set again before the
+        next read (``step_reopen.lua``), once it is opened (any thread)."""
+        self._register.set()
+
     def resume(self) -> None:
         """Read again after ``pause``."""
         with self._state:
@@ -170,6 +220,8 @@ class Arrivals:
                     return
                 self._reading = True
             try:
+                if self._register.is_set():
+                    self._reopen()
                 raw = self._writer.redis(lambda: self._store.step_inbox_wait(self._worker, POLL_S), "reading the inbox")
                 arrival = None if raw is None else self._prepare(raw)
             except BaseException as exc:  # noqa: BLE001 - handed to the loop, which raises it at its next take()
@@ -184,6 +236,33 @@ class Arrivals:
                 self._reading = False
                 self._state.notify_all()
 
+    def _reopen(self) -> None:
+        """Register the swept set again (``step_reopen.lua``; on this thread, the one popping the inbox, while a
+        read is in flight: ``pause`` waits for it). A seal that fell due meanwhile is written after it: the loop
+        marks the set sealed before its own ``step_seal``, which finds no set while it is swept."""
+        rows = self._count.rows
+        if rows is None:  # not opened yet: its step_open registers it
+            return
+        self._register.clear()
+        inbox = self._writer.redis(lambda: self._store.step_inbox(self._worker), "reading the inbox")
+        waiting = 0
+        for raw in inbox:
+            try:
+                waiting += len(BatchMessage.model_validate_json(raw).request_ids)
+            except ValidationError:  # an eviction (or unreadable: dropped when read) takes no room
+                pass
+        sealed = self._sealed()
+        value = STEP_SEALED if sealed else self._digest
+        reply = self._writer.redis(
+            lambda: self._store.step_reopen(self._worker, value, rows + waiting, len(inbox)), "registering the set"
+        )
+        if reply == 1:
+            log.warning("set %s registered again after the worker was swept: %d requests", self._digest, rows + waiting)
+            if not sealed and self._sealed():
+                self._writer.redis(lambda: self._store.step_seal(self._worker), "sealing the set")
+        elif reply == -1:
+            log.warning("set %s not registered again: the worker is not live or its inbox changed", self._digest)
+
     def _prepare(self, raw: str) -> Arrival | None:
         try:
             message = BatchMessage.model_validate_json(raw)
@@ -194,6 +273,7 @@ class Arrivals:
             except ValidationError:
                 log.error("unreadable batch message in the inbox, dropped (the reaper runs it again): %s", exc)
                 return None
+        self._count.add(len(message.request_ids))  # step_join counted them in the set
         token = uuid.uuid4().hex
         claim = self._writer.redis(lambda: self._store.claim(message, token, self._worker), "claiming a batch")
         if isinstance(claim, Locked):

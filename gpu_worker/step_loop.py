@@ -31,7 +31,7 @@ from gpu_worker.log_context import carry_context, ids
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.result_writer import ResultWriter, Statuses, error_info
 from gpu_worker.runner import InputImages, Runner, StepSet
-from gpu_worker.step_boundary import MARGIN_S, Arrival, Arrivals, Eviction, Joiner, Writes
+from gpu_worker.step_boundary import MARGIN_S, Arrival, Arrivals, Eviction, Joiner, SetCount, Writes
 from gpu_worker.step_reporter import StepReporter
 from gpu_worker.store import Claimed, Locked, RowSignal, WorkerStore
 from shared.compat import StepKey, step_key
@@ -115,6 +115,7 @@ class StepLoop:
         self._guard = threading.Lock()  # between run() and repair() (the heartbeat's thread)
         if heartbeat is not None:
             heartbeat.after_beat(self.repair)
+            heartbeat.after_rejoin(self._register_again)
 
     def repair(self) -> None:
         """After a beat (the heartbeat's thread): take down a set that a run could not (Redis was away, or the run
@@ -123,6 +124,13 @@ class StepLoop:
         with self._guard:
             if self.drop_pending and not self._running:
                 self._drop_stale()
+
+    def _register_again(self) -> None:
+        """A beat found the worker swept from the live ones (the heartbeat's thread): the set that runs, if any,
+        registers again (``Arrivals.register_again``)."""
+        current = self._current
+        if current is not None:
+            current.arrivals.register_again()
 
     def _drop_stale(self) -> None:
         self.drop()
@@ -218,8 +226,16 @@ class _RunningSet:
         self.later: list[Arrival] = []  # taken, to join at the next boundary (a swap's joiner, ``_take_arrivals``)
         self.releasing: list[_Held] = []  # batches whose release (BATCH_DONE) was submitted
         self.writes = Writes()
+        self.count = SetCount()  # what P:step:rows counts, never less (a swept set registers again with it)
         self.arrivals = Arrivals(
-            self.writer, self.worker, self.digest, loop.heartbeat, on_skipped=self._leave, step_tasks=self.step_tasks
+            self.writer,
+            self.worker,
+            self.digest,
+            loop.heartbeat,
+            on_skipped=self._leave,
+            step_tasks=self.step_tasks,
+            count=self.count,
+            sealed=self._seal_due,
         )
 
     # --- the loop -------------------------------------------------------------------------------------------------
@@ -230,6 +246,7 @@ class _RunningSet:
             self.writer.redis(
                 lambda: self.store.step_open(self.worker, self.digest, len(claim.specs)), "opening the set"
             )
+            self.count.open(len(claim.specs))
             self._admit(first, claim)
             while True:
                 self._seal_when_due()
@@ -262,10 +279,14 @@ class _RunningSet:
         log.info("set %s closed: %s", self.digest, {rid: str(status) for rid, status in statuses.items()})
         return self.outcome
 
+    def _seal_due(self) -> bool:
+        """The set is sealed or its seal is due (any thread)."""
+        return self.sealed or time.monotonic() - self.opened >= self.loop.seal_after_s
+
     def _seal_when_due(self) -> None:
-        if not self.sealed and time.monotonic() - self.opened >= self.loop.seal_after_s:
+        if not self.sealed and self._seal_due():
+            self.sealed = True  # first: a swept set registered again meanwhile registers sealed (Arrivals._reopen)
             self.writer.redis(lambda: self.store.step_seal(self.worker), "sealing the set")
-            self.sealed = True
             log.info("set %s sealed after %.0f s: no more joins", self.digest, time.monotonic() - self.opened)
 
     def _take_arrivals(self, arrivals: Sequence[Arrival] | None = None) -> None:
@@ -599,6 +620,7 @@ class _RunningSet:
             lambda: self.store.requeue(request_id, held.token, self.worker), "requeueing a request"
         )
         if outcome == 1:
+            self.count.subtract(1)  # requeue.lua counted it out
             log.info(
                 "request %s evicted from the set for %s and requeued",
                 request_id,
@@ -641,11 +663,14 @@ class _RunningSet:
         if count:
             token = uuid.uuid4().hex  # one per count-out: a retry after a lost reply is counted once
             ran = list(ran)
-            self.writes.submit(  # one thread, in order: one count-out in flight at a time (step_leave.lua)
-                lambda: self.writer.redis(
+
+            def count_out() -> None:  # one thread, in order: one count-out in flight at a time (step_leave.lua)
+                self.writer.redis(
                     lambda: self.store.step_leave(self.worker, count, ran, token=token), "counting requests out"
                 )
-            )
+                self.count.subtract(count)  # once made: SetCount is never below what Redis counts
+
+            self.writes.submit(count_out)
 
     def _end_batch(self, held: _Held) -> None:
         for group in [group for group in self.groups if group.held is held]:

@@ -55,6 +55,14 @@ class RowSignal(IntEnum):
     NOT_OURS = 2  # re-claimed by another run after our lock lapsed, or already ended: stop spending on it
 
 
+class Beat(IntEnum):
+    """What ``heartbeat.lua`` answered a beat (truthy when announced)."""
+
+    REFUSED = 0  # the worker is quarantined: nothing announced
+    ANNOUNCED = 1
+    ANEW = 2  # announced, and it was not among the live workers: its first beat, or one after it was swept
+
+
 _FinishRow = tuple[str, RequestStatus, Sequence[str], ErrorInfo | None]
 """One request for ``finish.lua``: its id, outcome, result keys and error."""
 
@@ -86,6 +94,7 @@ class WorkerStore:
         self._step_close = client.register_script(k.STEP_CLOSE)
         self._step_leave = client.register_script(k.STEP_LEAVE)
         self._step_seal = client.register_script(k.STEP_SEAL)
+        self._step_reopen = client.register_script(k.STEP_REOPEN)
         self._requeue = client.register_script(k.REQUEUE)
 
     def claim(self, batch: BatchMessage, token: str, worker: str) -> Claimed | Locked:
@@ -241,14 +250,15 @@ class WorkerStore:
         self._leave(pipe, worker)
         pipe.execute()
 
-    def heartbeat(self, worker: str, capabilities: WorkerCapabilities, *, first: bool = False) -> bool:
+    def heartbeat(self, worker: str, capabilities: WorkerCapabilities, *, first: bool = False) -> Beat:
         """Announce ``worker`` as a live slot (scored by Redis time) and what it can do; the first beat also wakes
-        the scheduler. False (nothing announced) while the worker is quarantined."""
+        the scheduler. ``Beat.REFUSED`` (falsy: nothing announced) while the worker is quarantined; ``Beat.ANEW``
+        when the worker was not among the live ones (its first beat, or one after it was swept)."""
         reply = self._heartbeat(
             keys=[self.keys.workers, self.keys.events, self.keys.capabilities, self.keys.worker_quarantine(worker)],
             args=[worker, int(first), k.EVENTS_MAXLEN, capabilities.model_dump_json()],
         )
-        return int(reply) == 1
+        return Beat(int(reply))
 
     # --- step mode (docs/step_mode.md, gpu_worker.step_loop) ---------------------------------------------------
 
@@ -262,9 +272,29 @@ class WorkerStore:
         pipe.delete(self.keys.step_levels(worker))
         pipe.execute()
 
-    def step_seal(self, worker: str) -> None:
-        """The worker's running set takes no more joins (it still drains its inbox and rows); ``step_seal.lua``."""
-        self._step_seal(keys=[self.keys.step_sets], args=[worker, k.STEP_SEALED])
+    def step_seal(self, worker: str) -> bool:
+        """The worker's running set takes no more joins (it still drains its inbox and rows); ``step_seal.lua``.
+        False when the worker has no registered set (nothing written)."""
+        return int(self._step_seal(keys=[self.keys.step_sets], args=[worker, k.STEP_SEALED])) == 1
+
+    def step_inbox(self, worker: str) -> list[str]:
+        """The messages waiting in the worker's inbox, oldest first (nothing popped)."""
+        messages: list[str] = self._redis.lrange(self.keys.step_inbox(worker), 0, -1)  # type: ignore[assignment]
+        return messages
+
+    def step_reopen(self, worker: str, value: str, rows: int, inbox_len: int) -> int:
+        """Register the worker's running set again, as ``value`` (its digest or ``STEP_SEALED``) counting ``rows``
+        requests, after a late beat had it swept (``step_reopen.lua``, which says why the count is safe): 1 when
+        registered, 0 when a set is registered already, -1 when the worker is not live or its inbox no longer
+        holds ``inbox_len`` messages (nothing written)."""
+        keys = [
+            self.keys.step_sets,
+            self.keys.step_rows,
+            self.keys.step_inbox(worker),
+            self.keys.workers,
+            self.keys.events,
+        ]
+        return int(self._step_reopen(keys=keys, args=[worker, value, rows, inbox_len, k.EVENTS_MAXLEN]))
 
     def step_inbox_pop(self, worker: str) -> str | None:
         """The oldest batch message (``BatchMessage`` JSON) sent to the worker's running set, or None."""

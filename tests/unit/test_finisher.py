@@ -346,3 +346,30 @@ def test_updated_capabilities_are_announced_at_once(client: fakeredis.FakeRedis,
         assert WorkerCapabilities.model_validate_json(client.hget(store.keys.capabilities, "w1")) == evicted
     finally:
         beat.stop()
+
+
+def test_a_beat_that_finds_the_worker_swept_runs_the_rejoin_tasks_once(
+    client: fakeredis.FakeRedis, settings: Settings
+) -> None:
+    """The first beat announces the worker; a later one that finds it swept (a beat came later than worker_ttl_s)
+    runs the rejoin tasks before the after-beat ones, once; so does the beat after an ``update`` that found it so."""
+    store = WorkerStore(client, settings)
+    beat = Heartbeat(store, "w1", 60, CAPABILITIES)
+    ran: list[str] = []
+    beat.after_rejoin(lambda: ran.append("rejoin"))
+    beat.after_beat(lambda: ran.append("beat"))
+    beat._beat()  # the first: announced anew, but nothing was swept
+    beat._beat()
+    assert ran == ["beat", "beat"]
+    client.zrem(store.keys.workers, "w1")  # swept by free_slots.lua
+    beat._beat()
+    beat._beat()
+    assert ran[2:] == ["rejoin", "beat", "beat"]
+    beat.start()
+    try:
+        client.zrem(store.keys.workers, "w1")
+        beat.update(CAPABILITIES.model_copy(update={"resident": False}))  # this one announces it anew
+        beat._beat()
+        assert ran[5:] == ["beat", "rejoin", "beat"]  # the start's beat, then the rejoin at the next one
+    finally:
+        beat.stop()

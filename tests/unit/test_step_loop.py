@@ -38,6 +38,7 @@ from shared.contracts import BatchMessage, LoraRef, RequestSpec, Task, WorkerCap
 from shared.results.filesystem import FilesystemResultStore  # noqa: E402
 from shared.settings import Settings  # noqa: E402
 from tests.support.diffusers_runners import ExplodingSet  # noqa: E402
+from tests.support.processes import wait_for  # noqa: E402
 from tests.support.solo import png_array, solo_arrays  # noqa: E402
 from tests.support.specs import demo_spec  # noqa: E402
 from tests.unit.test_scripts import submit  # noqa: E402
@@ -444,3 +445,71 @@ def test_counting_out_and_sealing_never_recreate_a_swept_set(worker: Worker) -> 
     worker.store.step_seal(WORKER)
     assert not worker.client.hexists(worker.keys.step_rows, WORKER)
     assert not worker.client.hexists(worker.keys.step_sets, WORKER)
+
+
+def sweep_late_beat(worker: Worker) -> None:
+    """What the scheduler's ``free_slots.lua`` does once the worker's beat is older than ``worker_ttl_s``: the
+    worker leaves the live ones, with its capabilities and its set's registration."""
+    worker.client.zadd(worker.keys.workers, {WORKER: 1})  # its last beat, long ago
+    assert SchedulerStore(worker.client, worker.settings).slots().live == 0
+    assert not worker.client.hexists(worker.keys.step_sets, WORKER)
+    assert not worker.client.hexists(worker.keys.step_rows, WORKER)
+
+
+def registration(worker: Worker) -> tuple[str, str]:
+    """The set's registration once the reader made it again (``Arrivals`` registers it between two reads)."""
+    wait_for(lambda: worker.client.hexists(worker.keys.step_sets, WORKER), 5, "the set to be registered again")
+    digest, rows = worker.client.hmget(worker.keys.step_sets, WORKER), worker.client.hget(worker.keys.step_rows, WORKER)
+    return str(digest[0]), str(rows)
+
+
+def test_a_set_swept_with_a_late_beat_registers_again_with_its_count_and_takes_joins(
+    worker: Worker, hooked: Hooked
+) -> None:
+    long, short, joiner = spec("long", steps=8, seed=5), spec("short", steps=2, seed=6), spec("joiner", steps=2)
+    digest = step_key(long).digest
+    worker.heartbeat._beat()  # the worker's first announced beat
+    seen: dict[str, object] = {}
+
+    def swept() -> None:
+        sweep_late_beat(worker)
+        late = BatchMessage(batch_id="B-late", request_ids=("late",), created_at=time.time()).model_dump_json()
+        scheduler = SchedulerStore(worker.client, worker.settings)
+        seen["refused"] = not scheduler.step_join(WORKER, digest, late, "B-late", 1, 8)
+
+    def beat() -> None:  # short counted out meanwhile (before its last step, 2), with no set registered to count
+        worker.loop.settle()
+        worker.heartbeat._beat()  # announced anew: the set registers again, counting what it holds
+        seen["registered"] = registration(worker)
+        worker.send(worker.schedule("B2", [joiner]), digest)  # it takes joins again
+        worker.loop.settle()
+
+    hooked.hooks[1] = swept
+    hooked.hooks[4] = beat
+    outcome = worker.loop.run(worker.schedule("B1", [long, short]))
+    assert isinstance(outcome, SetOutcome)
+    assert outcome.batches == ["B1", "B2"]
+    assert outcome.statuses == dict.fromkeys(("long", "short", "joiner"), "succeeded")
+    assert seen == {"refused": True, "registered": (digest, "1")}  # long alone: short's count-out was not lost
+    assert hooked.live[4:6] == [2, 2]  # the joiner ran in the set
+    worker.assert_closed()  # counted out to 0: the count it registered again with was exact
+
+
+def test_a_swept_set_whose_seal_fell_due_registers_again_sealed(worker: Worker, hooked: Hooked) -> None:
+    worker.heartbeat._beat()
+    seen: dict[str, object] = {}
+
+    def swept() -> None:
+        sweep_late_beat(worker)
+        worker.loop.seal_after_s = 0.0  # due at the next boundary, while no set is registered to seal
+
+    def beat() -> None:
+        worker.heartbeat._beat()
+        seen["registered"] = registration(worker)
+
+    hooked.hooks[1] = swept
+    hooked.hooks[3] = beat
+    outcome = worker.loop.run(worker.schedule("B1", [spec("a", steps=4)]))
+    assert isinstance(outcome, SetOutcome) and outcome.statuses == {"a": "succeeded"}
+    assert seen == {"registered": (k.STEP_SEALED, "1")}
+    worker.assert_closed()

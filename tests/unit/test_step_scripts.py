@@ -1,5 +1,6 @@
 """Step mode's Lua scripts on fakeredis: ``step_join.lua`` (through ``SchedulerStore.step_join``), ``step_close.lua``,
-and what ``free_slots.lua`` and ``reap.lua`` make of open sets and the batches sent to them."""
+``step_reopen.lua`` (a swept set registered again), what ``heartbeat.lua`` says of a worker announced anew, and what
+``free_slots.lua`` and ``reap.lua`` make of open sets and the batches sent to them."""
 
 from __future__ import annotations
 
@@ -10,16 +11,17 @@ import fakeredis
 import pytest
 import redis
 
-from gpu_worker.store import WorkerStore
+from gpu_worker.store import Beat, WorkerStore
 from scheduler.lease import Lease
 from scheduler.store import SchedulerStore
 from shared import keys as k
-from shared.contracts import BatchMessage
+from shared.contracts import BatchMessage, Task, WorkerCapabilities
 from shared.retry import call_with_retry
 from shared.settings import Settings
 from tests.unit.test_scripts import submit
 
 DIGEST = "0123456789abcdef"
+CAPABILITIES = WorkerCapabilities(model="demo", pipeline="Test", tasks=(Task.TEXT_TO_IMAGE,))
 
 
 @pytest.fixture
@@ -193,3 +195,35 @@ def test_a_count_out_retried_after_a_lost_reply_is_counted_once(settings: Settin
     assert not client.exists(worker.keys.step_levels("w1"))
     worker.step_leave("w1", 1, token="leave-2")  # the next count-out counts
     assert client.hget(worker.keys.step_rows, "w1") == "1"
+
+
+def test_reopen_registers_a_swept_set_with_its_count_and_wakes_the_scheduler(
+    client: fakeredis.FakeRedis, store: SchedulerStore, settings: Settings
+) -> None:
+    keys, worker = store.keys, WorkerStore(client, settings)
+    open_set(client, keys, "w1", DIGEST, 3)
+    client.zadd(keys.workers, {"w1": now_ms() - 60_000})  # its beat came late: swept with its set
+    assert store.slots().live == 0 and not client.hexists(keys.step_sets, "w1")
+    client.rpush(keys.step_inbox("w1"), message("B1", "a", "b"))  # sent before the sweep, not read yet
+    assert worker.step_reopen("w1", DIGEST, 3, 1) == -1  # not live: nothing written
+    assert not client.hexists(keys.step_sets, "w1")
+    assert worker.heartbeat("w1", CAPABILITIES)  # its next beat announces the worker again
+    assert worker.step_reopen("w1", DIGEST, 3, 2) == -1  # the inbox was not as read: nothing written
+    assert not client.hexists(keys.step_sets, "w1")
+    client.delete(keys.events)
+    assert worker.step_reopen("w1", DIGEST, 3, 1) == 1
+    assert client.hget(keys.step_sets, "w1") == DIGEST and client.hget(keys.step_rows, "w1") == "3"
+    assert [fields for _, fields in client.xrange(keys.events)] == [{"type": "room_free", "worker": "w1"}]
+    assert store.slots().free == 0  # the set holds the worker's slot again
+    assert worker.step_reopen("w1", k.STEP_SEALED, 9, 1) == 0  # registered: a later call changes nothing
+    assert client.hget(keys.step_sets, "w1") == DIGEST and client.hget(keys.step_rows, "w1") == "3"
+
+
+def test_a_beat_says_when_it_announced_the_worker_anew(client: fakeredis.FakeRedis, settings: Settings) -> None:
+    store = WorkerStore(client, settings)
+    assert store.heartbeat("w1", CAPABILITIES, first=True) == Beat.ANEW
+    assert store.heartbeat("w1", CAPABILITIES) == Beat.ANNOUNCED
+    client.zrem(store.keys.workers, "w1")  # swept (free_slots.lua) or left
+    assert store.heartbeat("w1", CAPABILITIES) == Beat.ANEW
+    client.set(store.keys.worker_quarantine("w1"), "stuck")
+    assert store.heartbeat("w1", CAPABILITIES) == Beat.REFUSED

@@ -1,0 +1,23 @@
+-- Step mode (docs/step_mode.md): register a worker's running set again after its registration was swept with a
+-- late heartbeat (free_slots.lua) while the set ran on: the set holds the worker's slot again, takes joins and
+-- evictions again, and is counted with ``rows`` requests. While a set is not registered no join, swap or eviction
+-- reaches its inbox (step_join.lua, step_swap.lua, step_evict.lua refuse), count-outs and requeues change no count
+-- (step_leave.lua, requeue.lua), and only the worker pops its inbox; so the worker's own count of the requests it
+-- holds plus those of the batches left in its inbox (``rows``, read by the same thread that pops it, on which
+-- this runs) is the set's count, or more than it (a count-out made while this runs was not subtracted), never
+-- less: the set never takes joiners past max_num_seqs. ``inbox_len`` guards that reading.
+-- KEYS[1] step sets hash, KEYS[2] step rows hash, KEYS[3] the worker's inbox list, KEYS[4] workers zset,
+-- KEYS[5] events stream.
+-- ARGV[1] worker, ARGV[2] the set's step key digest (or shared.keys.STEP_SEALED), ARGV[3] rows, ARGV[4] the
+-- inbox's length when rows was counted, ARGV[5] events maxlen.
+-- Returns 1 when registered, 0 when a set is registered already (nothing written), -1 when the worker is not live
+-- or its inbox changed since it was read (nothing written: try again after the next beat).
+local step_sets, step_rows, inbox, workers, wake_ups = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local worker, value, rows, inbox_len, events_maxlen = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+
+if redis.call('HEXISTS', step_sets, worker) == 1 then return 0 end
+if not redis.call('ZSCORE', workers, worker) or redis.call('LLEN', inbox) ~= inbox_len then return -1 end
+redis.call('HSET', step_sets, worker, value)
+redis.call('HSET', step_rows, worker, rows)
+redis.call('XADD', wake_ups, 'MAXLEN', '~', events_maxlen, '*', 'type', 'room_free', 'worker', worker)
+return 1
