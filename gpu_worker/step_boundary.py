@@ -237,6 +237,13 @@ class Arrivals:
                 self._state.notify_all()
 
     def _reopen(self) -> None:
+        """``_register_again``, an error logged: the set then runs on unregistered (no joins) until it ends."""
+        try:
+            self._register_again()
+        except Exception as exc:  # noqa: BLE001 - the set runs on; its requests end as they would
+            log.warning("set %s could not register again: %s: %s", self._digest, type(exc).__name__, exc)
+
+    def _register_again(self) -> None:
         """Register the swept set again (``step_reopen.lua``; on this thread, the one popping the inbox, while a
         read is in flight: ``pause`` waits for it). A seal that fell due meanwhile is written after it: the loop
         marks the set sealed before its own ``step_seal``, which finds no set while it is swept."""
