@@ -12,8 +12,9 @@ one object of each kind that the routes use as they use a shard's own.
 - **Fleet-wide**: the workers' capabilities (``GET /v1/models``, the up-front checks) are the union over shards
   (a model of several shards listed once, its workers in all of them counted);
   ``/v1/fleet`` and ``/metrics`` read every shard's snapshot and sum them (``shared.fleet_state.merge_snapshots``,
-  as ``fusefleet status``'s totals do). An API key's rate bucket stays in the fleet's own keys (``HOME``); its
-  ``max_queued`` holds per shard (counted atomically with each shard's enqueue).
+  as ``fusefleet status``'s totals do). An API key's rate bucket and the records of Idempotency-Keys stay in the
+  fleet's own keys (``HOME``); a key's ``max_queued`` holds per shard (counted atomically with each shard's
+  enqueue).
 
 A fleet of one shard (no ``model_shards``) uses that shard's objects themselves (``api.app``): nothing here runs.
 """
@@ -29,7 +30,15 @@ from typing import TypeVar
 from api.events_feed import EventFeed, FeedEvent
 from api.input_images import StoredInputs
 from api.outage import StoreUnavailable
-from api.store import Forgotten, RequestStore, SubmissionCounters, Submitter, Webhook
+from api.store import (
+    Forgotten,
+    IdempotencyClaim,
+    RequestStore,
+    SettleAction,
+    SubmissionCounters,
+    Submitter,
+    Webhook,
+)
 from api.waiter import CompletionWaiter
 from shared.contracts import RequestSpec, RequestState, RequestStatus, WorkerCapabilities
 from shared.fleet_state import FleetReader, FleetSnapshot, RunningBatch, merge_snapshots
@@ -117,6 +126,23 @@ class ShardedStore:
     async def take_tokens(self, name: str, rate_per_s: float, burst: int, cost: int) -> float:
         """``RequestStore.take_tokens`` in the fleet's own keys: one bucket per API key, whatever the shard."""
         return await self._home.take_tokens(name, rate_per_s, burst, cost)
+
+    async def claim_idempotency(
+        self, digest: str, fingerprint: str, request_ids: Sequence[str], ttl_s: int, pending_ms: int
+    ) -> IdempotencyClaim:
+        """``RequestStore.claim_idempotency`` in the fleet's own keys: one record per key, whatever the shards its
+        rows go to."""
+        return await self._home.claim_idempotency(digest, fingerprint, request_ids, ttl_s, pending_ms)
+
+    async def settle_idempotency(
+        self,
+        digest: str,
+        held_ids: Sequence[str],
+        action: SettleAction,
+        request_ids: Sequence[str] = (),
+        ttl_s: int = 0,
+    ) -> bool:
+        return await self._home.settle_idempotency(digest, held_ids, action, request_ids, ttl_s)
 
     async def get(self, request_id: str, owner: str | None = None) -> RequestState | None:
         store = self.of_request(request_id)

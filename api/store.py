@@ -17,7 +17,16 @@ from api.input_images import StoredInputs
 from api.outage import REDIS_FAILURES, StoreUnavailable
 from shared.contracts import RequestSpec, RequestState, RequestStatus, WorkerCapabilities
 from shared.fleet_state import parse_capabilities
-from shared.keys import ABORT, FORGET, RATE_LIMIT, SUBMIT, RedisKeys, abort_keys
+from shared.keys import (
+    ABORT,
+    FORGET,
+    IDEMPOTENCY_CLAIM,
+    IDEMPOTENCY_SETTLE,
+    RATE_LIMIT,
+    SUBMIT,
+    RedisKeys,
+    abort_keys,
+)
 from shared.results import ResultStore, ResultStoreError
 from shared.shards import ID_BYTES
 from shared.state import STATE_FIELDS, parse_state
@@ -26,6 +35,21 @@ from shared.submit_call import SubmitGroup, SubmitOutcome, SubmitRow, submit_cal
 _T = TypeVar("_T")
 _A = TypeVar("_A")
 CAPABILITIES_TTL_S = 2.0  # how long the api trusts what it read of the workers' announcements
+SettleAction = Literal["done", "release", "take"]
+"""How ``idempotency_settle.lua`` settles an Idempotency-Key's record."""
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyClaim:
+    """What ``idempotency_claim.lua`` answered: ``claimed`` (submit), ``done`` (queued before as ``request_ids``),
+    ``pending`` (another call submits it: retry after ``retry_after_s``), ``stale`` (its claimer is taken for dead,
+    its ``request_ids`` maybe queued) or ``conflict`` (the key was used with other bodies)."""
+
+    state: Literal["claimed", "done", "pending", "stale", "conflict"]
+    request_ids: tuple[str, ...] = ()
+    retry_after_s: float = 0.0
+
+
 OWNER_FIELD = "key"
 """The request hash field holding the name of the API key that submitted it (``submit.lua``)."""
 
@@ -230,6 +254,8 @@ class RequestStore:
         self._abort = redis.register_script(ABORT)
         self._forget = redis.register_script(FORGET)
         self._rate_limit = redis.register_script(RATE_LIMIT)
+        self._idempotency_claim = redis.register_script(IDEMPOTENCY_CLAIM)
+        self._idempotency_settle = redis.register_script(IDEMPOTENCY_SETTLE)
 
     def new_request_id(self, model: str) -> str:
         """A fresh request id for a new request of ``model`` (one keyspace: random hex, whatever the model)."""
@@ -281,6 +307,34 @@ class RequestStore:
         args: list[str | int] = [repr(rate_per_s), burst, cost]
         wait_ms = await self._bounded(self._rate_limit(keys=[self._keys.api_key_bucket(name)], args=args))
         return int(wait_ms) / 1000
+
+    async def claim_idempotency(
+        self, digest: str, fingerprint: str, request_ids: Sequence[str], ttl_s: int, pending_ms: int
+    ) -> IdempotencyClaim:
+        """Claim the record of an Idempotency-Key (by ``digest``, ``api.idempotency``) for ``request_ids``, or learn
+        what became of the call that did (``idempotency_claim.lua``)."""
+        args: list[str | int] = [fingerprint, " ".join(request_ids), ttl_s, pending_ms]
+        reply = await self._bounded(self._idempotency_claim(keys=[self._keys.idempotency(digest)], args=args))
+        state, *rest = (part.decode() if isinstance(part, bytes) else str(part) for part in reply)
+        detail = rest[0] if rest else ""
+        return IdempotencyClaim(
+            state,  # type: ignore[arg-type]
+            tuple(detail.split()) if state in ("done", "stale") else (),
+            int(detail) / 1000 if state == "pending" else 0.0,
+        )
+
+    async def settle_idempotency(
+        self,
+        digest: str,
+        held_ids: Sequence[str],
+        action: SettleAction,
+        request_ids: Sequence[str] = (),
+        ttl_s: int = 0,
+    ) -> bool:
+        """Settle the record that holds ``held_ids`` (``idempotency_settle.lua``): False when it holds them no more."""
+        args: list[str | int] = [" ".join(held_ids), action, " ".join(request_ids), ttl_s]
+        reply = await self._bounded(self._idempotency_settle(keys=[self._keys.idempotency(digest)], args=args))
+        return int(reply) == 1
 
     async def get(self, request_id: str, owner: str | None = None) -> RequestState | None:
         """The state of a request, or None when it is unknown (never submitted, or expired) or, with ``owner``,

@@ -9,19 +9,22 @@ or an ``HTTPException`` 503 with Retry-After when the queue is full; past the in
 or 429 with Retry-After, naming the field. With an API key (``api.auth``), the requests are
 recorded under its name and its limits apply (``api.key_limits``: 429 with Retry-After). A request's webhook must be
 allowed by the server (``api.webhook_urls``: 422 naming ``webhook``); it is stored with the request, outside its spec
-(so it plays no part in batching).
+(so it plays no part in batching). With an ``Idempotency-Key`` (``api.idempotency``) a submission is queued once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from anyio import to_thread
 from fastapi import HTTPException, status
 from fastapi.exceptions import RequestValidationError
 
+from api import idempotency
 from api.auth import KeyRefused
 from api.capabilities import capability_errors, video_models
 from api.input_budget import budget_full, too_large
@@ -56,15 +59,31 @@ def _count_refused(store: Store, reason: RefusalReason) -> None:
         store.counters.count_refused(reason)
 
 
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """What ``accept`` queued: the requests' specs, in order; ``replayed`` when an earlier call with the same
+    Idempotency-Key had queued them (nothing was queued now)."""
+
+    specs: list[RequestSpec]
+    replayed: bool = False
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The answer's headers that say so (``Idempotent-Replayed``)."""
+        return {idempotency.REPLAYED_HEADER: "true"} if self.replayed else {}
+
+
 async def accept(
     requests: Sequence[GenerateRequest],
     settings: Settings,
     store: Store,
     locs: Sequence[Loc],
     caller: ApiKey | None = None,
-) -> list[RequestSpec]:
+    idempotency_key: str | None = None,
+) -> Submission:
     """Queue ``requests`` (all or none) for ``caller`` (None: the api has no keys) and return their specs, in
-    order; ``locs[i]`` prefixes request i's errors (a batch's own errors are at ``locs[0]`` minus its index)."""
+    order; ``locs[i]`` prefixes request i's errors (a batch's own errors are at ``locs[0]`` minus its index). With
+    ``idempotency_key`` (``api.idempotency``), a submission that key queued before is answered instead."""
     errors = batch_errors(len(requests), caller, locs[0][:-1])
     for request, loc in zip(requests, locs, strict=True):
         errors += limit_errors(request, settings, loc)
@@ -99,6 +118,37 @@ async def accept(
         )
         for request, model in zip(requests, models, strict=True)
     ]
+    claim: idempotency.Claim | None = None
+    if idempotency_key is not None:
+        ttl_s = min(settings.idempotency_ttl_s, settings.result_ttl_s)
+        owner = caller.name if caller is not None else None
+        once = await idempotency.begin(store, idempotency_key, owner, requests, [spec.id for spec in specs], ttl_s)
+        if isinstance(once, idempotency.Replayed):
+            return Submission(once.specs, replayed=True)
+        claim = once
+    try:
+        await _queue(specs, inputs, requests, settings, store, locs, caller)
+    except HTTPException:  # refused: nothing was queued, the key may be used again at once
+        if claim is not None:
+            await asyncio.shield(claim.release())
+        raise
+    # any other failure (Redis did not answer, the call was cancelled) may have queued them: the claim stays
+    # pending, and the first call with the key after idempotency.PENDING_S finds out
+    if claim is not None:
+        await asyncio.shield(claim.done())
+    return Submission(specs)
+
+
+async def _queue(
+    specs: list[RequestSpec],
+    inputs: Sequence[StoredInputs | None],
+    requests: Sequence[GenerateRequest],
+    settings: Settings,
+    store: Store,
+    locs: Sequence[Loc],
+    caller: ApiKey | None,
+) -> None:
+    """Take the caller's tokens and queue ``specs`` in one atomic step; raise the refusal's answer."""
     try:
         await take_tokens(store, caller, len(specs))
     except KeyRefused:
@@ -125,4 +175,3 @@ async def accept(
         )
     if store.counters is not None:
         store.counters.count_submitted(len(specs))
-    return specs

@@ -97,8 +97,9 @@ class Client(ClientProtocol):
     ...     png = client.image(request_id, 0) if view.status == "succeeded" else None
 
     ``timeout`` bounds each HTTP call (a long poll gets its ``wait_s`` on top); ``transport`` replaces httpx's
-    (tests); a 503 on submit is retried ``submit_retries`` times after its ``Retry-After`` (at most
-    ``max_retry_wait_s`` each).
+    (tests); a 503 on submit, or an answer lost after the submission was sent, is retried ``submit_retries`` times
+    after its ``Retry-After`` (at most ``max_retry_wait_s`` each), under the submission's own ``Idempotency-Key``: a
+    retry is queued once.
     """
 
     def __init__(
@@ -142,7 +143,12 @@ class Client(ClientProtocol):
     def _perform(self, step: Step) -> Any:
         if isinstance(step, Call):
             return self._http.request(
-                step.method, step.path, json=step.json, params=step.params, timeout=step.http_timeout
+                step.method,
+                step.path,
+                json=step.json,
+                params=step.params,
+                timeout=step.http_timeout,
+                headers=step.headers,
             )
         if isinstance(step, All):
             return [self._run(op) for op in step.ops]
@@ -311,7 +317,12 @@ class AsyncClient(ClientProtocol):
     async def _perform(self, step: Step) -> Any:
         if isinstance(step, Call):
             return await self._http.request(
-                step.method, step.path, json=step.json, params=step.params, timeout=step.http_timeout
+                step.method,
+                step.path,
+                json=step.json,
+                params=step.params,
+                timeout=step.http_timeout,
+                headers=step.headers,
             )
         if isinstance(step, All):
             return list(await asyncio.gather(*(self._run(op) for op in step.ops)))

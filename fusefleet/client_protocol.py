@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
@@ -53,7 +54,11 @@ PROGRESS_INTERVAL_S = 0.5
 SUBMIT_RETRIES = 3
 MAX_RETRY_WAIT_S = 30.0
 DEFAULT_RETRY_WAIT_S = 1.0
-"""Wait before retrying a 503 that came without ``Retry-After``."""
+"""Wait before retrying a 503 that came without ``Retry-After`` (or a submission whose answer was lost)."""
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+"""What makes a submission's retry safe (``api.idempotency``)."""
+ANSWER_LOST = (httpx.ReadError, httpx.ReadTimeout, httpx.RemoteProtocolError, httpx.WriteError)
+"""httpx's errors of a call that was sent (or partly) and got no answer: its submission may have been queued."""
 WAIT_TRANSIENT_RETRIES = 5
 """Consecutive 503s or unanswered polls ``wait`` rides out (with backoff) before raising."""
 
@@ -77,6 +82,7 @@ class Call:
     json: Any = None
     params: Mapping[str, Any] | None = None
     timeout: float | None = None
+    headers: Mapping[str, str] | None = None
 
     @property
     def http_timeout(self) -> Any:  # httpx.Timeout or httpx.USE_CLIENT_DEFAULT
@@ -201,11 +207,12 @@ def _path(request_id: str, *rest: str | int) -> str:
     return "/".join(["/v1/requests", quote(request_id, safe=""), *(str(part) for part in rest)])
 
 
-def _submit_retry_delay(exc: Unavailable, attempt: int, retries: int, max_wait_s: float) -> float | None:
-    """Seconds to wait before retrying a refused submission, or None when the retries are used up."""
+def _submit_retry_delay(retry_after: float | None, attempt: int, retries: int, max_wait_s: float) -> float | None:
+    """Seconds to wait before retrying a submission (after ``retry_after``, when the answer said), or None when the
+    retries are used up."""
     if attempt >= retries:
         return None
-    wait_s = exc.retry_after if exc.retry_after is not None else DEFAULT_RETRY_WAIT_S
+    wait_s = retry_after if retry_after is not None else DEFAULT_RETRY_WAIT_S
     return min(wait_s, max_wait_s)
 
 
@@ -265,10 +272,11 @@ class ClientProtocol:
         json: Any = None,
         params: Mapping[str, Any] | None = None,
         timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Op[httpx.Response]:
         """One call; its answer when it is a 2xx, else its typed error."""
         try:
-            response: httpx.Response = yield Call(method, path, json, params, timeout)
+            response: httpx.Response = yield Call(method, path, json, params, timeout, headers)
         except httpx.TransportError as exc:
             raise unreachable(self.base_url, exc) from exc
         if not response.is_success:
@@ -276,13 +284,24 @@ class ClientProtocol:
         return response
 
     def _submit_op(self, request: GenerateRequest) -> Op[Accepted]:
+        """Submit under an ``Idempotency-Key`` of its own, so that a retry is queued once: after a 503, and after
+        an answer lost once the call was sent (the connection reset, the read timed out), when the first try may
+        have queued it; the api then answers the first try's id."""
         body = request_body(request)
+        headers = {IDEMPOTENCY_HEADER: uuid.uuid4().hex}
         attempt = 0
         while True:
             try:
-                return _parse(Accepted, (yield from self._call_op("POST", "/v1/requests", json=body)))
+                answer = yield from self._call_op("POST", "/v1/requests", json=body, headers=headers)
+                return _parse(Accepted, answer)
             except Unavailable as exc:
-                delay = _submit_retry_delay(exc, attempt, self.submit_retries, self.max_retry_wait_s)
+                delay = _submit_retry_delay(exc.retry_after, attempt, self.submit_retries, self.max_retry_wait_s)
+                if delay is None:
+                    raise
+            except ApiUnreachable as exc:
+                if not isinstance(exc.cause, ANSWER_LOST):  # nothing was sent: the api is down, say so now
+                    raise
+                delay = _submit_retry_delay(None, attempt, self.submit_retries, self.max_retry_wait_s)
                 if delay is None:
                     raise
             attempt += 1

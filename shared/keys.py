@@ -157,6 +157,10 @@ class RedisKeys:
     def api_key_unfinished(self, name: str) -> str:
         return f"{self.tag}:apikey:{name}:unfinished"
 
+    def idempotency(self, digest: str) -> str:
+        """The record of an Idempotency-Key (``idempotency_claim.lua``), by the digest of its caller and key."""
+        return f"{self.tag}:idem:{digest}"
+
     def api_key_videos(self, name: str) -> str:
         """API key ``name``'s video jobs (``GET /v1/videos``); ``videos`` without API keys."""
         return f"{self.tag}:apikey:{name}:videos"
@@ -236,6 +240,8 @@ FORGET = _lua("forget")
 REDIS_RESULT_PUT = _lua("redis_result_put")
 REDIS_RESULT_DELETE = _lua("redis_result_delete")
 RATE_LIMIT = _lua("rate_limit")
+IDEMPOTENCY_CLAIM = _lua("idempotency_claim")
+IDEMPOTENCY_SETTLE = _lua("idempotency_settle")
 METRICS_ADD = _lua("metrics_add")
 WEBHOOK_OUTCOME = _lua("webhook_outcome")
 

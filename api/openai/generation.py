@@ -38,6 +38,7 @@ from fastapi import Request, status
 from fastapi.responses import JSONResponse
 from starlette.types import Receive
 
+from api import idempotency
 from api.openai.errors import INVALID_REQUEST, SERVER_ERROR, OpenAIError
 from api.openai.schemas import ImageObject, ImagesResponse, ResponseFormat
 from api.outage import StoreUnavailable
@@ -91,9 +92,11 @@ async def respond(native: GenerateRequest, answer_format: ResponseFormat, call: 
     """Submit ``native`` as one fleet request of ``call.caller`` (``api.auth``), wait for its end and answer it in
     OpenAI's shape."""
     request, settings, store, waiter = call.request, call.settings, call.store, call.waiter
-    (spec,) = await accept([native], settings, store, [("body",)], call.caller)
+    once = idempotency.parse_key(request.headers.get(idempotency.HEADER))
+    submission = await accept([native], settings, store, [("body",)], call.caller, once)
+    (spec,) = submission.specs
     request_id = spec.id
-    headers = {REQUEST_ID_HEADER: request_id}
+    headers = {REQUEST_ID_HEADER: request_id, **submission.headers}
     try:
         state = await _ended(request_id, request.receive, store, waiter, wait_limit_s(settings))
     except ClientGone:

@@ -35,6 +35,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile as StarletteUpload
 
+from api import idempotency
 from api.auth import CallerDep, OwnerDep
 from api.capabilities import served_models
 from api.deps import SettingsDep, StoreDep
@@ -151,7 +152,9 @@ async def create_video(
     traits = video_traits(await store.fleet_capabilities(), body.served_model(settings))
     native = body.native(settings, traits)
     try:
-        (spec,) = await accept([native], settings, store, [("body",)], caller)
+        once = idempotency.parse_key(request.headers.get(idempotency.HEADER))
+        submission = await accept([native], settings, store, [("body",)], caller, once)
+        (spec,) = submission.specs
     except RequestValidationError as exc:
         raise invalid_request(relocated(exc.errors())) from None
     except InputsRefused as exc:  # the input budget: 413 or 429 at the reference image
@@ -164,8 +167,10 @@ async def create_video(
         with contextlib.suppress(StoreUnavailable):  # not aborted: it runs unlisted, and expires
             await store.abort(spec.id, time.time())
         raise
-    video = video_of(RequestState(spec=spec, status=RequestStatus.QUEUED), settings.result_ttl_s)
-    return JSONResponse(video.model_dump(mode="json"), headers={REQUEST_ID_HEADER: spec.id})
+    state = await store.get(spec.id, owner) if submission.replayed else None  # replayed: as it stands now
+    video = video_of(state or RequestState(spec=spec, status=RequestStatus.QUEUED), settings.result_ttl_s)
+    headers = {REQUEST_ID_HEADER: spec.id, **submission.headers}
+    return JSONResponse(video.model_dump(mode="json"), headers=headers)
 
 
 async def _job(video_id: str, store: Store, owner: str | None) -> RequestState:

@@ -15,6 +15,7 @@ from fastapi.responses import RedirectResponse
 
 from api.auth import CallerDep, OwnerDep
 from api.deps import SettingsDep, StoreDep, WaiterDep
+from api.idempotency import IdempotencyKeyDep
 from api.key_limits import KEY_LIMITED
 from api.request_ids import RequestIdDep, unknown_requests
 from api.responses import BAD_BODY, NOT_FOUND, QUEUE_FULL_OR_UNAVAILABLE, UNAVAILABLE, Responses
@@ -47,11 +48,19 @@ def _unknown(request_id: str) -> HTTPException:
     "", status_code=status.HTTP_202_ACCEPTED, responses={**BAD_BODY, **KEY_LIMITED, **QUEUE_FULL_OR_UNAVAILABLE}
 )
 async def submit_request(
-    body: GenerateRequest, settings: SettingsDep, store: StoreDep, waiter: WaiterDep, caller: CallerDep
+    body: GenerateRequest,
+    settings: SettingsDep,
+    store: StoreDep,
+    waiter: WaiterDep,
+    caller: CallerDep,
+    once: IdempotencyKeyDep,
+    response: Response,
 ) -> Accepted:
     """Queue one request; its id is polled with ``GET /v1/requests/{id}``."""
     epoch = waiter.epoch  # before submitting: see CompletionWaiter.accepted
-    (spec,) = await accept([body], settings, store, [("body",)], caller)
+    submission = await accept([body], settings, store, [("body",)], caller, once)
+    (spec,) = submission.specs
+    response.headers.update(submission.headers)
     waiter.accepted([spec.id], epoch, caller.name if caller is not None else None)
     return Accepted(id=spec.id)
 
@@ -60,13 +69,20 @@ async def submit_request(
     "/batch", status_code=status.HTTP_202_ACCEPTED, responses={**BAD_BODY, **KEY_LIMITED, **QUEUE_FULL_OR_UNAVAILABLE}
 )
 async def submit_batch(
-    body: BatchRequest, settings: SettingsDep, store: StoreDep, waiter: WaiterDep, caller: CallerDep
+    body: BatchRequest,
+    settings: SettingsDep,
+    store: StoreDep,
+    waiter: WaiterDep,
+    caller: CallerDep,
+    once: IdempotencyKeyDep,
+    response: Response,
 ) -> BatchAccepted:
     """Queue several independent requests at once (all or none); ids in submission order."""
     locs = [("body", "requests", i) for i in range(len(body.requests))]
     epoch = waiter.epoch  # before submitting: see CompletionWaiter.accepted
-    specs = await accept(body.requests, settings, store, locs, caller)
-    ids = [spec.id for spec in specs]
+    submission = await accept(body.requests, settings, store, locs, caller, once)
+    response.headers.update(submission.headers)
+    ids = [spec.id for spec in submission.specs]
     waiter.accepted(ids, epoch, caller.name if caller is not None else None)
     return BatchAccepted(ids=ids)
 

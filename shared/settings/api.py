@@ -26,6 +26,10 @@ class ApiSettings(SettingsConcern):
     Bearer <token>`, and a key sees only its own requests. Read at start (an invalid file stops the api) and again
     within 1 s of a change. Unset or empty: no authentication."""
 
+    idempotency_ttl_s: int = Field(86_400, ge=1)
+    """How long a submission's Idempotency-Key is remembered (at most result_ttl_s, the life of its requests): a
+    submission sent again with the same key (and body) within it gets the first one's ids, queued once."""
+
     max_event_streams: int = Field(1000, ge=1)
     """Event streams (GET /v1/requests/{id}/events, GET /v1/events) one api process serves at once; each holds one Redis
     connection of its own while it waits. More are refused: 503 with Retry-After."""

@@ -178,6 +178,26 @@ async def test_a_batch_refused_by_one_shard_aborts_what_the_others_queued(api: A
     assert await api.redis.hget(HOME_KEYS.request(home_ids[0]), "status") == "aborted", "its row runs not alone"
 
 
+async def test_a_batch_across_shards_retried_under_its_idempotency_key_is_queued_once(api: Api) -> None:
+    """The retry a client makes after a 503 between the shards' parts (the first shard's part aborted) queues the
+    whole batch; once queued, a retry is answered with the same ids and queues nothing (the key's record is in the
+    fleet's own keys)."""
+    fast = [await submit(api, "fx") for _ in range(api.settings.max_queue_len)]  # the fast shard's queue is full
+    rows = [{"prompt": "a", "model": "sd"}, {"prompt": "b", "model": "fx"}]
+    headers = {"Idempotency-Key": "batch-7"}
+    refused = await api.http.post("/v1/requests/batch", json={"requests": rows}, headers=headers)
+    assert refused.status_code == 503, refused.text
+    await api.redis.delete(FAST_KEYS.requests)  # room again
+    first = await api.http.post("/v1/requests/batch", json={"requests": rows}, headers=headers)
+    again = await api.http.post("/v1/requests/batch", json={"requests": rows}, headers=headers)
+    assert first.status_code == again.status_code == 202, (first.text, again.text)
+    assert again.json()["ids"] == first.json()["ids"] and again.headers["Idempotent-Replayed"] == "true"
+    # one row in each shard's queue: the refused call's home row was aborted, which takes it off the queue
+    assert (await api.redis.xlen(HOME_KEYS.requests), await api.redis.xlen(FAST_KEYS.requests)) == (1, 1)
+    assert [key async for key in api.redis.scan_iter(f"{HOME_KEYS.tag}:idem:*")]
+    assert not [key async for key in api.redis.scan_iter(f"{FAST_KEYS.tag}:idem:*")] and fast
+
+
 async def test_models_and_capabilities_are_the_union_of_the_shards(api: Api) -> None:
     await announce(api, HOME_KEYS, "w-home", SD)
     await announce(api, FAST_KEYS, "w-fast", FX)
