@@ -127,3 +127,21 @@ def test_edit_with_and_without_a_mask(client: openai.OpenAI) -> None:
     result = _edit(client, image=image, mask=mask, prompt="a red fox", response_format="url")
     [item] = result.data or []
     assert item.url is not None and png_size(httpx.get(item.url, timeout=30).content) == (64, 64)
+
+
+def test_a_call_sent_again_under_its_idempotency_key_runs_once(fleet: Fleet, client: openai.OpenAI) -> None:
+    """The official client with ``Idempotency-Key`` (``extra_headers``) on a real Redis: the second call is answered
+    from the first request, the same images, and the fleet queued one request; another body with the key is a 400
+    (OpenAI's shape of the 422) naming the header."""
+    key = {"Idempotency-Key": uuid.uuid4().hex}
+    accepted_before = fleet.redis.xinfo_stream(fleet.keys.requests)["entries-added"]
+    first = client.images.with_raw_response.generate(prompt="a kite", size="64x32", extra_headers=key)
+    again = client.images.with_raw_response.generate(prompt="a kite", size="64x32", extra_headers=key)
+    assert again.headers["x-request-id"] == first.headers["x-request-id"]
+    assert again.headers["idempotent-replayed"] == "true" and "idempotent-replayed" not in first.headers
+    images = [[image.b64_json for image in raw.parse().data or []] for raw in (first, again)]
+    assert images[0] == images[1] and images[0]
+    assert fleet.redis.xinfo_stream(fleet.keys.requests)["entries-added"] == accepted_before + 1
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.images.generate(prompt="a kite", size="64x64", extra_headers=key)
+    assert caught.value.status_code == 400 and "Idempotency-Key" in str(caught.value.body)
