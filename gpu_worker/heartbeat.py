@@ -73,6 +73,7 @@ class Heartbeat:
         if self._thread.is_alive() and self._announced:
             try:
                 if self._store.heartbeat(self._worker, capabilities) == Beat.ANEW:
+                    log.warning("this worker was swept from the live workers (a beat came later than worker_ttl_s)")
                     self._rejoined.set()  # the next beat runs the rejoin tasks
             except Exception as exc:  # noqa: BLE001 - the next beat announces them
                 log.warning("could not announce the new capabilities now: %s", exc)

@@ -10,9 +10,10 @@ in flight (at most ``POLL_S`` plus one claim) and ``drain`` reads the rest on th
 from the inbox is left behind by ``step_close``.
 
 After a beat found the worker swept from the live ones with its set's registration (a beat later than
-``worker_ttl_s``, ``free_slots.lua``), ``register_again`` has the reader register the set again
-(``step_reopen.lua``), between two reads: with ``SetCount``'s count plus the requests of the batches left in the
-inbox, which while the set is not registered only this thread pops.
+``worker_ttl_s``, ``free_slots.lua``), ``reregister`` has the reader register the set again
+(``step_reregister.lua``), between two reads: with ``SetCount``'s count plus the requests of the batches left in the
+inbox, which while the set is not registered only this thread pops; under the set's id, so that a call that comes
+after the set closed or was dropped writes nothing.
 
 ``Writes`` runs the set's bookkeeping writes in the order they were submitted, one at a time, on one thread: the
 count-outs (``step_leave.lua``, whose token protects a retried call only while one count-out is in flight at a
@@ -52,6 +53,8 @@ STOP_TIMEOUT_S = 2.0
 """The longest ``stop`` waits for a thread to end (a daemon thread left past it ends with its call)."""
 MARGIN_S = 5.0
 """Added to the outage bound for a wait on the other thread's calls."""
+REREGISTER_RETRY_S = 1.0
+"""How long after a try that could not register a swept set again the next one is made."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,21 +79,22 @@ Arrival = Joiner | Eviction
 
 
 class SetCount:
-    """The requests a running set is counted for in ``P:step:rows``, as its worker knows them: those it opened with
-    and those of each batch popped from its inbox, less those counted out (``step_leave.lua``) or requeued
-    (``requeue.lua``) once that call returned. A count-out in flight is still counted, so this is never below what
-    Redis counts; ``step_reopen.lua`` registers a swept set again with it. Thread-safe."""
+    """The requests a running set holds or was sent, as its worker knows them: those it opened with and those of
+    each batch popped from its inbox, less those counted out (``step_leave.lua``) or requeued (``requeue.lua``)
+    once that call returned. With the requests of the batches still in its inbox, never below what the set holds or
+    will absorb (a count-out in flight is still counted): ``step_reregister.lua`` registers a swept set again with
+    that sum. Thread-safe; ``opened`` names the set once it is registered (``step_open``)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._rows = 0
-        self._opened = False
+        self._set_id: str | None = None
 
-    def open(self, rows: int) -> None:
-        """The set was registered with ``rows`` requests (``step_open``)."""
+    def open(self, rows: int, set_id: str) -> None:
+        """The set ``set_id`` was registered with ``rows`` requests (``step_open``)."""
         with self._lock:
             self._rows += rows
-            self._opened = True
+            self._set_id = set_id
 
     def add(self, rows: int) -> None:
         with self._lock:
@@ -101,10 +105,22 @@ class SetCount:
             self._rows -= rows
 
     @property
-    def rows(self) -> int | None:
-        """The count, or None before the set was opened."""
+    def opened(self) -> tuple[str, int] | None:
+        """The set's id and count, or None before it was opened."""
         with self._lock:
-            return self._rows if self._opened else None
+            return None if self._set_id is None else (self._set_id, self._rows)
+
+
+def _message(raw: str) -> BatchMessage | StepEviction | None:
+    """What an inbox entry is: a batch sent to the set, an eviction, or None (unreadable: logged)."""
+    try:
+        return BatchMessage.model_validate_json(raw)
+    except ValidationError as exc:
+        try:
+            return StepEviction.model_validate_json(raw)
+        except ValidationError:
+            log.error("unreadable batch message in the inbox, dropped (the reaper runs it again): %s", exc)
+            return None
 
 
 class Arrivals:
@@ -135,7 +151,9 @@ class Arrivals:
         self._on_skipped = on_skipped
         self._count = count or SetCount()
         self._sealed = sealed
-        self._register = threading.Event()  # register the set again before the next read (``register_again``)
+        self._register = threading.Event()  # register the set again before the next read (``reregister``)
+        self._reregister_at = 0.0  # not before (monotonic): a try that failed waits REREGISTER_RETRY_S
+        self._reseal = False  # registered again unsealed while its seal fell due: seal it
         self._state = threading.Condition()
         self._ready: list[Arrival] = []
         self._error: BaseException | None = None
@@ -188,9 +206,9 @@ class Arrivals:
                 with self._state:
                     self._ready.append(arrival)
 
-    def register_again(self) -> None:
+    def reregister(self) -> None:
         """The worker was swept from the live ones with its set's registration: register the set again before the
-        next read (``step_reopen.lua``), once it is opened (any thread)."""
+        next read (``step_reregister.lua``), once it is opened (any thread)."""
         self._register.set()
 
     def resume(self) -> None:
@@ -220,8 +238,8 @@ class Arrivals:
                     return
                 self._reading = True
             try:
-                if self._register.is_set():
-                    self._reopen()
+                if self._register.is_set() and time.monotonic() >= self._reregister_at:
+                    self._try_reregister()
                 raw = self._writer.redis(lambda: self._store.step_inbox_wait(self._worker, POLL_S), "reading the inbox")
                 arrival = None if raw is None else self._prepare(raw)
             except BaseException as exc:  # noqa: BLE001 - handed to the loop, which raises it at its next take()
@@ -236,50 +254,51 @@ class Arrivals:
                 self._reading = False
                 self._state.notify_all()
 
-    def _reopen(self) -> None:
-        """``_register_again``, an error logged: the set then runs on unregistered (no joins) until it ends."""
+    def _try_reregister(self) -> None:
+        """``_reregister``, an error logged and tried again after ``REREGISTER_RETRY_S`` (meanwhile the set runs on
+        unregistered: no joins)."""
         try:
-            self._register_again()
+            self._reregister()
         except Exception as exc:  # noqa: BLE001 - the set runs on; its requests end as they would
             log.warning("set %s could not register again: %s: %s", self._digest, type(exc).__name__, exc)
+            self._reregister_at = time.monotonic() + REREGISTER_RETRY_S
 
-    def _register_again(self) -> None:
-        """Register the swept set again (``step_reopen.lua``; on this thread, the one popping the inbox, while a
-        read is in flight: ``pause`` waits for it). A seal that fell due meanwhile is written after it: the loop
-        marks the set sealed before its own ``step_seal``, which finds no set while it is swept."""
-        rows = self._count.rows
-        if rows is None:  # not opened yet: its step_open registers it
+    def _reregister(self) -> None:
+        """Register the swept set again (``step_reregister.lua``; on this thread, the one popping the inbox, while a
+        read is in flight: ``pause`` waits for it). A seal that fell due meanwhile is written after it: the loop's
+        own ``step_seal`` found no set while it was swept."""
+        opened = self._count.opened
+        if opened is None:  # not opened yet: its step_open registers it
             return
+        if not self._reseal:
+            set_id, rows = opened
+            inbox = self._writer.redis(lambda: self._store.step_inbox(self._worker), "reading the inbox")
+            waiting = sum(len(m.request_ids) for m in map(_message, inbox) if isinstance(m, BatchMessage))
+            sealed = self._sealed()  # an eviction takes no room; an unreadable batch runs elsewhere
+            value = STEP_SEALED if sealed else self._digest
+            reply = self._writer.redis(
+                lambda: self._store.step_reregister(self._worker, set_id, value, rows + waiting, len(inbox)),
+                "registering the set",
+            )
+            if reply == -1:  # the worker is not live (swept again) or its inbox changed: try again
+                self._reregister_at = time.monotonic() + REREGISTER_RETRY_S
+                return
+            if reply == 1:
+                count = rows + waiting
+                log.warning("set %s registered again after its worker was swept: %d requests", self._digest, count)
+            # registered now, or by a try whose reply was lost (0): a seal due meanwhile is still to write
+            self._reseal = reply >= 0 and not sealed and self._sealed()
+        if self._reseal:
+            self._writer.redis(lambda: self._store.step_seal(self._worker), "sealing the set")
+            self._reseal = False
         self._register.clear()
-        inbox = self._writer.redis(lambda: self._store.step_inbox(self._worker), "reading the inbox")
-        waiting = 0
-        for raw in inbox:
-            try:
-                waiting += len(BatchMessage.model_validate_json(raw).request_ids)
-            except ValidationError:  # an eviction (or unreadable: dropped when read) takes no room
-                pass
-        sealed = self._sealed()
-        value = STEP_SEALED if sealed else self._digest
-        reply = self._writer.redis(
-            lambda: self._store.step_reopen(self._worker, value, rows + waiting, len(inbox)), "registering the set"
-        )
-        if reply == 1:
-            log.warning("set %s registered again after the worker was swept: %d requests", self._digest, rows + waiting)
-            if not sealed and self._sealed():
-                self._writer.redis(lambda: self._store.step_seal(self._worker), "sealing the set")
-        elif reply == -1:
-            log.warning("set %s not registered again: the worker is not live or its inbox changed", self._digest)
 
     def _prepare(self, raw: str) -> Arrival | None:
-        try:
-            message = BatchMessage.model_validate_json(raw)
-        except ValidationError as exc:
-            try:
-                eviction = StepEviction.model_validate_json(raw)
-                return Eviction(eviction.evict, eviction.joiner)
-            except ValidationError:
-                log.error("unreadable batch message in the inbox, dropped (the reaper runs it again): %s", exc)
-                return None
+        message = _message(raw)
+        if message is None:
+            return None
+        if isinstance(message, StepEviction):
+            return Eviction(message.evict, message.joiner)
         self._count.add(len(message.request_ids))  # step_join counted them in the set
         token = uuid.uuid4().hex
         claim = self._writer.redis(lambda: self._store.claim(message, token, self._worker), "claiming a batch")

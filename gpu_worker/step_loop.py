@@ -115,7 +115,7 @@ class StepLoop:
         self._guard = threading.Lock()  # between run() and repair() (the heartbeat's thread)
         if heartbeat is not None:
             heartbeat.after_beat(self.repair)
-            heartbeat.after_rejoin(self._register_again)
+            heartbeat.after_rejoin(self._reregister)
 
     def repair(self) -> None:
         """After a beat (the heartbeat's thread): take down a set that a run could not (Redis was away, or the run
@@ -125,12 +125,12 @@ class StepLoop:
             if self.drop_pending and not self._running:
                 self._drop_stale()
 
-    def _register_again(self) -> None:
+    def _reregister(self) -> None:
         """A beat found the worker swept from the live ones (the heartbeat's thread): the set that runs, if any,
-        registers again (``Arrivals.register_again``)."""
+        registers again (``Arrivals.reregister``)."""
         current = self._current
         if current is not None:
-            current.arrivals.register_again()
+            current.arrivals.reregister()
 
     def _drop_stale(self) -> None:
         self.drop()
@@ -226,7 +226,7 @@ class _RunningSet:
         self.later: list[Arrival] = []  # taken, to join at the next boundary (a swap's joiner, ``_take_arrivals``)
         self.releasing: list[_Held] = []  # batches whose release (BATCH_DONE) was submitted
         self.writes = Writes()
-        self.count = SetCount()  # what P:step:rows counts, never less (a swept set registers again with it)
+        self.count = SetCount()  # what the set holds or was sent (a swept set registers again with it)
         self.arrivals = Arrivals(
             self.writer,
             self.worker,
@@ -243,10 +243,10 @@ class _RunningSet:
     def run(self, first: BatchMessage, claim: Claimed) -> SetOutcome:
         try:
             self._hold(first.batch_id, claim.token)
-            self.writer.redis(
+            set_id = self.writer.redis(
                 lambda: self.store.step_open(self.worker, self.digest, len(claim.specs)), "opening the set"
             )
-            self.count.open(len(claim.specs))
+            self.count.open(len(claim.specs), set_id)
             self._admit(first, claim)
             while True:
                 self._seal_when_due()
@@ -285,8 +285,8 @@ class _RunningSet:
 
     def _seal_when_due(self) -> None:
         if not self.sealed and self._seal_due():
-            self.sealed = True  # first: a swept set registered again meanwhile registers sealed (Arrivals._reopen)
-            self.writer.redis(lambda: self.store.step_seal(self.worker), "sealing the set")
+            self.writer.redis(lambda: self.store.step_seal(self.worker), "sealing the set")  # none while swept
+            self.sealed = True
             log.info("set %s sealed after %.0f s: no more joins", self.digest, time.monotonic() - self.opened)
 
     def _take_arrivals(self, arrivals: Sequence[Arrival] | None = None) -> None:

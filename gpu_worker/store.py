@@ -94,7 +94,7 @@ class WorkerStore:
         self._step_close = client.register_script(k.STEP_CLOSE)
         self._step_leave = client.register_script(k.STEP_LEAVE)
         self._step_seal = client.register_script(k.STEP_SEAL)
-        self._step_reopen = client.register_script(k.STEP_REOPEN)
+        self._step_reregister = client.register_script(k.STEP_REREGISTER)
         self._requeue = client.register_script(k.REQUEUE)
 
     def claim(self, batch: BatchMessage, token: str, worker: str) -> Claimed | Locked:
@@ -262,15 +262,18 @@ class WorkerStore:
 
     # --- step mode (docs/step_mode.md, gpu_worker.step_loop) ---------------------------------------------------
 
-    def step_open(self, worker: str, digest: str, requests: int) -> None:
+    def step_open(self, worker: str, digest: str, requests: int) -> str:
         """Register ``worker``'s running set of step key ``digest`` holding ``requests`` requests, its levels hash
         empty: the scheduler may send it batches of that key (``step_join.lua``), and the set holds the worker's slot
-        (``free_slots.lua``)."""
+        (``free_slots.lua``). The set's id (``P:step:open:{worker}``), which ``step_reregister`` needs."""
+        set_id = uuid.uuid4().hex
         pipe = self._redis.pipeline(transaction=True)
         pipe.hset(self.keys.step_sets, worker, digest)
         pipe.hset(self.keys.step_rows, worker, requests)
         pipe.delete(self.keys.step_levels(worker))
+        pipe.set(self.keys.step_open(worker), set_id, ex=2 * int(self._settings.batch_time_limit_s))
         pipe.execute()
+        return set_id
 
     def step_seal(self, worker: str) -> bool:
         """The worker's running set takes no more joins (it still drains its inbox and rows); ``step_seal.lua``.
@@ -282,19 +285,21 @@ class WorkerStore:
         messages: list[str] = self._redis.lrange(self.keys.step_inbox(worker), 0, -1)  # type: ignore[assignment]
         return messages
 
-    def step_reopen(self, worker: str, value: str, rows: int, inbox_len: int) -> int:
-        """Register the worker's running set again, as ``value`` (its digest or ``STEP_SEALED``) counting ``rows``
-        requests, after a late beat had it swept (``step_reopen.lua``, which says why the count is safe): 1 when
-        registered, 0 when a set is registered already, -1 when the worker is not live or its inbox no longer
-        holds ``inbox_len`` messages (nothing written)."""
+    def step_reregister(self, worker: str, set_id: str, value: str, rows: int, inbox_len: int) -> int:
+        """Register the worker's running set ``set_id`` again, as ``value`` (its digest or ``STEP_SEALED``) counting
+        ``rows`` requests, after a late beat had it swept (``step_reregister.lua``, which says why the count is
+        safe): 1 when registered, 0 when it is registered already, -2 when the set is gone (closed or dropped), -1
+        when the worker is not live or its inbox no longer holds ``inbox_len`` messages (nothing written)."""
         keys = [
             self.keys.step_sets,
             self.keys.step_rows,
             self.keys.step_inbox(worker),
             self.keys.workers,
             self.keys.events,
+            self.keys.step_open(worker),
         ]
-        return int(self._step_reopen(keys=keys, args=[worker, value, rows, inbox_len, k.EVENTS_MAXLEN]))
+        args: list[str | int] = [worker, value, rows, inbox_len, k.EVENTS_MAXLEN, set_id]
+        return int(self._step_reregister(keys=keys, args=args))
 
     def step_inbox_pop(self, worker: str) -> str | None:
         """The oldest batch message (``BatchMessage`` JSON) sent to the worker's running set, or None."""
@@ -328,7 +333,13 @@ class WorkerStore:
     def step_close(self, worker: str) -> bool:
         """Close the worker's empty running set (it frees the slot and wakes the scheduler); False when batches
         wait in its inbox (claim them and go on)."""
-        keys = [self.keys.step_sets, self.keys.step_rows, self.keys.step_inbox(worker), self.keys.events]
+        keys = [
+            self.keys.step_sets,
+            self.keys.step_rows,
+            self.keys.step_inbox(worker),
+            self.keys.events,
+            self.keys.step_open(worker),
+        ]
         return int(self._step_close(keys=keys, args=[worker, k.EVENTS_MAXLEN])) == 1
 
     def step_drop(self, worker: str) -> list[str]:
@@ -339,7 +350,7 @@ class WorkerStore:
         pipe.hdel(self.keys.step_sets, worker)
         pipe.hdel(self.keys.step_rows, worker)
         pipe.lrange(self.keys.step_inbox(worker), 0, -1)
-        pipe.delete(self.keys.step_inbox(worker), self.keys.step_levels(worker))
+        pipe.delete(self.keys.step_inbox(worker), self.keys.step_levels(worker), self.keys.step_open(worker))
         left: list[str] = pipe.execute()[2]
         return left
 
@@ -380,3 +391,4 @@ class WorkerStore:
         pipe.hdel(self.keys.capabilities, worker)
         pipe.hdel(self.keys.step_sets, worker)
         pipe.hdel(self.keys.step_rows, worker)
+        pipe.delete(self.keys.step_open(worker))

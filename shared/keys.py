@@ -109,6 +109,11 @@ class RedisKeys:
     def step_levels(self, worker: str) -> str:
         return f"{self.tag}:step:levels:{worker}"
 
+    def step_open(self, worker: str) -> str:
+        """The id of the worker's open running set (``WorkerStore.step_open``), gone when it closes or is dropped:
+        what fences a late ``step_reregister.lua``."""
+        return f"{self.tag}:step:open:{worker}"
+
     def step_left(self, worker: str) -> str:
         return f"{self.tag}:step:left:{worker}"
 
@@ -227,7 +232,7 @@ STEP_JOIN = _lua("step_join")
 STEP_CLOSE = _lua("step_close")
 STEP_LEAVE = _lua("step_leave")
 STEP_SEAL = _lua("step_seal")
-STEP_REOPEN = _lua("step_reopen")
+STEP_REREGISTER = _lua("step_reregister")
 STEP_EVICT = _lua("step_evict")
 STEP_SWAP = _lua("step_swap")
 REQUEUE = _lua("requeue")

@@ -6,7 +6,7 @@
 -- ARGV[4] the record's ttl (s; take).
 -- Returns 1 when settled, 0 when the record no longer holds ARGV[1] (it expired, or another call took it over).
 local record = KEYS[1]
-local held_ids, action = ARGV[1], ARGV[2]
+local held_ids, action, new_ids, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 if redis.call('HGET', record, 'ids') ~= held_ids then return 0 end
 if action == 'done' then
@@ -14,7 +14,7 @@ if action == 'done' then
 elseif action == 'release' then
   redis.call('DEL', record)
 else
-  redis.call('HSET', record, 'ids', ARGV[3], 'state', 'pending', 'at', math.floor(now_ms()))
-  redis.call('EXPIRE', record, ARGV[4])
+  redis.call('HSET', record, 'ids', new_ids, 'state', 'pending', 'at', math.floor(now_ms()))
+  redis.call('EXPIRE', record, ttl)
 end
 return 1

@@ -1,7 +1,7 @@
 -- Step mode (docs/step_mode.md): requests counted in a worker's running set ended (or were sent to it and will not
 -- run in it): their room is free for joiners, so wake the scheduler, and those that ran in it leave its levels hash
 -- (preemption's candidates). Only while the set is registered: a set swept with a late heartbeat (free_slots.lua)
--- or dropped is not recreated with a count of its own (step_reopen.lua registers a swept one again).
+-- or dropped is not recreated with a count of its own (step_reregister.lua registers a swept one again).
 -- Idempotent: each count-out carries a token of its own, kept as the worker's last one (its loop counts out one at
 -- a time, and retries a call whose reply was lost before making the next), so a retry is not counted twice (the
 -- set would take joiners past max_num_seqs).

@@ -2,7 +2,7 @@
 frozen (SIGSTOP) past it, its batch's lock still held (``batch_lock_ttl_s`` is longer), and the scheduler's next
 free-slot count (``free_slots.lua``, made here by the test as the scheduler's next round would) sweeps the worker with
 its set's registration. Once it runs again (SIGCONT), its next beat announces it anew and the set registers again
-(``step_reopen.lua``) with its exact count: a compatible request submitted then joins that set at a step boundary
+(``step_reregister.lua``) with its exact count: a compatible request submitted then joins that set at a step boundary
 (it ends long before the request that opened it), and the set closes counted to 0, nothing run twice.
 """
 
@@ -21,7 +21,7 @@ from tests.support.processes import wait_for
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]
 
 STEP_MS = 60  # the simulated denoiser: base 1200 ms / 20 -> 60 ms a step
-WORKER_TTL_S = 1.5
+WORKER_TTL_S = 2.0
 
 
 def test_a_set_swept_with_a_late_beat_registers_again_and_takes_a_joiner(

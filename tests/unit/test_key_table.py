@@ -17,6 +17,7 @@ PLACEHOLDERS: dict[str, object] = {
     "worker": "{worker}",
     "name": "{name}",
     "key": "{key}",
+    "digest": "{digest}",
     "request_ids": ["{id}"],
 }
 """The table's placeholder for each argument name of a ``RedisKeys`` method."""

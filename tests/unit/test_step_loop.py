@@ -459,8 +459,8 @@ def sweep_late_beat(worker: Worker) -> None:
 def registration(worker: Worker) -> tuple[str, str]:
     """The set's registration once the reader made it again (``Arrivals`` registers it between two reads)."""
     wait_for(lambda: worker.client.hexists(worker.keys.step_sets, WORKER), 5, "the set to be registered again")
-    digest, rows = worker.client.hmget(worker.keys.step_sets, WORKER), worker.client.hget(worker.keys.step_rows, WORKER)
-    return str(digest[0]), str(rows)
+    digest, rows = worker.client.hget(worker.keys.step_sets, WORKER), worker.client.hget(worker.keys.step_rows, WORKER)
+    return str(digest), str(rows)
 
 
 def test_a_set_swept_with_a_late_beat_registers_again_with_its_count_and_takes_joins(
@@ -513,3 +513,74 @@ def test_a_swept_set_whose_seal_fell_due_registers_again_sealed(worker: Worker, 
     assert isinstance(outcome, SetOutcome) and outcome.statuses == {"a": "succeeded"}
     assert seen == {"registered": (k.STEP_SEALED, "1")}
     worker.assert_closed()
+
+
+def test_batches_sent_before_the_sweep_are_counted_popped_or_still_in_the_inbox(worker: Worker, hooked: Hooked) -> None:
+    long, first, second = spec("long", steps=8, seed=5), spec("first", steps=3, seed=6), spec("second", steps=3)
+    digest = step_key(long).digest
+    worker.heartbeat._beat()
+    seen: dict[str, object] = {}
+
+    def sent_then_swept() -> None:
+        arrivals = worker.loop._current.arrivals  # type: ignore[union-attr]
+        worker.send(worker.schedule("B2", [first]), digest)
+        worker.loop.settle()  # popped and claimed: counted by the worker
+        assert arrivals.pause(5)
+        worker.send(worker.schedule("B3", [second]), digest)  # left in the inbox
+        sweep_late_beat(worker)
+        worker.heartbeat._beat()  # announced anew while the reader is paused: it registers before its next read
+        arrivals.resume()
+        seen["registered"] = registration(worker)
+
+    hooked.hooks[2] = sent_then_swept
+    outcome = worker.loop.run(worker.schedule("B1", [long]))
+    assert isinstance(outcome, SetOutcome) and outcome.batches == ["B1", "B2", "B3"]
+    assert outcome.statuses == dict.fromkeys(("long", "first", "second"), "succeeded")
+    assert seen == {"registered": (digest, "3")}  # long, the popped joiner, the one in the inbox
+    worker.assert_closed()
+
+
+def test_a_request_requeued_while_its_set_is_swept_is_not_counted_again(worker: Worker, hooked: Hooked) -> None:
+    stays, evicted = spec("stays", steps=6, seed=5), spec("evicted", steps=6, seed=6)
+    digest = step_key(stays).digest
+    worker.heartbeat._beat()
+    seen: dict[str, object] = {}
+
+    def evict_then_sweep() -> None:
+        assert SchedulerStore(worker.client, worker.settings).step_evict(WORKER, digest, "evicted")
+        worker.loop.settle()  # the eviction read: it is done at the next boundary, with no set registered
+        sweep_late_beat(worker)
+
+    def beat() -> None:
+        worker.heartbeat._beat()
+        seen["registered"] = registration(worker)
+
+    hooked.hooks[2] = evict_then_sweep
+    hooked.hooks[3] = beat
+    outcome = worker.loop.run(worker.schedule("B1", [stays, evicted]))
+    assert isinstance(outcome, SetOutcome)
+    assert outcome.statuses == {"stays": "succeeded", "evicted": "queued"}
+    assert seen == {"registered": (digest, "1")}  # requeue.lua had no count to lower: the worker's did
+    assert worker.store.rows_at_close[-1] == "0"
+
+
+def test_a_set_dropped_before_its_late_registration_stays_gone(worker: Worker, hooked: Hooked) -> None:
+    """A registration that comes after the set's cleanup (its reader outlived ``Arrivals.stop``, in a stalled
+    Redis) is fenced off by the set's id: no set that no loop reads is left holding the slot."""
+    worker.heartbeat._beat()
+    seen: dict[str, object] = {}
+
+    def swept_then_dropped() -> None:
+        arrivals = worker.loop._current.arrivals  # type: ignore[union-attr]
+        assert arrivals.pause(5)
+        sweep_late_beat(worker)
+        worker.heartbeat._beat()
+        worker.store.step_drop(WORKER)  # what _abandon does once the reader did not stop in time
+        arrivals.resume()
+        wait_for(lambda: not arrivals._register.is_set(), 5, "the reader's late try")
+        seen["set"] = worker.client.hget(worker.keys.step_sets, WORKER)
+
+    hooked.hooks[2] = swept_then_dropped
+    outcome = worker.loop.run(worker.schedule("B1", [spec("a", steps=4)]))
+    assert isinstance(outcome, SetOutcome) and outcome.statuses == {"a": "succeeded"}
+    assert seen == {"set": None}

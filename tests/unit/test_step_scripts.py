@@ -1,5 +1,5 @@
 """Step mode's Lua scripts on fakeredis: ``step_join.lua`` (through ``SchedulerStore.step_join``), ``step_close.lua``,
-``step_reopen.lua`` (a swept set registered again), what ``heartbeat.lua`` says of a worker announced anew, and what
+``step_reregister.lua`` (a swept set registered again), what ``heartbeat.lua`` says of a worker announced anew, and what
 ``free_slots.lua`` and ``reap.lua`` make of open sets and the batches sent to them."""
 
 from __future__ import annotations
@@ -105,9 +105,7 @@ def test_a_join_that_exactly_fills_the_set_is_accepted(client: fakeredis.FakeRed
 
 
 def close(client: fakeredis.FakeRedis, keys: k.RedisKeys, worker: str) -> int:
-    script = client.register_script(k.STEP_CLOSE)
-    keys_ = [keys.step_sets, keys.step_rows, keys.step_inbox(worker), keys.events]
-    return int(script(keys=keys_, args=[worker, k.EVENTS_MAXLEN]))
+    return int(WorkerStore(client, Settings(key_prefix=keys.prefix)).step_close(worker))
 
 
 def test_close_is_refused_while_the_inbox_holds_a_batch(client: fakeredis.FakeRedis, store: SchedulerStore) -> None:
@@ -197,26 +195,45 @@ def test_a_count_out_retried_after_a_lost_reply_is_counted_once(settings: Settin
     assert client.hget(worker.keys.step_rows, "w1") == "1"
 
 
-def test_reopen_registers_a_swept_set_with_its_count_and_wakes_the_scheduler(
+def test_reregister_registers_a_swept_set_with_its_count_and_wakes_the_scheduler(
     client: fakeredis.FakeRedis, store: SchedulerStore, settings: Settings
 ) -> None:
     keys, worker = store.keys, WorkerStore(client, settings)
-    open_set(client, keys, "w1", DIGEST, 3)
+    client.zadd(keys.workers, {"w1": now_ms()})
+    set_id = worker.step_open("w1", DIGEST, 3)
     client.zadd(keys.workers, {"w1": now_ms() - 60_000})  # its beat came late: swept with its set
     assert store.slots().live == 0 and not client.hexists(keys.step_sets, "w1")
     client.rpush(keys.step_inbox("w1"), message("B1", "a", "b"))  # sent before the sweep, not read yet
-    assert worker.step_reopen("w1", DIGEST, 3, 1) == -1  # not live: nothing written
+    assert worker.step_reregister("w1", set_id, DIGEST, 3, 1) == -1  # not live: nothing written
     assert not client.hexists(keys.step_sets, "w1")
     assert worker.heartbeat("w1", CAPABILITIES)  # its next beat announces the worker again
-    assert worker.step_reopen("w1", DIGEST, 3, 2) == -1  # the inbox was not as read: nothing written
+    assert worker.step_reregister("w1", set_id, DIGEST, 3, 2) == -1  # the inbox was not as read: nothing written
+    assert worker.step_reregister("w1", "another set", DIGEST, 3, 1) == -2  # not this worker's open set
     assert not client.hexists(keys.step_sets, "w1")
     client.delete(keys.events)
-    assert worker.step_reopen("w1", DIGEST, 3, 1) == 1
+    assert worker.step_reregister("w1", set_id, DIGEST, 3, 1) == 1
     assert client.hget(keys.step_sets, "w1") == DIGEST and client.hget(keys.step_rows, "w1") == "3"
     assert [fields for _, fields in client.xrange(keys.events)] == [{"type": "room_free", "worker": "w1"}]
     assert store.slots().free == 0  # the set holds the worker's slot again
-    assert worker.step_reopen("w1", k.STEP_SEALED, 9, 1) == 0  # registered: a later call changes nothing
+    assert worker.step_reregister("w1", set_id, k.STEP_SEALED, 9, 1) == 0  # registered: a later call changes nothing
     assert client.hget(keys.step_sets, "w1") == DIGEST and client.hget(keys.step_rows, "w1") == "3"
+
+
+def test_a_set_closed_or_dropped_is_never_registered_again(client: fakeredis.FakeRedis, settings: Settings) -> None:
+    """A re-registration that comes after its set closed or was dropped (its reader outlived the set's cleanup)
+    writes nothing: no set that no loop reads holds the slot or takes joins."""
+    worker = WorkerStore(client, settings)
+    keys = worker.keys
+    worker.heartbeat("w1", CAPABILITIES, first=True)
+    for end in (lambda: worker.step_close("w1"), lambda: worker.step_drop("w1"), lambda: worker.leave("w1")):
+        set_id = worker.step_open("w1", DIGEST, 1)
+        assert client.get(keys.step_open("w1")) == set_id
+        client.hdel(keys.step_sets, "w1")  # swept
+        client.hdel(keys.step_rows, "w1")
+        end()
+        worker.heartbeat("w1", CAPABILITIES)
+        assert worker.step_reregister("w1", set_id, DIGEST, 1, 0) == -2
+        assert not client.hexists(keys.step_sets, "w1") and not client.exists(keys.step_open("w1"))
 
 
 def test_a_beat_says_when_it_announced_the_worker_anew(client: fakeredis.FakeRedis, settings: Settings) -> None:
