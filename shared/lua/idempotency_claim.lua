@@ -20,6 +20,7 @@ if not held[1] then
   return {'claimed'}
 end
 if held[1] ~= fingerprint then return {'conflict'} end
+if held[2] == ids then return {'claimed'} end  -- this call's own claim, retried after a lost reply
 if held[3] == 'done' then return {'done', held[2]} end
 local left = tonumber(held[4]) + window - now
 if left > 0 then return {'pending', tostring(math.ceil(left))} end

@@ -165,3 +165,13 @@ async def test_the_client_retries_a_lost_answer_under_one_key_and_is_queued_once
         request_id = await client.submit("a cat")
     assert len(transport.keys) == 2 and transport.keys[0] and transport.keys[0] == transport.keys[1]
     assert await queued_ids(api) == [request_id]  # the retry was answered with the first try's id
+
+
+async def test_a_claim_retried_after_its_reply_was_lost_is_still_the_callers(api: Api) -> None:
+    """redis-py may send a script again when its reply was lost: the claim it finds is its own (same ids)."""
+    store = api.app.state.store
+    digest, ids = record_digest(None, "order-1"), ("a" * 32,)
+    first = await store.claim_idempotency(digest, "print", ids, 60, 30_000)
+    again = await store.claim_idempotency(digest, "print", ids, 60, 30_000)
+    other = await store.claim_idempotency(digest, "print", ("b" * 32,), 60, 30_000)
+    assert (first.state, again.state, other.state) == ("claimed", "claimed", "pending")
