@@ -40,6 +40,16 @@ CHAOS_ENV = {
 """Short timeouts so every recovery path runs within seconds; tests override what their scenario needs."""
 
 
+def step_mode_env(step_ms: int) -> dict[str, str]:
+    """A step-mode fleet of the simulated denoiser, ``step_ms`` a step (its base over 20 steps), each request
+    scheduled at once."""
+    return {
+        "FUSEFLEET_STEP_MODE": "1",
+        "FUSEFLEET_SIM_BASE_MS": str(step_ms * 20),
+        "FUSEFLEET_REQUEST_BATCH_MAX_WAIT_MS": "0",
+    }
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
     outcome = yield

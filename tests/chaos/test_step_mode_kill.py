@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.chaos.conftest import FleetFactory, RedisFactory
+from tests.chaos.conftest import FleetFactory, RedisFactory, step_mode_env
 from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]
@@ -21,13 +21,7 @@ STEP_MS = 20  # the simulated denoiser: (base + per image x rows) / 20 per step;
 
 def test_a_killed_step_mode_worker_loses_nothing(chaos_redis: RedisFactory, chaos_fleet: FleetFactory) -> None:
     server = chaos_redis()
-    fleet = chaos_fleet(
-        server,
-        workers=1,
-        FUSEFLEET_STEP_MODE="1",
-        FUSEFLEET_SIM_BASE_MS=str(STEP_MS * 20),
-        FUSEFLEET_REQUEST_BATCH_MAX_WAIT_MS="0",
-    )
+    fleet = chaos_fleet(server, workers=1, **step_mode_env(STEP_MS))
     first = fleet.workers[0]
     node = first.env["FUSEFLEET_WORKER_NAME"]
     opener = fleet.submit(prompt="opens the set", num_inference_steps=150)

@@ -15,7 +15,7 @@ import pytest
 
 from scheduler.store import SchedulerStore
 from shared.settings import Settings
-from tests.chaos.conftest import FleetFactory, RedisFactory
+from tests.chaos.conftest import FleetFactory, RedisFactory, step_mode_env
 from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]
@@ -31,9 +31,7 @@ def test_a_set_swept_with_a_late_beat_registers_again_and_takes_a_joiner(
     fleet = chaos_fleet(
         server,
         workers=1,
-        FUSEFLEET_STEP_MODE="1",
-        FUSEFLEET_SIM_BASE_MS=str(STEP_MS * 20),
-        FUSEFLEET_REQUEST_BATCH_MAX_WAIT_MS="0",
+        **step_mode_env(STEP_MS),
         FUSEFLEET_WORKER_TTL_S=str(WORKER_TTL_S),
         FUSEFLEET_BATCH_LOCK_TTL_S="30",  # the freeze outlives the worker's beat, not its batch's lock
     )
