@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated
@@ -46,16 +47,20 @@ PENDING_S = 30.0
 are bounded far below this: ``redis_socket_timeout_s`` each)."""
 
 
+KEY_PATTERN = rf"^[ -~]{{1,{MAX_KEY_LENGTH}}}$"
+"""What a key may be: 1 to ``MAX_KEY_LENGTH`` printable ASCII characters (the header's schema, and ``parse_key``)."""
+
+
 def parse_key(value: str | None) -> str | None:
-    """The header's key, or None when absent; a 422 naming the header when it is empty, longer than
-    ``MAX_KEY_LENGTH`` or not printable ASCII."""
+    """The header's key, or None when absent; a 422 naming the header when it is not ``KEY_PATTERN`` (the OpenAI
+    routes, which read their headers themselves; the native ones declare it, ``IdempotencyKeyDep``)."""
     if value is None:
         return None
-    if not 0 < len(value) <= MAX_KEY_LENGTH or not all(" " <= char <= "~" for char in value):
+    if re.fullmatch(KEY_PATTERN, value) is None:
         raise RequestValidationError(
             [
                 {
-                    "type": "value_error",
+                    "type": "string_pattern_mismatch",
                     "loc": ("header", HEADER),
                     "msg": f"must be 1 to {MAX_KEY_LENGTH} printable ASCII characters",
                     "input": value[:MAX_KEY_LENGTH],
@@ -168,13 +173,14 @@ async def _key_of(
         str | None,
         Header(
             alias=HEADER,
-            description=f"Queue this submission once: sent again with the same key (1 to {MAX_KEY_LENGTH} printable "
-            "ASCII characters) and body, it answers the first one's ids (docs/api.md#idempotency-keys).",
+            pattern=KEY_PATTERN,
+            description="Queue this submission once: sent again with the same key and body, it answers the first "
+            "one's ids; another body with the key is a 422 (docs/api.md#idempotency-keys).",
         ),
     ] = None,
 ) -> str | None:
-    return parse_key(idempotency_key)
+    return idempotency_key
 
 
 IdempotencyKeyDep = Annotated[str | None, Depends(_key_of)]
-"""A route's ``Idempotency-Key`` header, checked (``parse_key``)."""
+"""A route's ``Idempotency-Key`` header (``KEY_PATTERN``, checked by FastAPI)."""
