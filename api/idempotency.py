@@ -13,10 +13,14 @@ header: it gets the ids of the first submission (``Idempotent-Replayed: true``),
   answer: its submission may have landed) or whose api process died keeps its claim for ``PENDING_S``: after that
   the next call with the key looks for the claimed ids, and answers them when all were queued, else submits afresh
   (a sharded submission whose api died between its shards' parts: those parts run, and the retry queues all rows).
-- **Replayed ids that are gone** (deleted, or expired with a longer ``idempotency_ttl_s``): 409, use a new key.
+- **Replayed ids that are gone** (deleted): 409, use a new key.
+- **The OpenAI routes** wait for the request a replay answers; a call with a key that ends early (its client went
+  away, its wait limit passed) leaves its request running, so that the retry waits for it (without a key such a
+  call aborts it).
 
 One record per key in Redis (``idempotency_claim.lua``, ``idempotency_settle.lua``; a sharded fleet's in its own
-keys, ``HOME``): two more round trips for a submission that carries the header, none for one that does not.
+keys, ``HOME``): two more round trips for a first call that carries the header (a replay: the claim and one read
+per id), none for one that does not.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated
 
+from anyio import to_thread
 from fastapi import Depends, Header, HTTPException, status
 from fastapi.exceptions import RequestValidationError
 
@@ -120,9 +125,8 @@ def _in_progress(retry_after_s: float) -> HTTPException:
 async def _queued(store: Store, request_ids: Sequence[str], owner: str | None) -> list[RequestSpec] | None:
     """The specs of ``request_ids``, or None when any of them is unknown (never queued, deleted or expired)."""
     states = await asyncio.gather(*(store.get(request_id, owner) for request_id in request_ids))
-    if any(state is None for state in states):
-        return None
-    return [state.spec for state in states if state is not None]
+    specs = [state.spec for state in states if state is not None]
+    return specs if len(specs) == len(states) else None
 
 
 async def begin(
@@ -136,7 +140,11 @@ async def begin(
     """Claim ``key`` of ``caller`` for this submission of ``requests`` as ``request_ids``, or the earlier
     submission's specs to answer instead; raises the 422, 409 of the module's docstring."""
     digest, ids = record_digest(caller, key), tuple(request_ids)
-    claim = await store.claim_idempotency(digest, fingerprint(requests), ids, ttl_s, int(PENDING_S * 1000))
+    if any(request.image is not None for request in requests):  # megabytes to hash: off the event loop
+        bodies = await to_thread.run_sync(fingerprint, requests)
+    else:
+        bodies = fingerprint(requests)
+    claim = await store.claim_idempotency(digest, bodies, ids, ttl_s, int(PENDING_S * 1000))
     if claim.state == "conflict":
         raise RequestValidationError(
             [

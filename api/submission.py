@@ -66,6 +66,7 @@ class Submission:
 
     specs: list[RequestSpec]
     replayed: bool = False
+    claim: idempotency.Claim | None = None  # the key this call queued them under: ``release`` if they are undone
 
     @property
     def headers(self) -> dict[str, str]:
@@ -127,8 +128,14 @@ async def accept(
             return Submission(once.specs, replayed=True)
         claim = once
     try:
+        await _take_tokens(store, caller, len(specs))
+    except BaseException:  # nothing was queued: the key may be used again at once
+        if claim is not None:
+            await asyncio.shield(claim.release())
+        raise
+    try:
         await _queue(specs, inputs, requests, settings, store, locs, caller)
-    except HTTPException:  # refused: nothing was queued, the key may be used again at once
+    except HTTPException:  # refused: nothing was queued
         if claim is not None:
             await asyncio.shield(claim.release())
         raise
@@ -136,7 +143,15 @@ async def accept(
     # pending, and the first call with the key after idempotency.PENDING_S finds out
     if claim is not None:
         await asyncio.shield(claim.done())
-    return Submission(specs)
+    return Submission(specs, claim=claim)
+
+
+async def _take_tokens(store: Store, caller: ApiKey | None, cost: int) -> None:
+    try:
+        await take_tokens(store, caller, cost)
+    except KeyRefused:
+        _count_refused(store, "rate_limited")
+        raise
 
 
 async def _queue(
@@ -148,12 +163,7 @@ async def _queue(
     locs: Sequence[Loc],
     caller: ApiKey | None,
 ) -> None:
-    """Take the caller's tokens and queue ``specs`` in one atomic step; raise the refusal's answer."""
-    try:
-        await take_tokens(store, caller, len(specs))
-    except KeyRefused:
-        _count_refused(store, "rate_limited")
-        raise
+    """Queue ``specs`` in one atomic step; raise the refusal's answer."""
     submitter = Submitter(caller.name, caller.max_queued, caller.share) if caller is not None else None
     webhooks = [
         Webhook(request.webhook, subscription(request.webhook_events)) if request.webhook else None

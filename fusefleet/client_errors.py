@@ -5,7 +5,7 @@ Everything the client raises on purpose is a ``FusefleetError``::
     FusefleetError
     ├── RequestRejected   the request is invalid (422 naming each field, 413, 400, or refused before sending)
     ├── NotFound          unknown or expired request id or image (404)
-    ├── Conflict          the request already finished (409)
+    ├── Conflict          the request already finished, or a submission under its key is in progress (409)
     ├── Unavailable       503: Redis down, stalled or loading; ``retry_after`` seconds
     │   └── QueueFull     503: the request queue is full (nothing was queued); ``retry_after`` seconds
     ├── ApiUnreachable    no answer at all (connection refused, reset, timed out)
@@ -103,9 +103,14 @@ class NotFound(FusefleetError):
 
 class Conflict(FusefleetError):
     """The request is not in a state that allows the call: aborting one that already succeeded or failed, or
-    deleting one that has not finished yet."""
+    deleting one that has not finished yet; or a submission under the same ``Idempotency-Key`` is still in
+    progress (``retry_after`` seconds: ``submit`` retries it)."""
 
     status_code = 409
+
+    def __init__(self, message: str, *, retry_after: float | None = None, status_code: int | None = 409) -> None:
+        super().__init__(message, status_code=status_code)
+        self.retry_after = retry_after
 
 
 class Unavailable(FusefleetError):
@@ -198,7 +203,7 @@ def error_from_response(response: httpx.Response) -> FusefleetError:
     if status == 404:
         return NotFound(text, status_code=status)
     if status == 409:
-        return Conflict(text, status_code=status)
+        return Conflict(text, retry_after=parse_retry_after(response.headers.get("Retry-After")), status_code=status)
     if status == 503:
         retry_after = parse_retry_after(response.headers.get("Retry-After"))
         kind = QueueFull if QUEUE_FULL_MARKER in text else Unavailable

@@ -284,9 +284,10 @@ class ClientProtocol:
         return response
 
     def _submit_op(self, request: GenerateRequest) -> Op[Accepted]:
-        """Submit under an ``Idempotency-Key`` of its own, so that a retry is queued once: after a 503, and after
-        an answer lost once the call was sent (the connection reset, the read timed out), when the first try may
-        have queued it; the api then answers the first try's id."""
+        """Submit under an ``Idempotency-Key`` of its own, so that a retry is queued once: after a 503, after a 409
+        (the first try is still in progress), and after an answer lost once the call was sent (the connection
+        reset, the read timed out), when the first try may have queued it; the api then answers the first try's id.
+        (An api older than the header queues such a retry again.)"""
         body = request_body(request)
         headers = {IDEMPOTENCY_HEADER: uuid.uuid4().hex}
         attempt = 0
@@ -294,7 +295,9 @@ class ClientProtocol:
             try:
                 answer = yield from self._call_op("POST", "/v1/requests", json=body, headers=headers)
                 return _parse(Accepted, answer)
-            except Unavailable as exc:
+            except (Unavailable, Conflict) as exc:  # a 409 here: the first try's submission is still in progress
+                if isinstance(exc, Conflict) and exc.retry_after is None:
+                    raise
                 delay = _submit_retry_delay(exc.retry_after, attempt, self.submit_retries, self.max_retry_wait_s)
                 if delay is None:
                     raise

@@ -97,23 +97,28 @@ async def respond(native: GenerateRequest, answer_format: ResponseFormat, call: 
     (spec,) = submission.specs
     request_id = spec.id
     headers = {REQUEST_ID_HEADER: request_id, **submission.headers}
+    keyed = once is not None  # its request runs on when this call ends early: a retry with the key waits for it
     try:
         state = await _ended(request_id, request.receive, store, waiter, wait_limit_s(settings))
     except ClientGone:
-        await _abort(store, request_id, "client disconnected")
+        if not keyed:
+            await _abort(store, request_id, "client disconnected")
         return JSONResponse(None, status_code=CLIENT_CLOSED_REQUEST, headers=headers)
     except WaitExpired:
-        await _abort(store, request_id, "wait limit reached")
+        if not keyed:
+            await _abort(store, request_id, "wait limit reached")
+        fate = f"it runs on: send the call again with its {idempotency.HEADER} to wait" if keyed else "it was aborted"
         raise OpenAIError(
             status.HTTP_504_GATEWAY_TIMEOUT,
             f"request {request_id} did not finish within {wait_limit_s(settings):.0f} s (this server's "
-            "batch_time_limit_s); it was aborted",
+            f"batch_time_limit_s); {fate}",
             kind=SERVER_ERROR,
             code="timeout",
-            headers={**headers, "x-should-retry": "false"},
+            headers={**headers, "x-should-retry": "true" if keyed else "false"},
         ) from None
     except asyncio.CancelledError:
-        await _abort(store, request_id, "call cancelled")
+        if not keyed:
+            await _abort(store, request_id, "call cancelled")
         raise
     if state.status is RequestStatus.SUCCEEDED:
         data = await _images(state, answer_format, request, store)

@@ -164,8 +164,11 @@ async def create_video(
     try:
         await store.add_video(spec.id, spec.created_at, owner)
     except StoreUnavailable:
-        with contextlib.suppress(StoreUnavailable):  # not aborted: it runs unlisted, and expires
-            await store.abort(spec.id, time.time())
+        if not submission.replayed:  # a replay's job is the first call's: it stays
+            if submission.claim is not None:  # aborted below: a retry with the key submits afresh
+                await submission.claim.release()
+            with contextlib.suppress(StoreUnavailable):  # not aborted: it runs unlisted, and expires
+                await store.abort(spec.id, time.time())
         raise
     state = await store.get(spec.id, owner) if submission.replayed else None  # replayed: as it stands now
     video = video_of(state or RequestState(spec=spec, status=RequestStatus.QUEUED), settings.result_ttl_s)

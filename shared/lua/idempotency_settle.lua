@@ -4,11 +4,15 @@
 -- the caller's, pending for ids ARGV[3] from now, and expires ARGV[4] s from now).
 -- KEYS[1] the record. ARGV[1] the ids it must hold, ARGV[2] done | release | take, ARGV[3] the new ids (take),
 -- ARGV[4] the record's ttl (s; take).
--- Returns 1 when settled, 0 when the record no longer holds ARGV[1] (it expired, or another call took it over).
+-- Returns 1 when settled, 0 when the record no longer holds ARGV[1] (it expired, or another call took it over), or
+-- for a take, when its call settled it meanwhile.
 local record = KEYS[1]
 local held_ids, action, new_ids, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
-if redis.call('HGET', record, 'ids') ~= held_ids then return 0 end
+local held = redis.call('HMGET', record, 'ids', 'state')
+if action == 'take' and held[1] == new_ids then return 1 end  -- this take, retried after a lost reply
+if held[1] ~= held_ids then return 0 end
+if action == 'take' and held[2] ~= 'pending' then return 0 end  -- its call settled it meanwhile: not stale
 if action == 'done' then
   redis.call('HSET', record, 'state', 'done')
 elseif action == 'release' then

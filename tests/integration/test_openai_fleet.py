@@ -145,3 +145,16 @@ def test_a_call_sent_again_under_its_idempotency_key_runs_once(fleet: Fleet, cli
     with pytest.raises(openai.BadRequestError) as caught:
         client.images.generate(prompt="a kite", size="64x64", extra_headers=key)
     assert caught.value.status_code == 400 and "Idempotency-Key" in str(caught.value.body)
+
+
+def test_a_keyed_call_that_hangs_up_leaves_its_request_to_the_retry(fleet: Fleet) -> None:
+    """With an Idempotency-Key, a call whose client went away does not abort its request: the retry with the key
+    waits for that same request and answers its images."""
+    body = {"prompt": f"a slow tide {uuid.uuid4().hex}", "num_inference_steps": 200}
+    key = {"Idempotency-Key": uuid.uuid4().hex}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(fleet.base_url + "/v1/images/generations", json=body, headers=key, timeout=0.5)
+    retried = httpx.post(fleet.base_url + "/v1/images/generations", json=body, headers=key, timeout=120)
+    assert retried.status_code == 200, retried.text
+    assert retried.headers["idempotent-replayed"] == "true" and len(retried.json()["data"]) == 1
+    assert fleet.get(retried.headers["x-request-id"])["status"] == "succeeded"

@@ -14,6 +14,7 @@ import pytest
 
 from api.idempotency import HEADER, PENDING_S, REPLAYED_HEADER, fingerprint, record_digest
 from fusefleet.client import AsyncClient
+from shared.api_keys import ApiKey, key_table, token_hash
 from shared.settings import Settings
 from shared.wire import GenerateRequest
 from tests.support.api import Api, api_harness, unit_settings
@@ -175,3 +176,48 @@ async def test_a_claim_retried_after_its_reply_was_lost_is_still_the_callers(api
     again = await store.claim_idempotency(digest, "print", ids, 60, 30_000)
     other = await store.claim_idempotency(digest, "print", ("b" * 32,), 60, 30_000)
     assert (first.state, again.state, other.state) == ("claimed", "claimed", "pending")
+
+
+async def test_keys_are_per_api_key_and_never_answer_another_callers_requests(tmp_path: Path) -> None:
+    path = tmp_path / "keys.toml"
+    path.write_text("".join(key_table(ApiKey(name=name, sha256=token_hash(f"ff_{name}"))) for name in ("ann", "ben")))
+    async for api in api_harness(unit_settings(tmp_path, api_keys_file=path)):
+
+        async def as_caller(
+            name: str, body: dict[str, Any] = BODY, http: httpx.AsyncClient = api.http
+        ) -> httpx.Response:
+            headers = {HEADER: "shared-key", "Authorization": f"Bearer ff_{name}"}
+            return await http.post("/v1/requests", json=body, headers=headers)
+
+        ann, ben = await as_caller("ann"), await as_caller("ben")
+        assert ann.status_code == ben.status_code == 202
+        assert ann.json()["id"] != ben.json()["id"] and REPLAYED_HEADER not in ben.headers
+        other = await as_caller("ben", {**BODY, "prompt": "a dog"})  # ben's key is bound to ben's body, not ann's
+        assert other.status_code == 422
+        assert (await as_caller("ann")).json()["id"] == ann.json()["id"]
+        assert await api.redis.xlen(api.keys.requests) == 2
+
+
+async def test_a_take_retried_after_its_reply_was_lost_still_holds(api: Api) -> None:
+    store = api.app.state.store
+    digest = record_digest(None, "order-1")
+    assert (await store.claim_idempotency(digest, "print", ("old",), 60, 0)).state == "claimed"
+    assert (await store.claim_idempotency(digest, "print", ("new",), 60, 0)).state == "stale"
+    assert await store.settle_idempotency(digest, ("old",), "take", ("new",), 60)
+    assert await store.settle_idempotency(digest, ("old",), "take", ("new",), 60)  # the same take, sent again
+    assert not await store.settle_idempotency(digest, ("old",), "take", ("third",), 60)  # another's: refused
+    assert await store.settle_idempotency(digest, ("new",), "done")
+    assert not await store.settle_idempotency(digest, ("new",), "take", ("third",), 60)  # done: not stale
+
+
+async def test_a_refusal_for_the_rate_frees_the_key_and_a_replay_spends_no_tokens(tmp_path: Path) -> None:
+    path = tmp_path / "keys.toml"
+    path.write_text(key_table(ApiKey(name="cat", sha256=token_hash("ff_cat"), rate_per_s=0.001, burst=1)))
+    async for api in api_harness(unit_settings(tmp_path, api_keys_file=path)):
+        headers = {"Authorization": "Bearer ff_cat"}
+        first = await api.http.post("/v1/requests", json=BODY, headers={**headers, HEADER: "k1"})
+        again = await api.http.post("/v1/requests", json=BODY, headers={**headers, HEADER: "k1"})
+        assert first.status_code == again.status_code == 202 and again.headers[REPLAYED_HEADER] == "true"
+        limited = await api.http.post("/v1/requests", json=BODY, headers={**headers, HEADER: "k2"})
+        assert limited.status_code == 429
+        assert not await api.redis.exists(api.keys.idempotency(record_digest("cat", "k2")))

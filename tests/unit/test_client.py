@@ -557,6 +557,19 @@ def test_submit_retries_are_bounded() -> None:
     assert caught.value.retry_after == 7
 
 
+def test_submit_retries_a_409_of_its_key_in_progress_under_the_same_key() -> None:
+    detail = {"detail": "a submission with this key is in progress"}
+    in_progress = httpx.Response(409, json=detail, headers={"Retry-After": "0"})
+    transport, seen = scripted([in_progress, httpx.Response(202, json={"id": "r1"})])
+    with Client("http://api", transport=transport, submit_retries=2) as client:
+        assert client.submit("a cat") == "r1"
+    assert len(seen) == 2 and seen[0].headers["Idempotency-Key"] == seen[1].headers["Idempotency-Key"]
+    transport, seen = scripted([httpx.Response(409, json={"detail": "no Retry-After: not a key's"})])
+    with Client("http://api", transport=transport, submit_retries=2) as client, pytest.raises(Conflict):
+        client.submit("a cat")
+    assert len(seen) == 1
+
+
 async def test_async_submit_retries_503() -> None:
     answers = [_queue_full("0"), httpx.Response(202, json={"id": "r2"})]
     transport = httpx.MockTransport(lambda request: answers.pop(0))
