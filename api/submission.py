@@ -89,45 +89,21 @@ async def accept(
     for request, loc in zip(requests, locs, strict=True):
         errors += limit_errors(request, settings, loc)
     errors += await webhook_errors(requests, settings, locs)
-    fleet = await store.fleet_capabilities() if not errors else []
-    if not errors:
-        errors = capability_errors(requests, fleet, locs, settings)
     if errors:
         _count_refused(store, "invalid")
         raise RequestValidationError(errors)
-    inputs: list[StoredInputs | None] = [None] * len(requests)
-    if any(request.image is not None for request in requests):
-        inputs, errors = await to_thread.run_sync(_inputs_of, requests, settings, locs)
-        if errors:
-            _count_refused(store, "invalid")
-            raise RequestValidationError(errors)
-        oversized = too_large(inputs, locs, settings.max_queued_input_bytes)
-        if oversized is not None:
-            _count_refused(store, "input_budget")
-            raise oversized
-    now = time.time()
-    videos = video_models(fleet)
     models = [request_model(request, settings) for request in requests]
-    specs = [
-        request.to_spec(
-            request_id=store.new_request_id(model),
-            model=model,
-            seed=request.seed if request.seed is not None else secrets.randbelow(MAX_SEED + 1),
-            created_at=now,
-            default_priority=settings.default_priority,
-            default_strength=None if model in videos else DEFAULT_STRENGTH,
-        )
-        for request, model in zip(requests, models, strict=True)
-    ]
+    ids = [store.new_request_id(model) for model in models]
     claim: idempotency.Claim | None = None
-    if idempotency_key is not None:
+    if idempotency_key is not None:  # before what the fleet's state decides: a replay answers whatever it is now
         ttl_s = min(settings.idempotency_ttl_s, settings.result_ttl_s)
         owner = caller.name if caller is not None else None
-        once = await idempotency.begin(store, idempotency_key, owner, requests, [spec.id for spec in specs], ttl_s)
+        once = await idempotency.begin(store, idempotency_key, owner, requests, ids, ttl_s)
         if isinstance(once, idempotency.Replayed):
             return Submission(once.specs, replayed=True)
         claim = once
     try:
+        specs, inputs = await _prepared(requests, settings, store, locs, models, ids)
         await _take_tokens(store, caller, len(specs))
     except BaseException:  # nothing was queued: the key may be used again at once
         if claim is not None:
@@ -144,6 +120,47 @@ async def accept(
     if claim is not None:
         await asyncio.shield(claim.done())
     return Submission(specs, claim=claim)
+
+
+async def _prepared(
+    requests: Sequence[GenerateRequest],
+    settings: Settings,
+    store: Store,
+    locs: Sequence[Loc],
+    models: Sequence[str],
+    ids: Sequence[str],
+) -> tuple[list[RequestSpec], list[StoredInputs | None]]:
+    """The requests' specs (as ``ids``, of ``models``) and stored inputs, once the fleet can run them (422 naming
+    what it cannot) and their input images are read (422, 413)."""
+    fleet = await store.fleet_capabilities()
+    errors = capability_errors(requests, fleet, locs, settings)
+    if errors:
+        _count_refused(store, "invalid")
+        raise RequestValidationError(errors)
+    inputs: list[StoredInputs | None] = [None] * len(requests)
+    if any(request.image is not None for request in requests):
+        inputs, errors = await to_thread.run_sync(_inputs_of, requests, settings, locs)
+        if errors:
+            _count_refused(store, "invalid")
+            raise RequestValidationError(errors)
+        oversized = too_large(inputs, locs, settings.max_queued_input_bytes)
+        if oversized is not None:
+            _count_refused(store, "input_budget")
+            raise oversized
+    now = time.time()
+    videos = video_models(fleet)
+    specs = [
+        request.to_spec(
+            request_id=request_id,
+            model=model,
+            seed=request.seed if request.seed is not None else secrets.randbelow(MAX_SEED + 1),
+            created_at=now,
+            default_priority=settings.default_priority,
+            default_strength=None if model in videos else DEFAULT_STRENGTH,
+        )
+        for request, model, request_id in zip(requests, models, ids, strict=True)
+    ]
+    return specs, inputs
 
 
 async def _take_tokens(store: Store, caller: ApiKey | None, cost: int) -> None:

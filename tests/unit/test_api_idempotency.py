@@ -14,10 +14,12 @@ import pytest
 
 from api.idempotency import HEADER, PENDING_S, REPLAYED_HEADER, fingerprint, record_digest
 from fusefleet.client import AsyncClient
+from gpu_worker.families import FAMILIES
 from shared.api_keys import ApiKey, key_table, token_hash
 from shared.settings import Settings
 from shared.wire import GenerateRequest
 from tests.support.api import Api, api_harness, unit_settings
+from tests.unit.test_api_capabilities import announce
 from tests.unit.test_openai_api import GENERATIONS, call_while_finishing, queued_ids
 
 pytestmark = pytest.mark.anyio
@@ -221,3 +223,20 @@ async def test_a_refusal_for_the_rate_frees_the_key_and_a_replay_spends_no_token
         limited = await api.http.post("/v1/requests", json=BODY, headers={**headers, HEADER: "k2"})
         assert limited.status_code == 429
         assert not await api.redis.exists(api.keys.idempotency(record_digest("cat", "k2")))
+
+
+async def test_a_replay_answers_even_when_the_fleet_would_refuse_the_body_now(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record is looked up before what the fleet's workers decide: a queued submission is answered after
+    they changed (here a worker of another family, which refuses the body's width, joined)."""
+    monkeypatch.setattr("api.store.CAPABILITIES_TTL_S", 0.0)  # each call reads what the workers announce
+    first = await post(api, "order-1", {**BODY, "width": 72})
+    assert first.status_code == 202
+    await announce(api, "w1", FAMILIES["flux"].traits, "FluxPipeline")  # 72 is no multiple of 16
+    assert (await post(api, None, {**BODY, "width": 72})).status_code == 422
+    again = await post(api, "order-1", {**BODY, "width": 72})
+    assert again.status_code == 202 and again.json()["id"] == first.json()["id"]
+    refused = await post(api, "order-2", {**BODY, "width": 72})  # a first call: refused, and its key freed
+    assert refused.status_code == 422
+    assert not await api.redis.exists(api.keys.idempotency(record_digest(None, "order-2")))
