@@ -98,10 +98,10 @@ async def accept(
     if idempotency_key is not None:  # before what the fleet's state decides: a replay answers whatever it is now
         ttl_s = min(settings.idempotency_ttl_s, settings.result_ttl_s)
         owner = caller.name if caller is not None else None
-        once = await idempotency.begin(store, idempotency_key, owner, requests, ids, ttl_s)
-        if isinstance(once, idempotency.Replayed):
-            return Submission(once.specs, replayed=True)
-        claim = once
+        claimed = await idempotency.begin(store, idempotency_key, owner, requests, ids, ttl_s)
+        if isinstance(claimed, idempotency.Replayed):
+            return Submission(claimed.specs, replayed=True)
+        claim = claimed
     try:
         specs, inputs = await _prepared(requests, settings, store, locs, models, ids)
         await _take_tokens(store, caller, len(specs))

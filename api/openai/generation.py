@@ -92,12 +92,12 @@ async def respond(native: GenerateRequest, answer_format: ResponseFormat, call: 
     """Submit ``native`` as one fleet request of ``call.caller`` (``api.auth``), wait for its end and answer it in
     OpenAI's shape."""
     request, settings, store, waiter = call.request, call.settings, call.store, call.waiter
-    once = idempotency.parse_key(request.headers.get(idempotency.HEADER))
-    submission = await accept([native], settings, store, [("body",)], call.caller, once)
+    key = idempotency.parse_key(request.headers.get(idempotency.HEADER))
+    submission = await accept([native], settings, store, [("body",)], call.caller, key)
     (spec,) = submission.specs
     request_id = spec.id
     headers = {REQUEST_ID_HEADER: request_id, **submission.headers}
-    keyed = once is not None  # its request runs on when this call ends early: a retry with the key waits for it
+    keyed = key is not None  # its request runs on when this call ends early: a retry with the key waits for it
     try:
         state = await _ended(request_id, request.receive, store, waiter, wait_limit_s(settings))
     except ClientGone:

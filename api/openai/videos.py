@@ -152,8 +152,8 @@ async def create_video(
     traits = video_traits(await store.fleet_capabilities(), body.served_model(settings))
     native = body.native(settings, traits)
     try:
-        once = idempotency.parse_key(request.headers.get(idempotency.HEADER))
-        submission = await accept([native], settings, store, [("body",)], caller, once)
+        key = idempotency.parse_key(request.headers.get(idempotency.HEADER))
+        submission = await accept([native], settings, store, [("body",)], caller, key)
         (spec,) = submission.specs
     except RequestValidationError as exc:
         raise invalid_request(relocated(exc.errors())) from None

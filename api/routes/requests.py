@@ -53,12 +53,12 @@ async def submit_request(
     store: StoreDep,
     waiter: WaiterDep,
     caller: CallerDep,
-    once: IdempotencyKeyDep,
+    idempotency_key: IdempotencyKeyDep,
     response: Response,
 ) -> Accepted:
     """Queue one request; its id is polled with ``GET /v1/requests/{id}``."""
     epoch = waiter.epoch  # before submitting: see CompletionWaiter.accepted
-    submission = await accept([body], settings, store, [("body",)], caller, once)
+    submission = await accept([body], settings, store, [("body",)], caller, idempotency_key)
     (spec,) = submission.specs
     response.headers.update(submission.headers)
     if not submission.replayed:  # a replayed one may have ended unseen by this process: nothing to note
@@ -75,13 +75,13 @@ async def submit_batch(
     store: StoreDep,
     waiter: WaiterDep,
     caller: CallerDep,
-    once: IdempotencyKeyDep,
+    idempotency_key: IdempotencyKeyDep,
     response: Response,
 ) -> BatchAccepted:
     """Queue several independent requests at once (all or none); ids in submission order."""
     locs = [("body", "requests", i) for i in range(len(body.requests))]
     epoch = waiter.epoch  # before submitting: see CompletionWaiter.accepted
-    submission = await accept(body.requests, settings, store, locs, caller, once)
+    submission = await accept(body.requests, settings, store, locs, caller, idempotency_key)
     response.headers.update(submission.headers)
     ids = [spec.id for spec in submission.specs]
     if not submission.replayed:
