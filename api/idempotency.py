@@ -62,17 +62,14 @@ def parse_key(value: str | None) -> str | None:
     if value is None:
         return None
     if re.fullmatch(KEY_PATTERN, value) is None:
-        raise RequestValidationError(
-            [
-                {
-                    "type": "string_pattern_mismatch",
-                    "loc": ("header", HEADER),
-                    "msg": f"must be 1 to {MAX_KEY_LENGTH} printable ASCII characters",
-                    "input": value[:MAX_KEY_LENGTH],
-                }
-            ]
-        )
+        message = f"must be 1 to {MAX_KEY_LENGTH} printable ASCII characters"
+        raise _header_error("string_pattern_mismatch", message, value[:MAX_KEY_LENGTH])
     return value
+
+
+def _header_error(kind: str, message: str, value: str) -> RequestValidationError:
+    """The 422 naming the header."""
+    return RequestValidationError([{"type": kind, "loc": ("header", HEADER), "msg": message, "input": value}])
 
 
 def fingerprint(requests: Sequence[GenerateRequest]) -> str:
@@ -146,16 +143,8 @@ async def begin(
         bodies = fingerprint(requests)
     claim = await store.claim_idempotency(digest, bodies, ids, ttl_s, int(PENDING_S * 1000))
     if claim.state == "conflict":
-        raise RequestValidationError(
-            [
-                {
-                    "type": "value_error",
-                    "loc": ("header", HEADER),
-                    "msg": "was used with another request body: send that body again, or use a new key",
-                    "input": key,
-                }
-            ]
-        )
+        message = "was used with another request body: send that body again, or use a new key"
+        raise _header_error("value_error", message, key)
     if claim.state == "pending":
         raise _in_progress(claim.retry_after_s)
     if claim.state == "claimed":

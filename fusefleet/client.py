@@ -142,14 +142,7 @@ class Client(ClientProtocol):
 
     def _perform(self, step: Step) -> Any:
         if isinstance(step, Call):
-            return self._http.request(
-                step.method,
-                step.path,
-                json=step.json,
-                params=step.params,
-                timeout=step.http_timeout,
-                headers=step.headers,
-            )
+            return self._http.request(step.method, step.path, **step.request_options)
         if isinstance(step, All):
             return [self._run(op) for op in step.ops]
         if isinstance(step, Sleep):
@@ -316,14 +309,7 @@ class AsyncClient(ClientProtocol):
 
     async def _perform(self, step: Step) -> Any:
         if isinstance(step, Call):
-            return await self._http.request(
-                step.method,
-                step.path,
-                json=step.json,
-                params=step.params,
-                timeout=step.http_timeout,
-                headers=step.headers,
-            )
+            return await self._http.request(step.method, step.path, **step.request_options)
         if isinstance(step, All):
             return list(await asyncio.gather(*(self._run(op) for op in step.ops)))
         if isinstance(step, Sleep):

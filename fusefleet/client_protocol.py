@@ -89,6 +89,11 @@ class Call:
         """The ``timeout=`` of ``httpx.Client.request``: no pool timeout (long polls queue for a connection)."""
         return httpx.Timeout(self.timeout, pool=None) if self.timeout is not None else httpx.USE_CLIENT_DEFAULT
 
+    @property
+    def request_options(self) -> dict[str, Any]:
+        """The keyword arguments of ``httpx.Client.request`` (and ``AsyncClient.request``) besides method and path."""
+        return {"json": self.json, "params": self.params, "timeout": self.http_timeout, "headers": self.headers}
+
 
 @dataclass(frozen=True, slots=True)
 class Sleep:

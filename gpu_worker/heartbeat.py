@@ -73,8 +73,7 @@ class Heartbeat:
         if self._thread.is_alive() and self._announced:
             try:
                 if self._store.heartbeat(self._worker, capabilities) == Beat.ANEW:
-                    log.warning("this worker was swept from the live workers (a beat came later than worker_ttl_s)")
-                    self._rejoined.set()  # the next beat runs the rejoin tasks
+                    self._swept()  # the next beat runs the rejoin tasks
             except Exception as exc:  # noqa: BLE001 - the next beat announces them
                 log.warning("could not announce the new capabilities now: %s", exc)
 
@@ -151,6 +150,12 @@ class Heartbeat:
             except Exception as exc:  # noqa: BLE001 - best effort
                 log.warning("on_announce failed: %s", exc)
 
+    def _swept(self) -> None:
+        """A beat announced the worker anew after its first: it had been swept (``free_slots.lua``). The rejoin
+        tasks run after this beat, on the beat's thread (after the next one when ``update``'s call found it so)."""
+        log.warning("this worker was swept from the live workers (a beat came later than worker_ttl_s)")
+        self._rejoined.set()
+
     def _loop(self) -> None:
         while not self._stop.wait(self._interval_s):
             self._beat()
@@ -161,8 +166,7 @@ class Heartbeat:
             beat = self._store.heartbeat(self._worker, self._capabilities, first=first)
             announced = bool(beat)
             if beat == Beat.ANEW and not first:
-                log.warning("this worker was swept from the live workers (a beat came later than worker_ttl_s)")
-                self._rejoined.set()
+                self._swept()
             self.quarantined = not announced
             if announced and first:
                 self._announced = True

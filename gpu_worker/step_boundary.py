@@ -112,14 +112,13 @@ class SetCount:
 
 
 def _message(raw: str) -> BatchMessage | StepEviction | None:
-    """What an inbox entry is: a batch sent to the set, an eviction, or None (unreadable: logged)."""
+    """What an inbox entry is: a batch sent to the set, an eviction, or None (unreadable)."""
     try:
         return BatchMessage.model_validate_json(raw)
-    except ValidationError as exc:
+    except ValidationError:
         try:
             return StepEviction.model_validate_json(raw)
         except ValidationError:
-            log.error("unreadable batch message in the inbox, dropped (the reaper runs it again): %s", exc)
             return None
 
 
@@ -296,6 +295,7 @@ class Arrivals:
     def _prepare(self, raw: str) -> Arrival | None:
         message = _message(raw)
         if message is None:
+            log.error("unreadable batch message in the inbox, dropped (the reaper runs it again): %.200s", raw)
             return None
         if isinstance(message, StepEviction):
             return Eviction(message.evict, message.joiner)

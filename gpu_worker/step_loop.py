@@ -668,7 +668,7 @@ class _RunningSet:
                 self.writer.redis(
                     lambda: self.store.step_leave(self.worker, count, ran, token=token), "counting requests out"
                 )
-                self.count.subtract(count)  # once made: SetCount is never below what Redis counts
+                self.count.subtract(count)  # once made: until then the set is still counted with them
 
             self.writes.submit(count_out)
 

@@ -19,9 +19,10 @@ from api.idempotency import IdempotencyKeyDep
 from api.key_limits import KEY_LIMITED
 from api.request_ids import RequestIdDep, unknown_requests
 from api.responses import BAD_BODY, NOT_FOUND, QUEUE_FULL_OR_UNAVAILABLE, UNAVAILABLE, Responses
-from api.shard_router import Store
+from api.shard_router import Store, Waiter
 from api.store import Forgotten
-from api.submission import accept
+from api.submission import Submission, accept
+from shared.api_keys import ApiKey
 from shared.contracts import RequestStatus
 from shared.results import media_type_of
 from shared.settings import Settings
@@ -59,11 +60,8 @@ async def submit_request(
     """Queue one request; its id is polled with ``GET /v1/requests/{id}``."""
     epoch = waiter.epoch  # before submitting: see CompletionWaiter.accepted
     submission = await accept([body], settings, store, [("body",)], caller, idempotency_key)
-    (spec,) = submission.specs
-    response.headers.update(submission.headers)
-    if not submission.replayed:  # a replayed one may have ended unseen by this process: nothing to note
-        waiter.accepted([spec.id], epoch, caller.name if caller is not None else None)
-    return Accepted(id=spec.id)
+    (request_id,) = _accepted(submission, epoch, waiter, caller, response)
+    return Accepted(id=request_id)
 
 
 @router.post(
@@ -82,11 +80,19 @@ async def submit_batch(
     locs = [("body", "requests", i) for i in range(len(body.requests))]
     epoch = waiter.epoch  # before submitting: see CompletionWaiter.accepted
     submission = await accept(body.requests, settings, store, locs, caller, idempotency_key)
+    return BatchAccepted(ids=_accepted(submission, epoch, waiter, caller, response))
+
+
+def _accepted(
+    submission: Submission, epoch: int | None, waiter: Waiter, caller: ApiKey | None, response: Response
+) -> list[str]:
+    """The ids a submission queued; their completions noted (``CompletionWaiter.accepted``: a replayed one may have
+    ended unseen by this process, so it is not) and the answer's headers set."""
     response.headers.update(submission.headers)
     ids = [spec.id for spec in submission.specs]
     if not submission.replayed:
         waiter.accepted(ids, epoch, caller.name if caller is not None else None)
-    return BatchAccepted(ids=ids)
+    return ids
 
 
 @router.get("/{request_id}", responses={**NOT_FOUND, **UNAVAILABLE})
